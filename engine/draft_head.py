@@ -1,0 +1,335 @@
+"""The JetSpec/DFlash draft head: config, published-format load/save, forward, static draft KV.
+
+Format (DESIGN §4): a directory with `config.json` and `model.safetensors`; weights without
+prefix (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`, `hidden_norm.weight`, `norm.weight`);
+no embedding or lm_head (the target's are used). Published heads also ship `dflash.py` for
+remote code: we never execute it.
+
+Forward: ctx = hidden_norm(fc(concat of target taps)); per draft layer, Q from the block
+`[anchor, MASK x D]`, K/V from projections of [ctx ; block] (q/k RMSNorm, RoPE); context
+fully visible, block lower-triangular when the head is causal. The context K/V of each layer
+depend only on ctx, so they live in a static cache: each round projects only the new rows.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import DraftHeadError
+from .layers import MLP, AttentionWeights, RMSNorm, Rotary
+from .model_config import ModelConfig
+
+CAUSAL_KEYS = ("causal_head", "causal", "is_causal")  # JetSpec, vLLM, SGLang spellings
+
+
+def default_target_layer_ids(num_target_layers: int, num_taps: int) -> tuple[int, ...]:
+    """Taps spread evenly from layer 1 to layer num_layers - 3 (the published heads' spacing)."""
+    if num_taps == 1:
+        return (num_target_layers // 2,)
+    start, end = 1, num_target_layers - 3
+    return tuple(int(round(start + i * (end - start) / (num_taps - 1))) for i in range(num_taps))
+
+
+@dataclass(frozen=True)
+class DraftHeadConfig:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    block_size: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    causal: bool
+    vocab_size: int | None = None
+    max_position_embeddings: int = 32768
+
+    @property
+    def max_depth(self) -> int:
+        return self.block_size - 1
+
+    @classmethod
+    def from_json(cls, cfg: dict) -> "DraftHeadConfig":
+        try:
+            dflash = cfg.get("dflash_config") or {}
+            causal = next((bool(dflash[k]) for k in CAUSAL_KEYS if k in dflash), None)
+            if causal is None:  # some exports put the flag at the top level
+                causal = next((bool(cfg[k]) for k in CAUSAL_KEYS if k in cfg), False)
+            num_target_layers = cfg["num_target_layers"]
+            n_heads = cfg["num_attention_heads"]
+            ids = dflash.get("target_layer_ids") or cfg.get("target_layer_ids")
+            if ids is None:
+                ids = default_target_layer_ids(num_target_layers, cfg.get("num_taps", 5))
+            mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
+            if mask is None:
+                raise KeyError("dflash_config.mask_token_id")
+            rope_theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1e6)
+            return cls(
+                hidden_size=cfg["hidden_size"],
+                num_layers=cfg["num_hidden_layers"],
+                num_heads=n_heads,
+                num_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+                head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
+                intermediate_size=cfg["intermediate_size"],
+                rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+                rope_theta=float(rope_theta),
+                block_size=cfg["block_size"],
+                num_target_layers=num_target_layers,
+                target_layer_ids=tuple(int(i) for i in ids),
+                mask_token_id=int(mask),
+                causal=causal,
+                vocab_size=cfg.get("vocab_size"),
+                max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+            )
+        except KeyError as e:
+            raise DraftHeadError(f"draft head config.json lacks the field {e.args[0]}") from None
+
+    def to_json(self) -> dict:
+        return {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": {
+                "mask_token_id": self.mask_token_id,
+                "target_layer_ids": list(self.target_layer_ids),
+                "causal_head": self.causal,
+            },
+            "torch_dtype": "bfloat16",
+        }
+
+    @classmethod
+    def for_target(
+        cls, target: ModelConfig, num_layers: int = 1, block_size: int = 16, num_taps: int | None = None,
+        mask_token_id: int | None = None,
+    ) -> "DraftHeadConfig":
+        """A head shaped like the published ones for this target (used for random heads and training)."""
+        taps = num_taps or min(5, max(1, target.num_layers - 3))
+        return cls(
+            hidden_size=target.hidden_size,
+            num_layers=num_layers,
+            num_heads=target.num_heads,
+            num_kv_heads=target.num_kv_heads,
+            head_dim=target.head_dim,
+            intermediate_size=target.intermediate_size,
+            rms_norm_eps=target.rms_norm_eps,
+            rope_theta=target.rope_theta,
+            block_size=block_size,
+            num_target_layers=target.num_layers,
+            target_layer_ids=default_target_layer_ids(target.num_layers, taps),
+            mask_token_id=target.vocab_size - 1 if mask_token_id is None else mask_token_id,
+            causal=True,
+            vocab_size=target.vocab_size,
+            max_position_embeddings=target.max_position_embeddings,
+        )
+
+    def check_against(self, target: ModelConfig, name: str) -> None:
+        """Clear errors for a head that does not belong to this target."""
+        problems = []
+        if self.hidden_size != target.hidden_size:
+            problems.append(f"hidden size {self.hidden_size} vs the model's {target.hidden_size}")
+        if self.num_target_layers != target.num_layers:
+            problems.append(f"made for a {self.num_target_layers}-layer target, the model has {target.num_layers}")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < target.num_layers]
+        if bad:
+            problems.append(f"target_layer_ids {bad} out of range for {target.num_layers} layers")
+        if self.vocab_size is not None and self.vocab_size != target.vocab_size:
+            problems.append(f"vocab {self.vocab_size} vs the model's {target.vocab_size}")
+        if not 0 <= self.mask_token_id < target.vocab_size:
+            problems.append(f"mask token {self.mask_token_id} outside the vocabulary ({target.vocab_size})")
+        if self.block_size < 2:
+            problems.append(f"block_size {self.block_size} drafts nothing")
+        if problems:
+            raise DraftHeadError(f"draft head {name} does not match the model: " + "; ".join(problems))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DraftHeadConfig):
+        super().__init__()
+        self.self_attn = AttentionWeights(
+            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, False, True, cfg.rms_norm_eps
+        )
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DraftKVCache:
+    """Per draft layer K/V of the projected context, [capacity, n_kv, head_dim]; rows append only."""
+
+    def __init__(self, cfg: DraftHeadConfig, capacity: int, device: torch.device, dtype: torch.dtype):
+        self.k = torch.empty(cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim, device=device, dtype=dtype)
+        self.v = torch.empty_like(self.k)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+class DraftHead(nn.Module):
+    def __init__(self, cfg: DraftHeadConfig):
+        super().__init__()
+        self.cfg = cfg
+        n_taps = len(cfg.target_layer_ids)
+        self.fc = nn.Linear(n_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (K, V) of context rows: [N, n_kv, head_dim] each, RoPE applied."""
+        ctx = self.hidden_norm(self.fc(taps))
+        cos, sin = self.rotary.cos_sin(positions, ctx.dtype)
+        out = []
+        for layer in self.layers:
+            k, v = layer.self_attn.project_kv(ctx)
+            out.append((Rotary.apply(k, cos, sin), v))
+        return out
+
+    def append_context(self, cache: DraftKVCache, taps: torch.Tensor) -> None:
+        """Project newly committed tokens' taps into the cache (positions continue the cache)."""
+        n = taps.shape[0]
+        if n == 0:
+            return
+        start = cache.length
+        positions = torch.arange(start, start + n, device=taps.device)
+        for i, (k, v) in enumerate(self.context_kv(taps, positions)):
+            cache.k[i, start : start + n] = k
+            cache.v[i, start : start + n] = v
+        cache.length = start + n
+
+    def block_hidden(
+        self, block_embeds: torch.Tensor, ctx_k: list[torch.Tensor], ctx_v: list[torch.Tensor], start_pos: int
+    ) -> torch.Tensor:
+        """Run the draft layers over one block given per-layer context K/V; returns normed hidden [B, H]."""
+        b = block_embeds.shape[0]
+        h = block_embeds
+        positions = torch.arange(start_pos, start_pos + b, device=h.device)
+        cos, sin = self.rotary.cos_sin(positions, h.dtype)
+        n_ctx = ctx_k[0].shape[0]
+        visible = torch.ones(b, n_ctx + b, dtype=torch.bool, device=h.device)
+        if self.cfg.causal:
+            visible[:, n_ctx:] = torch.ones(b, b, dtype=torch.bool, device=h.device).tril()
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = Rotary.apply(attn.project_q(x), cos, sin)
+            k, v = attn.project_kv(x)
+            k = torch.cat([ctx_k[i], Rotary.apply(k, cos, sin)])
+            v = torch.cat([ctx_v[i], v])
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                attn_mask=visible, scale=attn.head_dim**-0.5, enable_gqa=attn.n_heads != attn.n_kv,
+            ).transpose(0, 1)
+            h = h + attn.o_proj(o.reshape(b, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)
+
+    def draft_logits(
+        self, cache: DraftKVCache, anchor: torch.Tensor, depth: int, embed: nn.Embedding, lm_head_weight: torch.Tensor
+    ) -> torch.Tensor:
+        """fp32 logits for depths 1..depth: [depth, vocab]. `anchor` is a 0-d token id tensor."""
+        # A causal head's first depth+1 positions do not depend on later ones: run only those.
+        b = depth + 1 if self.cfg.causal else self.cfg.block_size
+        ids = torch.full((b,), self.cfg.mask_token_id, dtype=torch.long, device=anchor.device)
+        ids[0] = anchor
+        n = cache.length
+        h = self.block_hidden(embed(ids), list(cache.k[:, :n]), list(cache.v[:, :n]), n)
+        return (h[1 : depth + 1] @ lm_head_weight.t()).float()
+
+    # -- weights ---------------------------------------------------------------------------
+    def init_random(self, seed: int, std: float = 0.02) -> None:
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    for chunk in p.view(-1, p.shape[-1]).split(4096):
+                        chunk.copy_(torch.randn(chunk.shape, generator=gen) * std)
+
+    def save(self, directory: str | Path) -> None:
+        """Write the published format: config.json + model.safetensors (bf16 unless fp32 asked)."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        tmp = directory / "model.safetensors.tmp"
+        save_file(state, str(tmp), metadata={"format": "pt"})
+        tmp.replace(directory / "model.safetensors")
+        cfg = self.cfg.to_json()
+        cfg["torch_dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+        (directory / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def build_head(cfg: DraftHeadConfig, device: torch.device, dtype: torch.dtype) -> DraftHead:
+    with torch.device("meta"):
+        head = DraftHead(cfg)
+    head = head.to_empty(device=device).to(dtype)
+    head.rotary = Rotary(cfg.head_dim, cfg.rope_theta).to(device)
+    return head.eval().requires_grad_(False)
+
+
+def load_head_dir(directory: Path, device: torch.device, dtype: torch.dtype) -> DraftHead:
+    """Load a head directory in the published format (our own module; remote code is ignored)."""
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    cfg_path, weights = directory / "config.json", directory / "model.safetensors"
+    if not cfg_path.is_file():
+        raise DraftHeadError(f"draft head {directory} has no config.json")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise DraftHeadError(f"draft head config {cfg_path} is not valid JSON ({e})") from None
+    if not weights.is_file():
+        raise DraftHeadError(f"draft head {directory} has no model.safetensors")
+    cfg = DraftHeadConfig.from_json(raw)
+    head = build_head(cfg, device, dtype)
+    params = dict(head.named_parameters())
+    seen = set()
+    with safe_open(str(weights), framework="pt", device="cpu") as st:
+        for key in st.keys():
+            name = key.removeprefix("model.")  # some exports keep a `model.` prefix
+            if name not in params:
+                raise DraftHeadError(f"draft head {directory} has an unexpected weight {key}")
+            t = st.get_tensor(key)
+            if t.shape != params[name].shape:
+                raise DraftHeadError(
+                    f"draft head weight {key} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}"
+                )
+            with torch.no_grad():
+                params[name].copy_(t.to(device=device, dtype=dtype))
+            seen.add(name)
+    missing = sorted(set(params) - seen)
+    if missing:
+        raise DraftHeadError(f"draft head {directory} lacks weights: {', '.join(missing[:4])}")
+    return head

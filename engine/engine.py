@@ -1,0 +1,378 @@
+"""The single-stream speculative engine: prefill, rounds (draft -> tree -> verify -> accept ->
+commit), prefix reuse across calls, stop conditions, events.
+
+Invariant between rounds: the target's KV cache holds every committed token except the last,
+the anchor (whose hidden state does not exist yet). The draft context mirrors the KV cache:
+draft_kv rows plus `pending taps` (features of tokens not yet projected, e.g. after AR steps)
+always equal kv.length.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from .accept import accept, target_choices
+from .detokenize import IncrementalDecoder, TokenTexts
+from .draft_head import DraftHead, DraftKVCache
+from .errors import ContextOverflowError, DeviceMemoryError
+from .events import Event, FinishEvent, GenerationResult, PhaseTimings, PrefillEvent, RoundEvent
+from .kv_cache import PagedKVCache
+from .model import ForwardBatch, TargetModel
+from .params import GenerationParams
+from .tree import TREE_ALGOS, Tree, root_only
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class RoundOutput:
+    tree: Tree
+    path: list[int]
+    new_tokens: list[int]  # accepted draft tokens then the bonus
+    timings: dict[str, float]
+
+
+class SpecEngine:
+    def __init__(
+        self,
+        target: TargetModel,
+        tokenizer,
+        head: DraftHead | None,
+        *,
+        model_name: str,
+        head_name: str | None,
+        max_context: int,
+        stop_token_ids: tuple[int, ...],
+        source=None,
+    ):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.head = head
+        self.model_name = model_name
+        self.source = source  # the ModelSource the weights came from (for the transformers oracle)
+        self.head_name = head_name
+        p = next(target.parameters())
+        self.torch_device, self.torch_dtype = p.device, p.dtype
+        self.device = str(p.device)
+        self.dtype = str(p.dtype).removeprefix("torch.")
+        self.max_context = min(max_context, target.cfg.max_position_embeddings)
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.tap_layers = head.cfg.target_layer_ids if head is not None else ()
+        self.token_text = TokenTexts(tokenizer)
+        self.kv: PagedKVCache | None = None
+        self.draft_kv: DraftKVCache | None = None
+        self.tokens: list[int] = []  # committed; tokens[:kv.length] are cached, the last is the anchor
+        self._pending_taps: torch.Tensor | None = None
+
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def max_depth(self) -> int | None:
+        return self.head.cfg.max_depth if self.head is not None else None
+
+    @property
+    def context_tokens(self) -> int:
+        return self.kv.length if self.kv is not None else 0
+
+    def memory_bytes(self) -> int:
+        n = self.kv.nbytes if self.kv is not None else 0
+        return n + (self.draft_kv.nbytes if self.draft_kv is not None else 0)
+
+    def set_max_context(self, tokens: int) -> None:
+        """Resize the (lazily allocated) caches; drops any cached conversation."""
+        tokens = min(tokens, self.target.cfg.max_position_embeddings)
+        if tokens != self.max_context:
+            self.max_context = tokens
+            self.kv = self.draft_kv = None
+            self.tokens, self._pending_taps = [], None
+
+    def reset(self) -> None:
+        if self.kv is not None:
+            self._truncate(0)
+        self.tokens = []
+
+    def _allocate(self) -> None:
+        if self.kv is not None:
+            return
+        cfg = self.target.cfg
+        try:
+            self.kv = PagedKVCache(
+                cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.max_context, self.torch_device, self.torch_dtype
+            )
+            if self.head is not None:
+                self.draft_kv = DraftKVCache(self.head.cfg, self.kv.capacity, self.torch_device, self.torch_dtype)
+        except torch.OutOfMemoryError:
+            self.kv = self.draft_kv = None
+            raise DeviceMemoryError(
+                f"out of device memory allocating the KV cache for {self.max_context} tokens; lower --max-context"
+            ) from None
+
+    def _truncate(self, length: int) -> None:
+        """Roll the caches back to `length` committed tokens."""
+        self.kv.truncate(length)
+        if self.draft_kv is not None:
+            self.draft_kv.length = min(self.draft_kv.length, length)
+            keep = length - self.draft_kv.length
+            self._pending_taps = self._pending_taps[:keep] if self._pending_taps is not None else None
+        self.tokens = self.tokens[: length + 1]
+
+    def _add_pending_taps(self, taps: torch.Tensor | None) -> None:
+        if taps is None:
+            return
+        self._pending_taps = taps if self._pending_taps is None else torch.cat([self._pending_taps, taps])
+
+    # -- timing ----------------------------------------------------------------------------
+    def _now(self) -> float:
+        if self.torch_device.type == "cuda":
+            torch.cuda.synchronize(self.torch_device)
+        return time.perf_counter()
+
+    # -- prefill ---------------------------------------------------------------------------
+    def _prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, int]:
+        """Reuse the longest cached prefix, compute the rest; returns (last-position logits, reused)."""
+        cached = self.tokens[: self.kv.length]
+        lcp = 0
+        for a, b in zip(cached, prompt_ids):
+            if a != b:
+                break
+            lcp += 1
+        lcp = min(lcp, len(prompt_ids) - 1)  # at least one token must run to get the next logits
+        self._truncate(lcp)
+        self.tokens = list(prompt_ids)
+        start = lcp
+        logits = None
+        while start < len(prompt_ids):
+            chunk = prompt_ids[start : start + PREFILL_CHUNK]
+            t = len(chunk)
+            self.kv.reserve(start + t)
+            batch = ForwardBatch(
+                input_ids=torch.tensor(chunk, device=self.torch_device),
+                positions=torch.arange(start, start + t, device=self.torch_device),
+                tree_mask=torch.ones(t, t, dtype=torch.bool, device=self.torch_device).tril(),
+                prefix_len=start,
+            )
+            hidden, taps = self.target(batch, self.kv, self.tap_layers)
+            self.kv.length = start + t
+            self._add_pending_taps(taps)
+            start += t
+            logits = self.target.logits(hidden[-1:])
+        return logits, lcp
+
+    # -- one round -------------------------------------------------------------------------
+    def _round(self, params: GenerationParams, generator: torch.Generator | None) -> RoundOutput:
+        spec, sampling = params.spec, params.sampling
+        base = self.kv.length
+        anchor = torch.tensor(self.tokens[-1], device=self.torch_device)
+        space = self.kv.capacity - base  # tree nodes that fit after the committed tokens
+        t0 = self._now()
+        t_draft = t_tree = t0
+        if spec.enabled and self.head is not None and space > 1:
+            if self._pending_taps is not None and self._pending_taps.shape[0]:
+                self.head.append_context(self.draft_kv, self._pending_taps)
+                self._pending_taps = None
+            depth = min(spec.depth or self.head.cfg.max_depth, space - 1)
+            logits = self.head.draft_logits(
+                self.draft_kv, anchor, depth, self.target.model.embed_tokens, self.target.lm_head_weight()
+            )
+            t_draft = self._now()
+            tree = TREE_ALGOS[spec.tree_algo](anchor, torch.log_softmax(logits, dim=-1), min(spec.budget, space), spec.width)
+            t_tree = self._now()
+        else:
+            tree = root_only(anchor)
+        self.kv.reserve(base + tree.size)
+        batch = ForwardBatch(tree.tokens, base + tree.depths, tree.ancestors, base)
+        hidden, taps = self.target(batch, self.kv, self.tap_layers)
+        logits = self.target.logits(hidden)
+        t_verify = self._now()
+        acc = accept(tree, target_choices(logits, sampling, generator))
+        n_acc = acc.path.shape[0]
+        if n_acc > 1:  # the root's row is already in place; move the accepted nodes down
+            self.kv.move_rows(base + acc.path[1:], base + torch.arange(1, n_acc, device=self.torch_device))
+        self.kv.length = base + n_acc
+        if taps is not None:
+            self._add_pending_taps(taps[acc.path])
+        path = acc.path.tolist()
+        tokens = tree.tokens.tolist()
+        new_tokens = [tokens[i] for i in path[1:]] + [int(acc.bonus)]
+        t_accept = self._now()
+        timings = {
+            "draft_ms": (t_draft - t0) * 1e3,
+            "tree_ms": (t_tree - t_draft) * 1e3,
+            "verify_ms": (t_verify - t_tree) * 1e3,
+            "accept_ms": (t_accept - t_verify) * 1e3,
+        }
+        return RoundOutput(tree=tree, path=path, new_tokens=new_tokens, timings=timings)
+
+    # -- generation ------------------------------------------------------------------------
+    def generate(
+        self, prompt_ids: list[int], params: GenerationParams, cancel: threading.Event | None = None
+    ) -> Iterator[Event]:
+        """Answer after `prompt_ids`, reusing the cached prefix. Yields Prefill, Round..., Finish."""
+        params.validate(self.max_depth)
+        if not prompt_ids:
+            raise ContextOverflowError("the prompt is empty")
+        if len(prompt_ids) + 1 > self.max_context:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.max_context}; "
+                "shorten it, start a new chat, or raise --max-context"
+            )
+        try:
+            yield from self._generate(prompt_ids, params, cancel)
+        except torch.OutOfMemoryError:
+            self.reset()
+            raise DeviceMemoryError(
+                "out of device memory during generation; lower --budget or --max-context"
+            ) from None
+
+    def _generate(self, prompt_ids, params: GenerationParams, cancel) -> Iterator[Event]:
+        self._allocate()
+        generator = None
+        if not params.sampling.greedy:
+            generator = torch.Generator(device=self.torch_device)
+            if params.sampling.seed is not None:
+                generator.manual_seed(params.sampling.seed)
+            else:
+                generator.seed()
+        t_start = self._now()
+        with torch.inference_mode():
+            logits, reused = self._prefill(prompt_ids)
+            first = int(target_choices(logits, params.sampling, generator)[0])
+        answer = _Answer(self.tokenizer, self.stop_token_ids, params)
+        self.tokens.append(first)
+        first_text = answer.add([first][: answer.room_for([first])])
+        if answer.finish is not None:
+            first_text += answer.flush()
+        t_prefill = self._now()
+        yield PrefillEvent(
+            new_tokens=len(prompt_ids) - reused, reused_tokens=reused, first_token=first, first_text=first_text,
+            ms=(t_prefill - t_start) * 1e3,
+        )
+        accept_lengths: list[int] = []
+        message = ""
+        while answer.finish is None:
+            if cancel is not None and cancel.is_set():
+                answer.finish = "cancelled"
+                break
+            if self.kv.length + 1 > self.kv.capacity:
+                answer.finish = "context_full"
+                message = f"the context is full ({self.kv.capacity} tokens); start a new chat or raise --max-context"
+                break
+            t_round = time.perf_counter()
+            with torch.inference_mode():
+                out = self._round(params, generator)
+            base = self.kv.length - len(out.new_tokens)  # committed length before this round
+            keep = answer.room_for(out.new_tokens)
+            if keep < len(out.new_tokens):
+                self._truncate(base + keep)  # the answer ended mid-round: drop the surplus rows
+            kept = out.new_tokens[:keep]
+            self.tokens.extend(kept)
+            new_text = answer.add(kept)
+            if answer.finish is not None:
+                new_text += answer.flush()
+            accept_lengths.append(keep)
+            tree = out.tree
+            tokens = tree.tokens.tolist()
+            event = dict(
+                index=len(accept_lengths) - 1,
+                tree_tokens=tuple(tokens),
+                tree_texts=tuple(self.token_text(t) for t in tokens),
+                tree_parents=tuple(tree.parents.tolist()),
+                tree_depths=tuple(tree.depths.tolist()),
+                tree_scores=tuple(tree.scores.tolist()),
+                accepted_nodes=tuple(out.path),
+                bonus_token=out.new_tokens[-1],
+                new_tokens=tuple(kept),
+                new_text=new_text,
+                answer_tokens=len(answer.ids),
+                context_tokens=len(self.tokens),
+            )
+            total_ms = (time.perf_counter() - t_round) * 1e3
+            timings = PhaseTimings(host_ms=max(0.0, total_ms - sum(out.timings.values())), total_ms=total_ms, **out.timings)
+            yield RoundEvent(timings=timings, elapsed_s=time.perf_counter() - t_start, **event)
+        answer.flush()  # after a cancel or a full context, the tail reaches the user via result.text
+        t_end = self._now()
+        yield FinishEvent(
+            GenerationResult(
+                text=answer.text,
+                token_ids=tuple(answer.ids),
+                finish_reason=answer.finish,
+                rounds=len(accept_lengths),
+                accept_lengths=tuple(accept_lengths),
+                prefill_tokens=len(prompt_ids) - reused,
+                reused_tokens=reused,
+                prefill_seconds=t_prefill - t_start,
+                decode_seconds=t_end - t_prefill,
+                seconds=t_end - t_start,
+                message=message,
+                stop_token=answer.stop_token,
+            )
+        )
+
+
+class _Answer:
+    """The answer being generated: its ids and text, and the stop conditions (EOS, max new
+    tokens, stop strings). EOS counts toward max_new_tokens (as in transformers) but is kept
+    out of `ids` and `text`. With stop strings, the streamed text lags by len(stop) - 1
+    characters, so text that turns out to begin a stop string is never shown."""
+
+    def __init__(self, tokenizer, stop_token_ids: frozenset[int], params: GenerationParams):
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids
+        self.max_new = params.max_new_tokens
+        self.stops = tuple(s for s in params.stop if s)
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.ids: list[int] = []
+        self.decoded = ""  # everything decoded so far
+        self.text = ""  # what has been streamed (a prefix of `decoded`, cut at a stop string)
+        self.finish: str | None = None
+        self.stop_token: int | None = None
+
+    def room_for(self, new: list[int]) -> int:
+        """How many of `new` the answer takes; sets `finish` when it ends inside them."""
+        for i, tok in enumerate(new):
+            if len(self.ids) + i >= self.max_new:
+                self.finish = "length"
+                return i
+            if tok in self.stop_ids:
+                self.finish, self.stop_token = "eos", tok
+                return i + 1
+        if len(self.ids) + len(new) >= self.max_new:
+            self.finish = "length"
+        return len(new)
+
+    def add(self, kept: list[int]) -> str:
+        """Append tokens already accepted by room_for; returns the text to stream now."""
+        visible = [t for t in kept if t not in self.stop_ids]
+        n_before = len(self.ids)
+        self.ids.extend(visible)
+        self.decoded += self.decoder.push(visible) if visible else ""
+        hits = [self.decoded.index(s) for s in self.stops if s in self.decoded]
+        if hits:
+            self.decoded = self.decoded[: min(hits)]
+            self._trim_tokens_to_stop(n_before)
+            self.finish = "stop"
+        end = len(self.decoded) if self.finish is not None else len(self.decoded) - self.hold
+        return self._emit(end)
+
+    def flush(self) -> str:
+        """At the end: the held-back tail (and any dangling partial character)."""
+        if self.finish != "stop":
+            self.decoded += self.decoder.flush()
+        return self._emit(len(self.decoded))
+
+    def _emit(self, end: int) -> str:
+        new = self.decoded[len(self.text) : max(end, len(self.text))]
+        self.text += new
+        return new
+
+    def _trim_tokens_to_stop(self, n_before: int) -> None:
+        """Keep only the tokens needed to reach the stop string."""
+        for k in range(n_before + 1, len(self.ids) + 1):
+            decoded = self.tokenizer.decode(self.ids[:k], skip_special_tokens=True)
+            if any(s in decoded for s in self.stops):
+                del self.ids[k:]
+                return

@@ -1,0 +1,26 @@
+"""Errors with messages meant for the user: one clear sentence, no traceback needed."""
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base class: str(error) is shown to the user as is."""
+
+
+class ConfigError(EngineError, ValueError):
+    """A parameter is out of range or inconsistent (budget, depth, width, ...)."""
+
+
+class ModelNotFoundError(EngineError):
+    """The model spec names nothing we can load (unknown alias, missing files, offline hub)."""
+
+
+class DraftHeadError(EngineError):
+    """The draft head is missing, malformed, or does not match the target model."""
+
+
+class ContextOverflowError(EngineError):
+    """The prompt does not fit in the context window."""
+
+
+class DeviceMemoryError(EngineError):
+    """Out of device memory; the message names the setting to lower."""

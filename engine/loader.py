@@ -1,0 +1,128 @@
+"""load_engine: from a MODEL spec and a draft-head spec to a ready SpecEngine."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .draft_head import DraftHead, DraftHeadConfig, build_head, load_head_dir
+from .engine import SpecEngine
+from .errors import ConfigError, DeviceMemoryError, DraftHeadError
+from .model import TargetModel, build_target
+from .model_config import ModelConfig
+from .model_specs import ModelSource, download_hub_dir, load_tokenizer, resolve_model
+
+ProgressFn = Callable[[str, float | None], None]
+
+DEFAULT_MAX_CONTEXT_CPU = 8192
+DEFAULT_MAX_CONTEXT_GPU = 32768
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device} asked for, but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
+    return DTYPES[dtype]
+
+
+def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype) -> TargetModel:
+    cfg = ModelConfig.from_hf(source.hf_config)
+    try:
+        model = build_target(cfg, device, dtype)
+        if source.path is None:
+            model.init_random(source.seed)
+        else:
+            model.load_safetensors(source.path)
+    except torch.OutOfMemoryError:
+        raise DeviceMemoryError(
+            f"out of device memory loading {source.name}; use a smaller model or --dtype bfloat16"
+        ) from None
+    return model
+
+
+def load_draft_head(
+    spec: str | None, source: ModelSource, target_cfg: ModelConfig, device: torch.device, dtype: torch.dtype
+) -> tuple[DraftHead | None, str | None]:
+    """Resolve the head: explicit spec, else the model's default. Returns (head, display name).
+
+    Spec forms: a directory in the published format, a hub id, `random` / `random:LAYERS`
+    (a random head shaped for this target), or `none` (plain AR only).
+    """
+    if spec is None:
+        if source.random_head is not None:
+            shape = source.random_head
+            cfg = DraftHeadConfig.for_target(
+                target_cfg, num_layers=shape.get("num_hidden_layers", 1), block_size=shape.get("block_size", 16)
+            )
+            head = build_head(cfg, device, dtype)
+            head.init_random(source.seed + 1)
+            return head, f"random ({cfg.num_layers} layers, block {cfg.block_size})"
+        spec = source.default_draft_head
+        if spec is None:
+            return None, None
+    if spec == "none":
+        return None, None
+    if spec == "random" or spec.startswith("random:"):
+        layers = int(spec.split(":", 1)[1]) if ":" in spec else 1
+        cfg = DraftHeadConfig.for_target(target_cfg, num_layers=layers, block_size=16)
+        head = build_head(cfg, device, dtype)
+        head.init_random(1)
+        return head, f"random ({layers} layers, block 16)"
+    path = Path(spec).expanduser()
+    if not path.exists():
+        if spec.count("/") != 1 or spec.startswith((".", "/", "~")):
+            raise DraftHeadError(f"draft head {spec} not found (no such directory)")
+        path = download_hub_dir(spec, ["config.json", "model.safetensors"])
+    head = load_head_dir(path, device, dtype)
+    head.cfg.check_against(target_cfg, spec)
+    return head, spec
+
+
+def stop_token_ids(tokenizer, source: ModelSource) -> tuple[int, ...]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if source.path is not None and (source.path / "generation_config.json").is_file():
+        eos = json.loads((source.path / "generation_config.json").read_text()).get("eos_token_id")
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return tuple(sorted(ids))
+
+
+def load_engine(
+    model: str | None,
+    draft_head: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    max_context: int | None = None,
+    progress: ProgressFn | None = None,
+) -> SpecEngine:
+    report = progress or (lambda what, frac: None)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    source = resolve_model(model, progress=progress)
+    report(f"loading {source.name} on {dev} ({str(dt).removeprefix('torch.')})", None)
+    target = load_target(source, dev, dt)
+    tokenizer = load_tokenizer(source)
+    report("loading the draft head", None)
+    head, head_name = load_draft_head(draft_head, source, target.cfg, dev, dt)
+    if max_context is None:
+        max_context = DEFAULT_MAX_CONTEXT_GPU if dev.type == "cuda" else DEFAULT_MAX_CONTEXT_CPU
+    engine = SpecEngine(
+        target, tokenizer, head, model_name=source.name, head_name=head_name, max_context=max_context,
+        stop_token_ids=stop_token_ids(tokenizer, source), source=source,
+    )
+    report("ready", 1.0)
+    return engine

@@ -1,0 +1,147 @@
+"""The target model: a compact Llama / Qwen2 / Qwen3 decoder over the paged KV cache.
+
+Parameter names mirror transformers' (`model.layers.0.self_attn.q_proj.weight`, ...), so HF
+safetensors load directly and our weights load into a transformers model for the parity oracle.
+Every forward is "T new tokens after a committed prefix": a prefill chunk (causal mask), a
+draft tree (ancestor mask) or one AR step (T = 1) — one code path for all three.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..kernels.reference import paged_tree_attention_ref as paged_tree_attention
+from ..kernels.reference import write_kv_ref as write_kv
+from .kv_cache import PagedKVCache
+from .layers import MLP, AttentionWeights, RMSNorm, Rotary
+from .model_config import ModelConfig
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = AttentionWeights(
+            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias, cfg.qk_norm, cfg.rms_norm_eps
+        )
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class ForwardBatch:
+    """T new tokens: ids, RoPE positions, and which new tokens each one sees."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64 (tree node: anchor position + depth)
+    tree_mask: torch.Tensor  # [T, T] bool
+    prefix_len: int  # committed KV rows; the new rows are written right after them
+
+
+class TargetModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.scale = cfg.head_dim**-0.5
+
+    # -- weights ---------------------------------------------------------------------------
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def init_random(self, seed: int, std: float = 0.02) -> None:
+        """Random weights for benchmarks and tests (norm weights 1, biases 0)."""
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith(".bias"):
+                    # Small random biases, so tests exercise the bias path.
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+                else:
+                    # Generate on the CPU (device-independent), in slices to bound host memory.
+                    for chunk in p.view(-1, p.shape[-1]).split(4096):
+                        chunk.copy_(torch.randn(chunk.shape, generator=gen) * std)
+
+    def load_safetensors(self, directory: Path) -> None:
+        from safetensors import safe_open
+
+        files = sorted(Path(directory).glob("*.safetensors"))
+        params = dict(self.named_parameters())
+        seen: set[str] = set()
+        device = next(self.parameters()).device
+        with torch.no_grad():
+            for f in files:
+                with safe_open(str(f), framework="pt", device="cpu") as st:
+                    for key in st.keys():
+                        if key not in params:
+                            if key == "lm_head.weight" and self.lm_head is None:
+                                continue  # tied checkpoints sometimes still store it
+                            if "rotary_emb" in key:
+                                continue
+                            raise ValueError(f"unexpected weight {key} in {f.name}")
+                        params[key].copy_(st.get_tensor(key).to(device=device, dtype=params[key].dtype))
+                        seen.add(key)
+        missing = set(params) - seen
+        if missing:
+            raise ValueError(f"weights missing from {directory}: {', '.join(sorted(missing)[:5])} ...")
+
+    # -- forward ---------------------------------------------------------------------------
+    def forward(
+        self, batch: ForwardBatch, kv: PagedKVCache, tap_layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run T new tokens; write their K/V at logical positions prefix_len..prefix_len+T-1.
+
+        Returns the final-normed hidden states [T, hidden] and, if tap_layers is given, the
+        concatenated outputs of those decoder layers [T, len(tap_layers) * hidden].
+        """
+        t = batch.input_ids.shape[0]
+        h = self.model.embed_tokens(batch.input_ids)
+        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
+        slots = kv.slots(batch.prefix_len, t)
+        taps: list[torch.Tensor] = []
+        for i, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = Rotary.apply(attn.project_q(x), cos, sin)
+            k, v = attn.project_kv(x)
+            k = Rotary.apply(k, cos, sin)
+            k_pool, v_pool = kv.layer(i)
+            write_kv(k_pool, v_pool, slots, k, v)
+            o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, batch.prefix_len, batch.tree_mask, self.scale)
+            h = h + attn.o_proj(o.reshape(t, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            if i in tap_layers:
+                taps.append(h)
+        tapped = None
+        if tap_layers:
+            by_layer = dict(zip([i for i in range(len(self.model.layers)) if i in tap_layers], taps))
+            tapped = torch.cat([by_layer[i] for i in tap_layers], dim=-1)
+        return self.model.norm(h), tapped
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits (argmax and sampling always happen in fp32)."""
+        return (hidden @ self.lm_head_weight().t()).float()
+
+
+def build_target(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> TargetModel:
+    """Allocate the model directly on the device, without a CPU copy or an init pass."""
+    with torch.device("meta"):
+        model = TargetModel(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    model.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,43 @@
+"""The correctness oracle: plain transformers greedy decoding on the same weights."""
+from __future__ import annotations
+
+import torch
+
+from .engine import SpecEngine
+from .events import GenerationResult
+
+
+def transformers_model(engine: SpecEngine):
+    """A transformers model holding exactly the engine's target weights (same device and dtype)."""
+    import transformers
+
+    source = engine.source
+    if source.path is not None:  # the same files, loaded by transformers itself
+        model = transformers.AutoModelForCausalLM.from_pretrained(source.path, dtype=engine.torch_dtype)
+    else:  # random weights exist only in our model: copy them over
+        cfg = transformers.AutoConfig.for_model(**source.hf_config)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=engine.torch_dtype)
+        missing, unexpected = model.load_state_dict(engine.target.state_dict(), strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    return model.to(engine.torch_device).eval()
+
+
+def reference_greedy(engine: SpecEngine, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    model = transformers_model(engine)
+    eos = sorted(engine.stop_token_ids)
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt_ids], device=engine.torch_device), max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0, temperature=None, top_p=None, top_k=None,
+        )
+    return out[0, len(prompt_ids):].tolist()
+
+
+def check_lossless(engine: SpecEngine, prompt_ids: list[int], result: GenerationResult, max_new_tokens: int) -> dict:
+    """Compare the engine's answer with transformers' greedy answer, token for token."""
+    ref = reference_greedy(engine, prompt_ids, max_new_tokens)
+    ours = list(result.token_ids) + ([result.stop_token] if result.stop_token is not None else [])
+    complete = result.finish_reason in ("eos", "length")
+    n = max(len(ours), len(ref)) if complete else len(ours)
+    mismatch = next((i for i in range(n) if i >= len(ours) or i >= len(ref) or ours[i] != ref[i]), None)
+    return {"lossless": mismatch is None, "first_mismatch": mismatch, "reference_tokens": len(ref)}

@@ -1,0 +1,75 @@
+"""Generation parameters: what the user can change between (or during) answers."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+MAX_BUDGET = 1024
+MAX_WIDTH = 64
+
+
+@dataclass(frozen=True)
+class SpecParams:
+    """Shape of the draft tree. `depth=None` means the head's full block (block_size - 1)."""
+
+    budget: int = 64  # max tree nodes including the root (the anchor)
+    depth: int | None = None
+    width: int = 8  # per-depth top-K candidates
+    tree_algo: str = "accum_logp"
+    enabled: bool = True  # False: plain autoregressive decoding on the same engine
+
+    def validate(self, max_depth: int | None) -> None:
+        if not 1 <= self.budget <= MAX_BUDGET:
+            raise ConfigError(f"budget must be between 1 and {MAX_BUDGET}, got {self.budget}")
+        if not 1 <= self.width <= MAX_WIDTH:
+            raise ConfigError(f"width must be between 1 and {MAX_WIDTH}, got {self.width}")
+        if self.depth is not None and self.depth < 1:
+            raise ConfigError(f"depth must be at least 1, got {self.depth}")
+        if self.depth is not None and max_depth is not None and self.depth > max_depth:
+            raise ConfigError(
+                f"depth {self.depth} exceeds what the draft head drafts (block_size - 1 = {max_depth})"
+            )
+        from .tree import TREE_ALGOS  # local import: tree imports torch-heavy code
+
+        if self.tree_algo not in TREE_ALGOS:
+            raise ConfigError(
+                f"unknown tree algorithm {self.tree_algo!r}; choose one of {', '.join(sorted(TREE_ALGOS))}"
+            )
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy. top_k 0 and top_p 1.0 disable those filters."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_new_tokens: int = 512
+    stop: tuple[str, ...] = ()
+    spec: SpecParams = field(default_factory=SpecParams)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def validate(self, max_depth: int | None) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.spec.enabled:
+            self.spec.validate(max_depth)
+        self.sampling.validate()

@@ -1,0 +1,147 @@
+"""Draft trees from per-depth draft log-probs, built with fixed shapes (no host heap).
+
+The draft head gives one distribution per depth (the same for every node at that depth).
+`accum_logp` keeps the `budget` best nodes (root included) by cumulative log-prob. Since a
+child never scores above its parent, that set is prefix-closed, so per depth it suffices to
+keep the best M = budget - 1 candidates among the children of the previous depth's M, then
+take the global best M over all depths. Nodes come out best-first (stable sort, shallower
+first on ties), which is also a topological order: every parent precedes its children.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+ADAPTIVE_MIN_RATIO = 0.05  # adaptive: drop candidates under 5% of the depth's top-1 probability
+
+
+@dataclass
+class Tree:
+    tokens: torch.Tensor  # [N] int64; node 0 is the root (anchor)
+    parents: torch.Tensor  # [N] int64; -1 for the root
+    depths: torch.Tensor  # [N] int64
+    scores: torch.Tensor  # [N] fp32 cumulative draft log-prob; 0 at the root
+    ancestors: torch.Tensor  # [N, N] bool: ancestors[i, j] iff j is i or an ancestor of i
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+
+def static_tree_size(budget: int, width: int, depth: int) -> int:
+    """Node count of an accum_logp tree: fixed by (budget, width, depth) alone."""
+    m = budget - 1
+    total, level = 1, 1
+    for _ in range(depth):
+        level = min(level * width, m)
+        total += level
+        if total >= budget:
+            return budget
+    return total
+
+
+def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """[N, N] ancestor-or-self mask from parent pointers, in max_depth vectorized steps."""
+    n = parents.shape[0]
+    idx = torch.arange(n, device=parents.device)
+    mask = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
+    mask[idx, idx] = True
+    ptr = parents.clone()
+    for _ in range(max_depth):
+        has = ptr >= 0
+        mask[idx[has], ptr[has]] = True
+        ptr = torch.where(has, parents[ptr.clamp(min=0)], ptr)
+    return mask
+
+
+def build_accum_logp(root: torch.Tensor, logp: torch.Tensor, budget: int, width: int) -> Tree:
+    """Best-first tree: the `budget` nodes (root included) of highest cumulative log-prob.
+
+    root: 0-d token id; logp: [D, V] fp32 log-probs for depths 1..D.
+    """
+    device = logp.device
+    depth = logp.shape[0]
+    n = static_tree_size(budget, width, depth)
+    m = budget - 1
+    if n == 1:
+        return root_only(root)
+    width = min(width, logp.shape[1])
+    top_lp, top_tok = logp.topk(width, dim=-1)  # [D, K]
+    # Per depth, the best M candidates: (score, token, parent index into the flat list).
+    flat_scores, flat_tokens, flat_parents = [], [], []
+    prev_scores = torch.zeros(1, device=device)
+    prev_index = torch.full((1,), -1, device=device, dtype=torch.long)  # -1 = root
+    offset = 0
+    for d in range(depth):
+        cand = (prev_scores[:, None] + top_lp[d][None, :]).reshape(-1)  # [P * K]
+        keep = min(m, cand.shape[0])
+        scores, order = cand.topk(keep)  # sorted: descending
+        parent_slot = order // width
+        flat_scores.append(scores)
+        flat_tokens.append(top_tok[d][order % width])
+        flat_parents.append(prev_index[parent_slot])
+        prev_scores = scores
+        prev_index = torch.arange(offset, offset + keep, device=device)
+        offset += keep
+    scores = torch.cat(flat_scores)
+    tokens = torch.cat(flat_tokens)
+    parents_flat = torch.cat(flat_parents)
+    depths_flat = torch.cat([torch.full((s.shape[0],), d + 1, device=device) for d, s in enumerate(flat_scores)])
+    # Global best n-1 candidates; stable sort keeps shallower candidates first on ties.
+    _, order = torch.sort(scores, descending=True, stable=True)
+    chosen = order[: n - 1]
+    node_of_flat = torch.full((scores.shape[0],), -1, device=device, dtype=torch.long)
+    node_of_flat[chosen] = torch.arange(1, n, device=device)
+    p = parents_flat[chosen]
+    parents = torch.cat([torch.tensor([-1], device=device), torch.where(p < 0, 0, node_of_flat[p.clamp(min=0)])])
+    return Tree(
+        tokens=torch.cat([root.reshape(1).long(), tokens[chosen]]),
+        parents=parents,
+        depths=torch.cat([torch.zeros(1, device=device, dtype=torch.long), depths_flat[chosen].long()]),
+        scores=torch.cat([torch.zeros(1, device=device), scores[chosen]]),
+        ancestors=ancestor_mask(parents, depth),
+    )
+
+
+def build_chain(root: torch.Tensor, logp: torch.Tensor, budget: int, width: int) -> Tree:
+    """The linear DFlash-style block: the top-1 token at each depth (width ignored)."""
+    return build_accum_logp(root, logp, budget, 1)
+
+
+def build_adaptive(root: torch.Tensor, logp: torch.Tensor, budget: int, width: int) -> Tree:
+    """accum_logp whose per-depth fanout shrinks where the draft is confident: a candidate is
+    kept only if its probability is at least ADAPTIVE_MIN_RATIO of that depth's top-1. Confident
+    depths thus cost one node instead of `width`, and the tree ends up smaller than the budget
+    when nothing else is plausible (a cheaper verify)."""
+    top1 = logp.max(dim=-1, keepdim=True).values
+    pruned = logp.masked_fill(logp < top1 + math.log(ADAPTIVE_MIN_RATIO), float("-inf"))
+    tree = build_accum_logp(root, pruned, budget, width)
+    valid = torch.isfinite(tree.scores)
+    n = int(valid.sum())  # invalid (pruned) nodes sort last and never parent a valid node
+    if n == tree.size:
+        return tree
+    return Tree(tree.tokens[:n], tree.parents[:n], tree.depths[:n], tree.scores[:n], tree.ancestors[:n, :n])
+
+
+def root_only(root: torch.Tensor) -> Tree:
+    """A one-node tree: plain autoregressive decoding through the same verify path."""
+    device = root.device
+    return Tree(
+        tokens=root.reshape(1).long(),
+        parents=torch.full((1,), -1, dtype=torch.long, device=device),
+        depths=torch.zeros(1, dtype=torch.long, device=device),
+        scores=torch.zeros(1, device=device),
+        ancestors=torch.ones(1, 1, dtype=torch.bool, device=device),
+    )
+
+
+TreeBuilder = Callable[[torch.Tensor, torch.Tensor, int, int], Tree]
+
+TREE_ALGOS: dict[str, TreeBuilder] = {
+    "accum_logp": build_accum_logp,
+    "chain": build_chain,
+    "adaptive": build_adaptive,
+}

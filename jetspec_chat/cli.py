@@ -1,0 +1,168 @@
+"""Command line: `jetspec-chat [MODEL]` opens the app; subcommands do the rest."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+SUBCOMMANDS = ("generate",)
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by every command that loads a model."""
+    p.add_argument("model", nargs="?", default=None,
+                   help="hub id (Qwen/Qwen3-8B), local dir or .gguf, embedded alias (qwen2.5-coder-1.5b, "
+                        "qwen2.5-coder-0.5b) or random:NAME; default: the embedded qwen2.5-coder-1.5b")
+    p.add_argument("--draft-head", default=None,
+                   help="draft head dir or hub id, 'random[:LAYERS]', or 'none'; default: the model's own")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens")
+
+
+def add_generation_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget", type=int, default=64, help="draft tree nodes including the root (1-1024)")
+    p.add_argument("--depth", type=int, default=None, help="tree depth (default: the head's block size - 1)")
+    p.add_argument("--width", type=int, default=8, help="candidates per depth (top-K)")
+    p.add_argument("--tree-algo", default="accum_logp", help="accum_logp, chain or adaptive")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding on the same engine")
+
+
+def generation_params(args: argparse.Namespace):
+    from .engine import GenerationParams, SamplingParams, SpecParams
+
+    return GenerationParams(
+        max_new_tokens=args.max_new_tokens,
+        stop=tuple(args.stop),
+        spec=SpecParams(budget=args.budget, depth=args.depth, width=args.width, tree_algo=args.tree_algo,
+                        enabled=not args.no_spec),
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
+    )
+
+
+def generate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jetspec-chat generate", description="Answer one prompt, non-interactively.")
+    add_engine_arguments(p)
+    add_generation_arguments(p)
+    p.add_argument("--prompt", default=None, help="the user message (default: read stdin)")
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--thinking", action="store_true", help="let Qwen3 models think (off by default)")
+    p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--check-lossless", action="store_true",
+                   help="also decode with transformers generate on the same weights and compare (greedy only)")
+    return p
+
+
+def run_generate(argv: list[str]) -> int:
+    args = generate_parser().parse_args(argv)
+    from .engine import ChatSession, ConfigError, FinishEvent, PrefillEvent, RoundEvent, load_engine
+
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if not prompt.strip():
+        raise ConfigError("the prompt is empty; pass --prompt TEXT or pipe it on stdin")
+    if args.check_lossless and args.temperature > 0:
+        raise ConfigError("--check-lossless compares greedy decoding; drop --temperature")
+    params = generation_params(args)
+    params.validate(max_depth=None)  # fail fast, before loading anything; depth is checked once the head is known
+    progress = None if args.json else (lambda what, frac: print(f"[{what}]", file=sys.stderr, flush=True))
+    engine = load_engine(args.model, args.draft_head, device=args.device, dtype=args.dtype,
+                         max_context=args.max_context, progress=progress)
+    if args.raw:
+        prompt_ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    else:
+        session = ChatSession(engine, system_prompt=args.system, thinking=args.thinking)
+        session.messages.append({"role": "user", "content": prompt})
+        prompt_ids = session.prompt_ids()
+    if args.max_context is None:  # size the cache to exactly this job
+        engine.set_max_context(len(prompt_ids) + args.max_new_tokens + args.budget + 1)
+    result = None
+    try:
+        for event in engine.generate(prompt_ids, params):
+            if args.json:
+                pass
+            elif isinstance(event, PrefillEvent):
+                print(event.first_text, end="", flush=True)
+            elif isinstance(event, RoundEvent):
+                print(event.new_text, end="", flush=True)
+            if isinstance(event, FinishEvent):
+                result = event.result
+    except KeyboardInterrupt:
+        print("\n[interrupted]", file=sys.stderr)
+        return 130
+    out = {
+        "text": result.text,
+        "token_ids": list(result.token_ids),
+        "new_tokens": result.new_tokens,
+        "finish_reason": result.finish_reason,
+        "rounds": result.rounds,
+        "accept_lengths": list(result.accept_lengths),
+        "mean_accept_length": round(result.mean_accept_length, 4),
+        "prompt_tokens": len(prompt_ids),
+        "prefill_seconds": round(result.prefill_seconds, 4),
+        "seconds": round(result.seconds, 4),
+        "tokens_per_second": round(result.tokens_per_second, 3),
+        "model": engine.model_name,
+        "draft_head": engine.head_name if params.spec.enabled else None,
+        "spec": params.spec.enabled and engine.head is not None,
+        "budget": params.spec.budget,
+        "depth": params.spec.depth or engine.max_depth,
+        "width": params.spec.width,
+        "tree_algo": params.spec.tree_algo,
+        "temperature": params.sampling.temperature,
+        "device": engine.device,
+        "dtype": engine.dtype,
+    }
+    if result.message:
+        out["message"] = result.message
+    if args.check_lossless:
+        from .engine.oracle import check_lossless
+
+        out.update(check_lossless(engine, prompt_ids, result, args.max_new_tokens))
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(file=sys.stderr)
+        line = (f"[{out['new_tokens']} tokens, {out['rounds']} rounds, tau {out['mean_accept_length']:.2f}, "
+                f"{out['tokens_per_second']:.1f} tok/s, {result.finish_reason}]")
+        if args.check_lossless:
+            line += f" [lossless: {str(out['lossless']).lower()}]"
+        print(line, file=sys.stderr)
+        if result.message:
+            print(result.message, file=sys.stderr)
+    return 0
+
+
+def run_app(argv: list[str]) -> int:
+    try:
+        from .ui.launch import add_arguments, run
+    except ImportError as e:  # the app is optional at import time only while it is being built
+        print(f"the interactive app is not available ({e}); use `jetspec-chat generate`", file=sys.stderr)
+        return 2
+    p = argparse.ArgumentParser(prog="jetspec-chat", description="Chat with a model and watch tree speculation live. "
+                                f"Subcommands: {', '.join(SUBCOMMANDS)} (see `jetspec-chat SUBCOMMAND -h`).")
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    from .engine.errors import EngineError
+
+    try:
+        if argv and argv[0] == "generate":
+            return run_generate(argv[1:])
+        return run_app(argv)
+    except EngineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

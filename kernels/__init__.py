@@ -1,0 +1,1 @@
+"""Kernels: Triton on CUDA tensors, plain-torch references (reference.py) everywhere else."""

@@ -1,0 +1,103 @@
+"""Shared helpers for engine tests: tiny random engines, the transformers oracle, and an
+"oracle draft" that lets a random-weight model accept long paths."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from jetspec_chat.engine import FinishEvent, GenerationParams, SamplingParams, SpecParams, load_engine
+from jetspec_chat.engine.oracle import transformers_model
+
+
+@functools.cache
+def _cached_engine(name: str, head: str | None, max_context: int):
+    return load_engine(f"random:{name}", head, device="cpu", dtype="float32", max_context=max_context)
+
+
+def tiny_engine(name: str = "tiny-qwen3", head: str | None = None, max_context: int = 1024):
+    """A tiny random engine, reset (shared across tests: loading costs more than the tests)."""
+    engine = _cached_engine(name, head, max_context)
+    engine.reset()
+    return engine
+
+
+def run(engine, prompt_ids, cancel=None, **kw):
+    """Generate with keyword shortcuts (budget=, width=, temperature=, ...); returns (events, result)."""
+    spec_keys = {"budget", "depth", "width", "tree_algo", "enabled"}
+    samp_keys = {"temperature", "top_p", "top_k", "seed"}
+    spec = SpecParams(**{k: v for k, v in kw.items() if k in spec_keys})
+    sampling = SamplingParams(**{k: v for k, v in kw.items() if k in samp_keys})
+    rest = {k: v for k, v in kw.items() if k not in spec_keys | samp_keys}
+    events = list(engine.generate(prompt_ids, GenerationParams(spec=spec, sampling=sampling, **rest), cancel))
+    assert isinstance(events[-1], FinishEvent)
+    return events, events[-1].result
+
+
+def full_answer(result) -> list[int]:
+    return list(result.token_ids) + ([result.stop_token] if result.stop_token is not None else [])
+
+
+@functools.cache
+def hf_model(name: str):
+    return transformers_model(tiny_engine(name))
+
+
+def hf_greedy(name: str, prompt_ids: list[int], n: int) -> list[int]:
+    """transformers' greedy answer on the same weights (the model is built once per name)."""
+    model, engine = hf_model(name), _cached_engine(name, None, 1024)
+    eos = sorted(engine.stop_token_ids)
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=n, do_sample=False, eos_token_id=eos,
+                             pad_token_id=eos[0], temperature=None, top_p=None, top_k=None)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def random_prompt(seed: int, length: int, vocab: int = 256) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (length,), generator=g).tolist()
+
+
+class OracleDraft:
+    """Replaces the draft head with one that knows the target: at each depth it returns the
+    target's own next-token logits (sharpened) along the target's greedy continuation, except
+    that with probability `error_rate` the right token is demoted to rank 2-4. So drafts are
+    often right, sometimes right only on a side branch: this exercises long accepted paths,
+    branching, the KV commit and the draft-context bookkeeping on random-weight models. The
+    engine under test still decides acceptance itself; losslessness must hold whatever the
+    draft says. Target logits are cached per prefix, so tests stay fast."""
+
+    def __init__(self, engine, model, error_rate: float, seed: int = 0):
+        self.engine, self.model, self.error_rate = engine, model, error_rate
+        self.gen = torch.Generator().manual_seed(seed)
+        self.original = engine.head.draft_logits
+        self._cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def _target_logits(self, ids: tuple[int, ...]) -> torch.Tensor:
+        if ids not in self._cache:
+            with torch.inference_mode():
+                logits = self.model(torch.tensor([ids])).logits[0, -1].float()
+            self._cache[ids] = (logits - logits.mean()) / logits.std() * 3.0
+        return self._cache[ids]
+
+    def __call__(self, cache, anchor, depth, embed, lm_head_weight):
+        ids = list(self.engine.tokens)
+        assert ids[-1] == int(anchor)
+        out = []
+        for _ in range(depth):
+            logits = self._target_logits(tuple(ids)).clone()
+            top = logits.topk(5)
+            true = int(top.indices[0])
+            if float(torch.rand((), generator=self.gen)) < self.error_rate:
+                rank = int(torch.randint(1, 4, (), generator=self.gen))  # 0-based rank 1..3
+                logits[true] = top.values[rank] - 1e-3
+            out.append(logits)
+            ids.append(true)
+        return torch.stack(out)
+
+    def __enter__(self):
+        self.engine.head.draft_logits = self
+        return self
+
+    def __exit__(self, *exc):
+        self.engine.head.draft_logits = self.original

@@ -1,0 +1,66 @@
+"""The non-interactive CLI: `jetspec-chat generate`."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jetspec_chat.cli import main
+
+REQUIRED = {"text", "token_ids", "new_tokens", "rounds", "accept_lengths", "mean_accept_length", "seconds",
+            "tokens_per_second", "model", "draft_head", "budget", "depth", "width", "tree_algo", "device", "dtype"}
+
+
+def generate_json(capsys, *args) -> dict:
+    code = main(["generate", *args, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3, 8, 16, 32, 64, 128, 256])
+def test_check_lossless_across_budgets(capsys, budget):
+    out = generate_json(capsys, "random:tiny-qwen3", "--prompt", "Write a haiku about trees.", "--budget", str(budget),
+                        "--max-new-tokens", "32", "--check-lossless")
+    assert REQUIRED <= set(out)
+    assert out["lossless"] is True and out["first_mismatch"] is None
+    assert out["budget"] == budget and out["model"] == "random:tiny-qwen3"
+    assert sum(out["accept_lengths"]) + 1 >= out["new_tokens"]  # the first token comes from prefill
+    assert out["new_tokens"] == len(out["token_ids"])
+
+
+def test_generate_with_no_spec_and_tree_options(capsys):
+    ar = generate_json(capsys, "random:tiny-llama", "--prompt", "hi", "--no-spec", "--max-new-tokens", "12")
+    assert ar["spec"] is False and set(ar["accept_lengths"]) <= {1}
+    tree = generate_json(capsys, "random:tiny-llama", "--prompt", "hi", "--budget", "20", "--width", "3",
+                         "--depth", "4", "--tree-algo", "adaptive", "--max-new-tokens", "12")
+    assert tree["token_ids"] == ar["token_ids"]
+    assert (tree["depth"], tree["width"], tree["tree_algo"]) == (4, 3, "adaptive")
+
+
+def test_sampling_flags_and_seed(capsys):
+    args = ["random:tiny-qwen2", "--prompt", "hi", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "50",
+            "--seed", "3", "--max-new-tokens", "16"]
+    assert generate_json(capsys, *args)["token_ids"] == generate_json(capsys, *args)["token_ids"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["random:nope", "--prompt", "x"], "random"),
+    (["random:tiny-qwen3", "--prompt", "x", "--budget", "0"], "budget"),
+    (["random:tiny-qwen3", "--prompt", "x", "--tree-algo", "bogus"], "tree algorithm"),
+    (["random:tiny-qwen3", "--prompt", "x", "--temperature", "1", "--check-lossless"], "greedy"),
+    (["random:tiny-qwen3", "--prompt", "x", "--draft-head", "/does/not/exist"], "not found"),
+    (["random:tiny-qwen3", "--prompt", "  "], "empty"),
+])
+def test_bad_input_is_one_clear_line(capsys, args, message):
+    assert main(["generate", *args]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last and "Traceback" not in err
+
+
+def test_installed_console_script_streams_text(tmp_path):
+    exe = [sys.executable, "-m", "jetspec_chat", "generate", "random:tiny-qwen3", "--max-new-tokens", "8"]
+    proc = subprocess.run(exe, input="hello from stdin", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "tokens," in proc.stderr and "tok/s" in proc.stderr

@@ -1,0 +1,59 @@
+"""Greedy speculative decoding equals transformers' greedy decoding, token for token."""
+import pytest
+
+from engine_helpers import OracleDraft, full_answer, hf_greedy, hf_model, random_prompt, run, tiny_engine
+
+MODELS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3"]
+CONFIGS = [  # (budget, width, depth, algo)
+    (1, 1, None, "accum_logp"),
+    (2, 2, None, "accum_logp"),
+    (16, 4, None, "accum_logp"),
+    (64, 8, None, "accum_logp"),
+    (16, 3, 2, "accum_logp"),
+    (64, 1, None, "chain"),
+    (16, 4, None, "adaptive"),
+    (64, 8, 5, "adaptive"),
+]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_random_head_greedy_equals_transformers(name):
+    engine = tiny_engine(name)
+    for seed in range(4):
+        prompt = random_prompt(seed, 5 + 7 * seed)
+        ref = hf_greedy(name, prompt, 24)
+        for budget, width, depth, algo in CONFIGS:
+            engine.reset()
+            _, res = run(engine, prompt, max_new_tokens=24, budget=budget, width=width, depth=depth, tree_algo=algo)
+            assert full_answer(res) == ref, (seed, budget, width, depth, algo)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("error_rate", [0.2, 0.6])
+def test_long_accepted_paths_stay_lossless(name, error_rate):
+    """With an oracle draft most of the tree is right: many tokens per round, same output."""
+    engine = tiny_engine(name)
+    taus = []
+    for seed in range(2):
+        prompt = random_prompt(100 + seed, 9 + seed)
+        ref = hf_greedy(name, prompt, 40)
+        for budget, width, depth, algo in CONFIGS:
+            engine.reset()
+            with OracleDraft(engine, hf_model(name), error_rate=error_rate, seed=seed):
+                _, res = run(engine, prompt, max_new_tokens=40, budget=budget, width=width, depth=depth, tree_algo=algo)
+            assert full_answer(res) == ref, (seed, budget, width, depth, algo)
+            if budget >= 16:
+                taus.append(res.mean_accept_length)
+    # The test only means something if long paths were actually accepted.
+    assert max(taus) > 3.0
+    assert sum(taus) / len(taus) > 1.8
+
+
+def test_no_spec_and_spec_share_the_engine():
+    engine = tiny_engine("tiny-qwen3")
+    prompt = random_prompt(7, 12)
+    _, ar = run(engine, prompt, max_new_tokens=30, enabled=False)
+    engine.reset()
+    _, spec = run(engine, prompt, max_new_tokens=30, budget=32)
+    assert ar.token_ids == spec.token_ids
+    assert all(n == 1 for n in ar.accept_lengths)
