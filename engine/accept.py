@@ -45,7 +45,11 @@ def target_choices(logits: torch.Tensor, sampling: SamplingParams, generator: to
 
 @dataclass
 class Acceptance:
-    path: torch.Tensor  # node indices from the root (included) to the deepest accepted node
+    """Fixed shapes, no host sync: `path[d]` is the accepted node at depth d for d < count
+    (entries past count point at the root and are ignored)."""
+
+    path: torch.Tensor  # [tree.max_depth + 1] node indices
+    count: torch.Tensor  # 0-d: accepted nodes including the root = tokens this round, bonus counted
     bonus: torch.Tensor  # 0-d: the target's token after the path
 
 
@@ -56,6 +60,6 @@ def accept(tree: Tree, choices: torch.Tensor) -> Acceptance:
     # Accepted iff every ancestor-or-self matches.
     accepted = ~(tree.ancestors & ~match[None, :]).any(dim=1)
     best = torch.argmax(torch.where(accepted, tree.depths, -1))
-    path_mask = tree.ancestors[best]
-    path = torch.nonzero(path_mask).squeeze(-1)  # ascending index = ascending depth (topological)
-    return Acceptance(path=path, bonus=choices[best])
+    levels = torch.arange(tree.max_depth + 1, device=choices.device)
+    on_path = tree.ancestors[best][None, :] & (tree.depths[None, :] == levels[:, None])  # [D+1, N]
+    return Acceptance(path=on_path.int().argmax(dim=1), count=tree.depths[best] + 1, bonus=choices[best])

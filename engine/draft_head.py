@@ -226,15 +226,21 @@ class DraftHead(nn.Module):
         cache.length = start + n
 
     def block_hidden(
-        self, block_embeds: torch.Tensor, ctx_k: list[torch.Tensor], ctx_v: list[torch.Tensor], start_pos: int
+        self, block_embeds: torch.Tensor, ctx_k: list[torch.Tensor], ctx_v: list[torch.Tensor],
+        start_pos: int | torch.Tensor,
     ) -> torch.Tensor:
-        """Run the draft layers over one block given per-layer context K/V; returns normed hidden [B, H]."""
+        """Run the draft layers over one block given per-layer context K/V; returns normed hidden [B, H].
+
+        The block sits at positions start_pos.. and sees the first start_pos context rows; rows
+        past that (a fixed-size span read by a CUDA graph) are masked out.
+        """
         b = block_embeds.shape[0]
         h = block_embeds
-        positions = torch.arange(start_pos, start_pos + b, device=h.device)
+        positions = start_pos + torch.arange(b, device=h.device)
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
         n_ctx = ctx_k[0].shape[0]
         visible = torch.ones(b, n_ctx + b, dtype=torch.bool, device=h.device)
+        visible[:, :n_ctx] = (torch.arange(n_ctx, device=h.device) < start_pos)[None, :]
         if self.cfg.causal:
             visible[:, n_ctx:] = torch.ones(b, b, dtype=torch.bool, device=h.device).tril()
         for i, layer in enumerate(self.layers):
@@ -253,15 +259,21 @@ class DraftHead(nn.Module):
         return self.norm(h)
 
     def draft_logits(
-        self, cache: DraftKVCache, anchor: torch.Tensor, depth: int, embed: nn.Embedding, lm_head_weight: torch.Tensor
+        self, cache: DraftKVCache, anchor: torch.Tensor, depth: int, embed: nn.Embedding, lm_head_weight: torch.Tensor,
+        length: int | torch.Tensor | None = None, span: int | None = None,
     ) -> torch.Tensor:
-        """fp32 logits for depths 1..depth: [depth, vocab]. `anchor` is a 0-d token id tensor."""
+        """fp32 logits for depths 1..depth: [depth, vocab]. `anchor` is a 0-d token id tensor.
+
+        length: context rows to attend (default: the cache's); span: rows read, >= length (a
+        CUDA graph reads a fixed span and takes the length from device memory).
+        """
         # A causal head's first depth+1 positions do not depend on later ones: run only those.
         b = depth + 1 if self.cfg.causal else self.cfg.block_size
         ids = torch.full((b,), self.cfg.mask_token_id, dtype=torch.long, device=anchor.device)
         ids[0] = anchor
-        n = cache.length
-        h = self.block_hidden(embed(ids), list(cache.k[:, :n]), list(cache.v[:, :n]), n)
+        length = cache.length if length is None else length
+        span = cache.length if span is None else span
+        h = self.block_hidden(embed(ids), list(cache.k[:, :span]), list(cache.v[:, :span]), length)
         return (h[1 : depth + 1] @ lm_head_weight.t()).float()
 
     # -- weights ---------------------------------------------------------------------------

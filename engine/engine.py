@@ -23,17 +23,46 @@ from .events import Event, FinishEvent, GenerationResult, PhaseTimings, PrefillE
 from .kv_cache import PagedKVCache
 from .model import ForwardBatch, TargetModel
 from .params import GenerationParams
-from .tree import TREE_ALGOS, Tree, root_only
+from .tree import TREE_ALGOS, root_only
+from .graphs import SCRATCH_ROWS, DraftRunner, VerifyRunner
 
 PREFILL_CHUNK = 512
 
 
 @dataclass
 class RoundOutput:
-    tree: Tree
-    path: list[int]
+    tree_tokens: list[int]
+    tree_parents: list[int]
+    tree_depths: list[int]
+    tree_scores: list[float]
+    path: list[int]  # accepted nodes from the root
     new_tokens: list[int]  # accepted draft tokens then the bonus
     timings: dict[str, float]
+
+
+class _PhaseClock:
+    """Per-phase times without host syncs: CUDA events on the GPU (read after the round's one
+    sync), the wall clock elsewhere."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = [("start", self._stamp())]
+
+    def _stamp(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, self._stamp()))
+
+    def elapsed(self) -> dict[str, float]:
+        out = {}
+        for (_, a), (phase, b) in zip(self.marks, self.marks[1:]):
+            out[phase] = a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+        return out
 
 
 class SpecEngine:
@@ -64,6 +93,8 @@ class SpecEngine:
         self.tap_layers = head.cfg.target_layer_ids if head is not None else ()
         self.token_text = TokenTexts(tokenizer)
         self.kv: PagedKVCache | None = None
+        self.verify: VerifyRunner | None = None
+        self.drafter: DraftRunner | None = None
         self.draft_kv: DraftKVCache | None = None
         self.tokens: list[int] = []  # committed; tokens[:kv.length] are cached, the last is the anchor
         self._pending_taps: torch.Tensor | None = None
@@ -86,7 +117,7 @@ class SpecEngine:
         tokens = min(tokens, self.target.cfg.max_position_embeddings)
         if tokens != self.max_context:
             self.max_context = tokens
-            self.kv = self.draft_kv = None
+            self.kv = self.draft_kv = self.verify = self.drafter = None
             self.tokens, self._pending_taps = [], None
 
     def reset(self) -> None:
@@ -99,13 +130,21 @@ class SpecEngine:
             return
         cfg = self.target.cfg
         try:
+            # One padded tree of scratch past the context limit, and every block mapped up front
+            # (single stream: nothing else competes for them, and graphs need a fixed table).
             self.kv = PagedKVCache(
-                cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.max_context, self.torch_device, self.torch_dtype
+                cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.max_context + SCRATCH_ROWS,
+                self.torch_device, self.torch_dtype,
             )
+            self.kv.reserve(self.kv.capacity)
+            self.verify = VerifyRunner(self.target, self.kv, self.tap_layers)
             if self.head is not None:
                 self.draft_kv = DraftKVCache(self.head.cfg, self.kv.capacity, self.torch_device, self.torch_dtype)
+                self.drafter = DraftRunner(
+                    self.head, self.draft_kv, self.target.model.embed_tokens, self.target.lm_head_weight()
+                )
         except torch.OutOfMemoryError:
-            self.kv = self.draft_kv = None
+            self.kv = self.draft_kv = self.verify = self.drafter = None
             raise DeviceMemoryError(
                 f"out of device memory allocating the KV cache for {self.max_context} tokens; lower --max-context"
             ) from None
@@ -147,7 +186,6 @@ class SpecEngine:
         while start < len(prompt_ids):
             chunk = prompt_ids[start : start + PREFILL_CHUNK]
             t = len(chunk)
-            self.kv.reserve(start + t)
             batch = ForwardBatch(
                 input_ids=torch.tensor(chunk, device=self.torch_device),
                 positions=torch.arange(start, start + t, device=self.torch_device),
@@ -163,48 +201,49 @@ class SpecEngine:
 
     # -- one round -------------------------------------------------------------------------
     def _round(self, params: GenerationParams, generator: torch.Generator | None) -> RoundOutput:
+        """draft -> tree -> verify -> accept -> commit, enqueued without host syncs; then one
+        packed device->host copy of the round's integers and one of the tree's scores."""
         spec, sampling = params.spec, params.sampling
         base = self.kv.length
         anchor = torch.tensor(self.tokens[-1], device=self.torch_device)
-        space = self.kv.capacity - base  # tree nodes that fit after the committed tokens
-        t0 = self._now()
-        t_draft = t_tree = t0
-        if spec.enabled and self.head is not None and space > 1:
+        clock = _PhaseClock(self.torch_device)
+        positions_left = self.target.cfg.max_position_embeddings - 1 - base
+        if spec.enabled and self.head is not None and positions_left > 0:
             if self._pending_taps is not None and self._pending_taps.shape[0]:
                 self.head.append_context(self.draft_kv, self._pending_taps)
                 self._pending_taps = None
-            depth = min(spec.depth or self.head.cfg.max_depth, space - 1)
-            logits = self.head.draft_logits(
-                self.draft_kv, anchor, depth, self.target.model.embed_tokens, self.target.lm_head_weight()
-            )
-            t_draft = self._now()
-            tree = TREE_ALGOS[spec.tree_algo](anchor, torch.log_softmax(logits, dim=-1), min(spec.budget, space), spec.width)
-            t_tree = self._now()
+            depth = min(spec.depth or self.head.cfg.max_depth, positions_left)
+            logp = self.drafter.run(anchor, depth)
+            clock.mark("draft_ms")
+            tree = TREE_ALGOS[spec.tree_algo](anchor, logp, spec.budget, spec.width)
+            clock.mark("tree_ms")
         else:
             tree = root_only(anchor)
-        self.kv.reserve(base + tree.size)
-        batch = ForwardBatch(tree.tokens, base + tree.depths, tree.ancestors, base)
-        hidden, taps = self.target(batch, self.kv, self.tap_layers)
-        logits = self.target.logits(hidden)
-        t_verify = self._now()
-        acc = accept(tree, target_choices(logits, sampling, generator))
-        n_acc = acc.path.shape[0]
-        if n_acc > 1:  # the root's row is already in place; move the accepted nodes down
-            self.kv.move_rows(base + acc.path[1:], base + torch.arange(1, n_acc, device=self.torch_device))
-        self.kv.length = base + n_acc
+        hidden, taps = self.verify.run(tree.tokens, base + tree.depths, tree.ancestors, base)
+        choices = target_choices(self.target.logits(hidden), sampling, generator)
+        clock.mark("verify_ms")
+        acc = accept(tree, choices)
+        rows = torch.arange(tree.max_depth + 1, device=self.torch_device)
+        self.kv.move_rows(base + acc.path, base + rows)  # rows past the path land in scratch
+        packed = torch.cat([acc.count[None], acc.bonus[None], acc.path, tree.tokens, tree.parents, tree.depths])
+        packed, scores = packed.cpu(), tree.scores.cpu()  # the round's only device->host copies
+        clock.mark("accept_ms")
+        count, bonus = int(packed[0]), int(packed[1])
+        d1, n = tree.max_depth + 1, tree.size
+        path = packed[2 : 2 + count].tolist()
+        tokens = packed[2 + d1 : 2 + d1 + n].tolist()
+        self.kv.length = base + count
         if taps is not None:
-            self._add_pending_taps(taps[acc.path])
-        path = acc.path.tolist()
-        tokens = tree.tokens.tolist()
-        new_tokens = [tokens[i] for i in path[1:]] + [int(acc.bonus)]
-        t_accept = self._now()
-        timings = {
-            "draft_ms": (t_draft - t0) * 1e3,
-            "tree_ms": (t_tree - t_draft) * 1e3,
-            "verify_ms": (t_verify - t_tree) * 1e3,
-            "accept_ms": (t_accept - t_verify) * 1e3,
-        }
-        return RoundOutput(tree=tree, path=path, new_tokens=new_tokens, timings=timings)
+            self._add_pending_taps(taps[acc.path[:count]])
+        return RoundOutput(
+            tree_tokens=tokens,
+            tree_parents=packed[2 + d1 + n : 2 + d1 + 2 * n].tolist(),
+            tree_depths=packed[2 + d1 + 2 * n :].tolist(),
+            tree_scores=scores.tolist(),
+            path=path,
+            new_tokens=[tokens[i] for i in path[1:]] + [bonus],
+            timings=clock.elapsed(),
+        )
 
     # -- generation ------------------------------------------------------------------------
     def generate(
@@ -256,9 +295,9 @@ class SpecEngine:
             if cancel is not None and cancel.is_set():
                 answer.finish = "cancelled"
                 break
-            if self.kv.length + 1 > self.kv.capacity:
+            if self.kv.length + 1 > self.max_context:
                 answer.finish = "context_full"
-                message = f"the context is full ({self.kv.capacity} tokens); start a new chat or raise --max-context"
+                message = f"the context is full ({self.max_context} tokens); start a new chat or raise --max-context"
                 break
             t_round = time.perf_counter()
             with torch.inference_mode():
@@ -273,15 +312,13 @@ class SpecEngine:
             if answer.finish is not None:
                 new_text += answer.flush()
             accept_lengths.append(keep)
-            tree = out.tree
-            tokens = tree.tokens.tolist()
             event = dict(
                 index=len(accept_lengths) - 1,
-                tree_tokens=tuple(tokens),
-                tree_texts=tuple(self.token_text(t) for t in tokens),
-                tree_parents=tuple(tree.parents.tolist()),
-                tree_depths=tuple(tree.depths.tolist()),
-                tree_scores=tuple(tree.scores.tolist()),
+                tree_tokens=tuple(out.tree_tokens),
+                tree_texts=tuple(self.token_text(t) for t in out.tree_tokens),
+                tree_parents=tuple(out.tree_parents),
+                tree_depths=tuple(out.tree_depths),
+                tree_scores=tuple(out.tree_scores),
                 accepted_nodes=tuple(out.path),
                 bonus_token=out.new_tokens[-1],
                 new_tokens=tuple(kept),

@@ -60,10 +60,9 @@ class PagedKVCache:
             self.block_table[len(self._owned) : needed] = torch.tensor(new, dtype=torch.int32)
             self._owned.extend(new)
 
-    def slots(self, start: int, count: int) -> torch.Tensor:
-        """Physical slots of logical positions [start, start + count)."""
-        pos = torch.arange(start, start + count, device=self.block_table.device)
-        return logical_to_slots(self.block_table, pos, self.block_size)
+    def slots_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """Physical slots of logical positions (device ops only: safe inside CUDA graphs)."""
+        return logical_to_slots(self.block_table, positions, self.block_size)
 
     def truncate(self, length: int) -> None:
         """Roll back to `length` committed tokens, returning unused blocks to the free list."""
@@ -76,6 +75,4 @@ class PagedKVCache:
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy K/V rows of logical positions src to dst in every layer (the accepted-path commit)."""
         flat = self.pool.view(self.pool.shape[0], 2, -1, *self.pool.shape[4:])
-        s = logical_to_slots(self.block_table, src, self.block_size)
-        d = logical_to_slots(self.block_table, dst, self.block_size)
-        flat[:, :, d] = flat[:, :, s]
+        flat[:, :, self.slots_of(dst)] = flat[:, :, self.slots_of(src)]  # gather first, then scatter

@@ -13,8 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..kernels.reference import paged_tree_attention_ref as paged_tree_attention
-from ..kernels.reference import write_kv_ref as write_kv
+from ..kernels import pack_tree_mask, paged_tree_attention, write_kv
 from .kv_cache import PagedKVCache
 from .layers import MLP, AttentionWeights, RMSNorm, Rotary
 from .model_config import ModelConfig
@@ -46,7 +45,9 @@ class ForwardBatch:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64 (tree node: anchor position + depth)
     tree_mask: torch.Tensor  # [T, T] bool
-    prefix_len: int  # committed KV rows; the new rows are written right after them
+    # Committed KV rows; the new rows are written right after them. A 0-d device tensor in
+    # CUDA graphs (so one captured graph serves every context length), else an int.
+    prefix_len: int | torch.Tensor
 
 
 class TargetModel(nn.Module):
@@ -112,7 +113,9 @@ class TargetModel(nn.Module):
         t = batch.input_ids.shape[0]
         h = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
-        slots = kv.slots(batch.prefix_len, t)
+        slots = kv.slots_of(batch.prefix_len + torch.arange(t, device=h.device))
+        # The Triton kernel reads the mask as bits: pack it once for all layers.
+        mask = pack_tree_mask(batch.tree_mask) if h.is_cuda else batch.tree_mask
         taps: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
@@ -122,7 +125,7 @@ class TargetModel(nn.Module):
             k = Rotary.apply(k, cos, sin)
             k_pool, v_pool = kv.layer(i)
             write_kv(k_pool, v_pool, slots, k, v)
-            o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, batch.prefix_len, batch.tree_mask, self.scale)
+            o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, batch.prefix_len, mask, self.scale)
             h = h + attn.o_proj(o.reshape(t, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             if i in tap_layers:

@@ -25,6 +25,7 @@ class Tree:
     depths: torch.Tensor  # [N] int64
     scores: torch.Tensor  # [N] fp32 cumulative draft log-prob; 0 at the root
     ancestors: torch.Tensor  # [N, N] bool: ancestors[i, j] iff j is i or an ancestor of i
+    max_depth: int  # static bound on depths (what the tree was built for)
 
     @property
     def size(self) -> int:
@@ -66,7 +67,7 @@ def build_accum_logp(root: torch.Tensor, logp: torch.Tensor, budget: int, width:
     depth = logp.shape[0]
     n = static_tree_size(budget, width, depth)
     m = budget - 1
-    if n == 1:
+    if n == 1 or depth == 0:
         return root_only(root)
     width = min(width, logp.shape[1])
     top_lp, top_tok = logp.topk(width, dim=-1)  # [D, K]
@@ -103,6 +104,7 @@ def build_accum_logp(root: torch.Tensor, logp: torch.Tensor, budget: int, width:
         depths=torch.cat([torch.zeros(1, device=device, dtype=torch.long), depths_flat[chosen].long()]),
         scores=torch.cat([torch.zeros(1, device=device), scores[chosen]]),
         ancestors=ancestor_mask(parents, depth),
+        max_depth=depth,
     )
 
 
@@ -123,7 +125,7 @@ def build_adaptive(root: torch.Tensor, logp: torch.Tensor, budget: int, width: i
     n = int(valid.sum())  # invalid (pruned) nodes sort last and never parent a valid node
     if n == tree.size:
         return tree
-    return Tree(tree.tokens[:n], tree.parents[:n], tree.depths[:n], tree.scores[:n], tree.ancestors[:n, :n])
+    return Tree(tree.tokens[:n], tree.parents[:n], tree.depths[:n], tree.scores[:n], tree.ancestors[:n, :n], tree.max_depth)
 
 
 def root_only(root: torch.Tensor) -> Tree:
@@ -135,6 +137,7 @@ def root_only(root: torch.Tensor) -> Tree:
         depths=torch.zeros(1, dtype=torch.long, device=device),
         scores=torch.zeros(1, device=device),
         ancestors=torch.ones(1, 1, dtype=torch.bool, device=device),
+        max_depth=0,
     )
 
 

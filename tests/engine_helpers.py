@@ -80,7 +80,7 @@ class OracleDraft:
             self._cache[ids] = (logits - logits.mean()) / logits.std() * 3.0
         return self._cache[ids]
 
-    def __call__(self, cache, anchor, depth, embed, lm_head_weight):
+    def __call__(self, cache, anchor, depth, embed, lm_head_weight, length=None, span=None):
         ids = list(self.engine.tokens)
         assert ids[-1] == int(anchor)
         out = []

@@ -1,0 +1,272 @@
+"""Compare budgets: rerun the last prompt at several budgets (and plain AR), side by side.
+
+The app owns the run (it talks to the engine thread); this screen edits the budget list,
+starts and cancels, and renders `CompareState` as a table and a text bar plot.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Static
+
+from jetspec_chat.engine.events import GenerationResult
+from jetspec_chat.engine.params import MAX_BUDGET
+
+from .stats import fmt
+from .themes import SpecColors
+from .trace import ArBaseline, result_round_ms
+
+AR_LABEL = "AR"
+_AR_WORDS = {"ar", "off", "none", "0", "plain"}
+
+
+class BudgetListError(ValueError):
+    pass
+
+
+def parse_budget_list(text: str) -> list[str]:
+    """'AR, 16 32,64' -> ['AR', '16', '32', '64']; duplicates dropped, order kept."""
+    items = [t for t in re.split(r"[,\s;]+", text.strip()) if t]
+    if not items:
+        raise BudgetListError("enter at least one budget, e.g. AR, 16, 32, 64")
+    out: list[str] = []
+    for item in items:
+        if item.lower() in _AR_WORDS:
+            label = AR_LABEL
+        else:
+            try:
+                value = int(item)
+            except ValueError:
+                raise BudgetListError(f"{item!r} is not a budget (a number of tree nodes, or AR)") from None
+            if not 1 <= value <= MAX_BUDGET:
+                raise BudgetListError(f"budget {value} is out of range (1 to {MAX_BUDGET})")
+            label = str(value)
+        if label not in out:
+            out.append(label)
+    return out
+
+
+@dataclass
+class CompareRow:
+    label: str
+    status: str = "queued"  # queued | running | done | error | cancelled
+    result: GenerationResult | None = None
+    error: str = ""
+    live_rounds: int = 0
+    live_tokens: int = 0
+    live_tps: float | None = None
+
+    @property
+    def tps(self) -> float | None:
+        return self.result.tokens_per_second if self.result and self.result.rounds else None
+
+    @property
+    def tau(self) -> float | None:
+        return self.result.mean_accept_length if self.result and self.result.rounds else None
+
+
+@dataclass
+class CompareState:
+    labels: list[str]
+    prompt: str = ""
+    job_id: int | None = None
+    rows: list[CompareRow] = field(default_factory=list)
+    running: bool = False
+    cancelled: bool = False
+    baseline: ArBaseline | None = None  # used when the list has no AR entry
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            self.rows = [CompareRow(label) for label in self.labels]
+
+    @property
+    def done_count(self) -> int:
+        return sum(1 for r in self.rows if r.status in ("done", "error", "cancelled"))
+
+    def ar_tps(self) -> tuple[float | None, str]:
+        for r in self.rows:
+            if r.label == AR_LABEL and r.tps:
+                return r.tps, "AR row"
+        if self.baseline is not None:
+            return self.baseline.tokens_per_second, self.baseline.source
+        return None, ""
+
+
+def plot_text(state: CompareState, colors: SpecColors, width: int) -> Text:
+    """Two horizontal bar charts against budget: tokens/s and tau."""
+    rows = [r for r in state.rows if r.tps is not None]
+    t = Text(no_wrap=True, overflow="ellipsis")
+    if not rows:
+        t.append("Results appear here as each run finishes.", style=colors.muted)
+        return t
+    label_w = max(len(r.label) for r in rows) + 1
+    bar_w = max(4, width - label_w - 10)
+    eighths = " ▏▎▍▌▋▊▉█"
+
+    def bar(value: float, top: float) -> str:
+        cells = value / top * bar_w if top > 0 else 0
+        full = int(cells)
+        rem = int(round((cells - full) * 8))
+        if rem == 8:
+            full, rem = full + 1, 0
+        return "█" * full + (eighths[rem] if rem else "")
+
+    best_tps = max(r.tps or 0 for r in rows)
+    t.append("tokens/s\n", style="bold")
+    for r in rows:
+        style = f"bold {colors.bonus}" if (r.tps or 0) == best_tps else colors.bonus
+        t.append(f"{r.label:>{label_w - 1}} ", style=colors.muted)
+        b = bar(r.tps or 0, best_tps)
+        t.append(b, style=style)
+        t.append(f" {r.tps:.1f}\n", style=style)
+    taus = [r.tau or 0 for r in rows]
+    top_tau = max(taus) or 1
+    t.append("\nτ  tokens per round\n", style="bold")
+    for r in rows:
+        t.append(f"{r.label:>{label_w - 1}} ", style=colors.muted)
+        t.append(bar(r.tau or 0, top_tau), style=colors.accepted)
+        t.append(f" {r.tau:.2f}\n", style=colors.accepted)
+    return t
+
+
+class CompareScreen(Screen):
+    """Budget comparison. Esc cancels a running comparison, or closes the screen."""
+
+    BINDINGS = [
+        Binding("escape", "cancel_or_close", "Cancel / close"),
+        Binding("ctrl+r", "run", "Run"),
+        Binding("f6", "close", "Close", show=False),
+    ]
+
+    def __init__(self, state: CompareState, budgets_text: str) -> None:
+        super().__init__(id="compare")
+        self.state = state
+        self.budgets_text = budgets_text
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="compare-title")
+        with Horizontal(id="compare-controls"):
+            yield Static("Budgets:", id="compare-budgets-label")
+            yield Input(self.budgets_text, id="compare-budgets", placeholder="AR, 16, 32, 64, 128, 256")
+            yield Button("Run", id="compare-run", variant="primary")
+            yield Button("Close", id="compare-close")
+        yield Static("", id="compare-error")
+        with Horizontal(id="compare-progress-row"):
+            yield ProgressBar(total=max(1, len(self.state.rows)), show_eta=False, id="compare-progress")
+            yield Static("", id="compare-status")
+        with Horizontal(id="compare-body"):
+            yield DataTable(id="compare-table", cursor_type="row", zebra_stripes=True)
+            yield Static("", id="compare-plot")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_column("budget")
+        for label in ("tokens/s", "τ", "speedup", "ms/round", "rounds", "tokens"):
+            table.add_column(Text(label, justify="right"))
+        table.add_column("status")
+        self.refresh_state()
+        self.query_one(Input).focus()
+
+    # -- actions
+
+    @on(Input.Submitted, "#compare-budgets")
+    @on(Button.Pressed, "#compare-run")
+    def action_run(self) -> None:
+        if self.state.running:
+            return
+        text = self.query_one("#compare-budgets", Input).value
+        try:
+            labels = parse_budget_list(text)
+        except BudgetListError as err:
+            self.query_one("#compare-error", Static).update(Text(str(err), style="bold red"))
+            return
+        self.query_one("#compare-error", Static).update("")
+        self.app.start_compare(labels)  # type: ignore[attr-defined]
+
+    @on(Button.Pressed, "#compare-close")
+    def action_close(self) -> None:
+        self.app.pop_screen()
+
+    def action_cancel_or_close(self) -> None:
+        if self.state.running:
+            self.app.cancel_compare()  # type: ignore[attr-defined]
+        else:
+            self.app.pop_screen()
+
+    def set_state(self, state: CompareState) -> None:
+        self.state = state
+        self.refresh_state()
+
+    # -- drawing
+
+    def refresh_state(self) -> None:
+        if not self.is_mounted:
+            return
+        s = self.state
+        colors = SpecColors.from_app(self.app)
+        title = Text()
+        title.append("Compare budgets", style="bold")
+        if s.prompt:
+            prompt = " ".join(s.prompt.split())
+            title.append(f" — rerun of “{prompt[:70]}{'…' if len(prompt) > 70 else ''}”", style=colors.muted)
+        self.query_one("#compare-title", Static).update(title)
+        self.query_one("#compare-run", Button).disabled = s.running
+        bar = self.query_one(ProgressBar)
+        bar.update(total=max(1, len(s.rows)), progress=s.done_count)
+        self.query_one("#compare-status", Static).update(self._status_text(colors))
+        self._fill_table(colors)
+        plot = self.query_one("#compare-plot", Static)
+        plot.update(plot_text(s, colors, max(20, plot.content_region.width or 40)))
+
+    def _status_text(self, colors: SpecColors) -> Text:
+        s = self.state
+        t = Text(no_wrap=True, overflow="ellipsis")
+        running = next((r for r in s.rows if r.status == "running"), None)
+        if running is not None:
+            idx = s.rows.index(running) + 1
+            t.append(f"run {idx}/{len(s.rows)}: {running.label}", style="bold")
+            t.append(f" · round {running.live_rounds} · {running.live_tokens} tokens", style=colors.muted)
+            if running.live_tps:
+                t.append(f" · {running.live_tps:.0f} tok/s", style=colors.muted)
+            t.append("  (Esc cancels)", style=colors.muted)
+        elif s.cancelled:
+            t.append(f"cancelled after {sum(r.status == 'done' for r in s.rows)} of {len(s.rows)} runs", style="bold")
+        elif s.rows and s.done_count == len(s.rows) and any(r.status == "done" for r in s.rows):
+            t.append(f"done: {len(s.rows)} runs", style="bold")
+            t.append(" · each run regenerated the last answer", style=colors.muted)
+        else:
+            t.append("Edit the list and press Enter to run (AR = plain autoregressive decoding).", style=colors.muted)
+        return t
+
+    def _fill_table(self, colors: SpecColors) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        ar, _source = self.state.ar_tps()
+        best = max((r.tps or 0 for r in self.state.rows), default=0)
+        for r in self.state.rows:
+            speed = "—"
+            if r.tps and ar:
+                speed = f"{r.tps / ar:.2f}×"
+            ms = result_round_ms(r.result) if r.result else None
+            status = r.status if not r.error else f"error: {r.error}"
+            tps_cell = Text(fmt(r.tps), style=f"bold {colors.bonus}" if r.tps and r.tps == best else "", justify="right")
+            rounds = str(r.result.rounds) if r.result else (str(r.live_rounds) if r.status == "running" else "—")
+            tokens = str(r.result.new_tokens) if r.result else (str(r.live_tokens) if r.status == "running" else "—")
+            table.add_row(
+                Text(r.label, style="bold"),
+                tps_cell,
+                Text(fmt(r.tau, ".2f"), justify="right"),
+                Text(speed, justify="right"),
+                Text(fmt(ms, ".1f"), justify="right"),
+                Text(rounds, justify="right"),
+                Text(tokens, justify="right"),
+                Text(status, style="bold red" if r.error else ("" if r.status == "done" else colors.muted)),
+            )

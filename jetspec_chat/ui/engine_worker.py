@@ -1,0 +1,431 @@
+"""The engine thread: one long-lived thread owns the engine and the chat session.
+
+Commands go in through a queue (`EngineWorker.submit`), everything the engine reports comes
+out through another (`EngineWorker.outbox`), which the UI drains on a timer. The thread never
+waits on the UI: the outbox is unbounded and `put` never blocks. Cancelling is a
+`threading.Event` per job that the engine checks at round boundaries.
+
+Nothing here imports Textual: it can be driven and tested on its own.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from jetspec_chat.engine.errors import EngineError
+from jetspec_chat.engine.events import Event, FinishEvent, GenerationResult
+from jetspec_chat.engine.params import GenerationParams
+
+FALLBACK_TREE_ALGOS = ("accum_logp", "chain", "adaptive")
+
+
+class Backend(Protocol):
+    """What the app needs from an engine module: `jetspec_chat.engine` or the fake."""
+
+    def load_engine(self, model, draft_head=None, device="auto", dtype="auto", max_context=None, progress=None): ...
+
+    ChatSession: Any
+
+
+def real_backend() -> Any:
+    """The real engine module (imported lazily: it pulls in torch)."""
+    import jetspec_chat.engine as engine
+
+    return engine
+
+
+def tree_algos(backend: Any) -> tuple[str, ...]:
+    algos = getattr(backend, "TREE_ALGOS", None)
+    if algos is None:
+        try:
+            from jetspec_chat.engine.tree import TREE_ALGOS as algos  # type: ignore[no-redef]
+        except Exception:
+            algos = None
+    if not algos:
+        return FALLBACK_TREE_ALGOS
+    try:
+        return tuple(sorted(algos, key=lambda a: (a != "accum_logp", a)))
+    except TypeError:
+        return FALLBACK_TREE_ALGOS
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    model: str | None = None
+    draft_head: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_context: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadCommand:
+    spec: EngineSpec
+    system_prompt: str | None = None
+    thinking: bool = False
+
+
+@dataclass(frozen=True)
+class NewSessionCommand:
+    system_prompt: str | None = None
+    thinking: bool = False
+
+
+@dataclass(frozen=True)
+class RestoreSessionCommand:
+    data: dict
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class SendCommand:
+    text: str
+    params: GenerationParams
+
+
+@dataclass(frozen=True)
+class RerunCommand:
+    """Answer the last user message again (replacing the answer); used to measure plain AR."""
+
+    params: GenerationParams
+    purpose: str = "ar"
+
+
+@dataclass(frozen=True)
+class CompareEntry:
+    label: str  # "AR" or the budget as text
+    params: GenerationParams
+
+
+@dataclass(frozen=True)
+class CompareCommand:
+    entries: tuple[CompareEntry, ...]
+
+
+@dataclass(frozen=True)
+class ShutdownCommand:
+    pass
+
+
+Command = (
+    LoadCommand | NewSessionCommand | RestoreSessionCommand | SendCommand | RerunCommand | CompareCommand | ShutdownCommand
+)
+
+
+# ----------------------------------------------------------------------------- outbox items
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model_name: str
+    head_name: str | None
+    device: str
+    dtype: str
+    max_depth: int | None
+    max_context: int
+    tree_algos: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    message: str
+    fraction: float | None
+
+
+@dataclass(frozen=True)
+class EngineReady:
+    info: EngineInfo
+
+
+@dataclass(frozen=True)
+class EngineLoadFailed:
+    message: str
+    details: str = ""  # traceback for unexpected errors
+
+
+@dataclass(frozen=True)
+class JobStarted:
+    job_id: int
+    kind: str  # "chat" | "rerun" | "compare" | "session"
+
+
+@dataclass(frozen=True)
+class GenerationEvent:
+    job_id: int
+    kind: str
+    event: Event
+    run_index: int = 0  # compare: which entry
+
+
+@dataclass(frozen=True)
+class CompareRunStarted:
+    job_id: int
+    index: int
+    label: str
+
+
+@dataclass(frozen=True)
+class CompareRunFinished:
+    job_id: int
+    index: int
+    label: str
+    result: GenerationResult | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    job_id: int
+    kind: str
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    job_id: int
+    kind: str
+    message: str
+    unexpected: bool = False
+    details: str = ""
+
+
+@dataclass(frozen=True)
+class SessionSnapshot:
+    """The session's state after a job, copied on the engine thread (the UI never touches it)."""
+
+    job_id: int
+    messages: tuple[dict, ...]
+    context_tokens: int
+    data: dict = field(default_factory=dict)  # session.to_dict()
+
+
+OutboxItem = (
+    LoadProgress
+    | EngineReady
+    | EngineLoadFailed
+    | JobStarted
+    | GenerationEvent
+    | CompareRunStarted
+    | CompareRunFinished
+    | JobFinished
+    | JobFailed
+    | SessionSnapshot
+)
+
+
+def describe_error(err: BaseException) -> tuple[str, bool]:
+    """(user-facing message, unexpected?)"""
+    if isinstance(err, EngineError):
+        return str(err) or type(err).__name__, False
+    text = str(err)
+    return f"unexpected engine error ({type(err).__name__}{': ' + text if text else ''})", True
+
+
+# ----------------------------------------------------------------------------- the worker
+
+
+class EngineWorker:
+    def __init__(self, backend: Any | None, outbox: "queue.SimpleQueue[OutboxItem] | None" = None) -> None:
+        self.backend = backend
+        self.outbox: queue.SimpleQueue = outbox if outbox is not None else queue.SimpleQueue()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._ids = itertools.count(1)
+        self._cancels: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="jetspec-engine", daemon=True)
+        self._started = False
+        # owned by the engine thread only:
+        self._engine: Any = None
+        self._session: Any = None
+        self._load_error: str | None = None
+
+    # -- UI-thread API: none of these block
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def submit(self, command: Command) -> int:
+        job_id = next(self._ids)
+        with self._lock:
+            self._cancels[job_id] = threading.Event()
+        self._commands.put((job_id, command))
+        return job_id
+
+    def cancel(self, job_id: int) -> None:
+        with self._lock:
+            ev = self._cancels.get(job_id)
+        if ev is not None:
+            ev.set()
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            events = list(self._cancels.values())
+        for ev in events:
+            ev.set()
+
+    def shutdown(self, timeout: float = 0.5) -> None:
+        self.cancel_all()
+        self._commands.put((0, ShutdownCommand()))
+        if self._started and self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- engine thread
+
+    def _post(self, item: OutboxItem) -> None:
+        self.outbox.put(item)
+
+    def _run(self) -> None:
+        while True:
+            job_id, cmd = self._commands.get()
+            if isinstance(cmd, ShutdownCommand):
+                return
+            with self._lock:
+                cancel = self._cancels.get(job_id) or threading.Event()
+            try:
+                self._dispatch(job_id, cmd, cancel)
+            except BaseException as err:  # noqa: BLE001 - the thread must survive anything
+                message, unexpected = describe_error(err)
+                self._post(JobFailed(job_id, _kind(cmd), message, unexpected, traceback.format_exc()))
+                self._snapshot(job_id)
+            finally:
+                with self._lock:
+                    self._cancels.pop(job_id, None)
+
+    def _dispatch(self, job_id: int, cmd: Command, cancel: threading.Event) -> None:
+        if isinstance(cmd, LoadCommand):
+            self._load(cmd)
+            return
+        if self._session is None:
+            why = self._load_error or "the model is not loaded"
+            self._post(JobFailed(job_id, _kind(cmd), f"cannot do that: {why}"))
+            return
+        if isinstance(cmd, NewSessionCommand):
+            self._session = self.backend.ChatSession(self._engine, system_prompt=cmd.system_prompt, thinking=cmd.thinking)
+            self._post(JobFinished(job_id, "session"))
+            self._snapshot(job_id)
+        elif isinstance(cmd, RestoreSessionCommand):
+            self._session = self.backend.ChatSession.from_dict(self._engine, cmd.data)
+            self._post(JobFinished(job_id, "session"))
+            self._snapshot(job_id)
+        elif isinstance(cmd, SendCommand):
+            self._generate(job_id, "chat", lambda: self._session.send(cmd.text, cmd.params, cancel=cancel), cancel)
+        elif isinstance(cmd, RerunCommand):
+            self._generate(job_id, "rerun", lambda: self._session.rerun_last(cmd.params, cancel=cancel), cancel)
+        elif isinstance(cmd, CompareCommand):
+            self._compare(job_id, cmd, cancel)
+
+    def _load(self, cmd: LoadCommand) -> None:
+        spec = cmd.spec
+
+        def progress(message: str, fraction: float | None = None) -> None:
+            self._post(LoadProgress(str(message), fraction))
+
+        try:
+            if self.backend is None:
+                progress("Importing the engine", None)
+                self.backend = real_backend()
+            engine = self.backend.load_engine(
+                spec.model,
+                draft_head=spec.draft_head,
+                device=spec.device,
+                dtype=spec.dtype,
+                max_context=spec.max_context,
+                progress=progress,
+            )
+            session = self.backend.ChatSession(engine, system_prompt=cmd.system_prompt, thinking=cmd.thinking)
+        except BaseException as err:  # noqa: BLE001
+            message, unexpected = describe_error(err)
+            self._load_error = message
+            self._post(EngineLoadFailed(message, traceback.format_exc() if unexpected else ""))
+            return
+        self._engine, self._session, self._load_error = engine, session, None
+        self._post(
+            EngineReady(
+                EngineInfo(
+                    model_name=str(getattr(engine, "model_name", spec.model or "?")),
+                    head_name=getattr(engine, "head_name", None),
+                    device=str(getattr(engine, "device", spec.device)),
+                    dtype=str(getattr(engine, "dtype", spec.dtype)),
+                    max_depth=getattr(engine, "max_depth", None),
+                    max_context=int(getattr(engine, "max_context", 0) or 0),
+                    tree_algos=tree_algos(self.backend),
+                )
+            )
+        )
+        self._snapshot(0)
+
+    def _generate(self, job_id: int, kind: str, start: Callable[[], Any], cancel: threading.Event) -> None:
+        self._post(JobStarted(job_id, kind))
+        if cancel.is_set():  # cancelled while still queued
+            self._post(JobFinished(job_id, kind, cancelled=True))
+            return
+        try:
+            for event in start():
+                self._post(GenerationEvent(job_id, kind, event))
+        except BaseException as err:  # noqa: BLE001
+            message, unexpected = describe_error(err)
+            self._post(JobFailed(job_id, kind, message, unexpected, traceback.format_exc() if unexpected else ""))
+            self._snapshot(job_id)
+            return
+        self._post(JobFinished(job_id, kind, cancelled=cancel.is_set()))
+        self._snapshot(job_id)
+
+    def _compare(self, job_id: int, cmd: CompareCommand, cancel: threading.Event) -> None:
+        self._post(JobStarted(job_id, "compare"))
+        for index, entry in enumerate(cmd.entries):
+            if cancel.is_set():
+                break
+            self._post(CompareRunStarted(job_id, index, entry.label))
+            result: GenerationResult | None = None
+            try:
+                for event in self._session.rerun_last(entry.params, cancel=cancel):
+                    self._post(GenerationEvent(job_id, "compare", event, run_index=index))
+                    if isinstance(event, FinishEvent):
+                        result = event.result
+            except BaseException as err:  # noqa: BLE001
+                message, _ = describe_error(err)
+                self._post(CompareRunFinished(job_id, index, entry.label, None, message))
+                continue
+            self._post(CompareRunFinished(job_id, index, entry.label, result))
+        self._post(JobFinished(job_id, "compare", cancelled=cancel.is_set()))
+        self._snapshot(job_id)
+
+    def _snapshot(self, job_id: int) -> None:
+        s = self._session
+        if s is None:
+            return
+        try:
+            messages = tuple(dict(m) for m in s.messages)
+            context = int(s.context_tokens)
+            data = s.to_dict()
+        except BaseException:  # noqa: BLE001 - a broken session must not kill the thread
+            return
+        self._post(SessionSnapshot(job_id, messages, context, data))
+
+
+def _kind(cmd: Any) -> str:
+    return {
+        SendCommand: "chat",
+        RerunCommand: "rerun",
+        CompareCommand: "compare",
+        LoadCommand: "load",
+    }.get(type(cmd), "session")
+
+
+def params_with(params: GenerationParams, **spec_changes: Any) -> GenerationParams:
+    from dataclasses import replace
+
+    return replace(params, spec=replace(params.spec, **spec_changes))

@@ -1,0 +1,81 @@
+"""Helpers for the app tests: an isolated app on the deterministic fake engine, and waits."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from typing import Callable
+
+from jetspec_chat.settings import Settings
+from jetspec_chat.ui.app import JetspecApp
+from jetspec_chat.ui.chat import ChatInput
+from jetspec_chat.ui.fake_engine import FakeBackend
+
+
+def async_test(fn):
+    """Run an `async def` test with asyncio (no pytest async plugin needed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+def isolate(monkeypatch, tmp_path) -> None:
+    """Point settings, sessions and exports at a temporary directory."""
+    monkeypatch.setenv("JETSPEC_CHAT_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("JETSPEC_CHAT_CONFIG", str(tmp_path / "config"))
+
+
+def make_app(backend: FakeBackend | None = None, settings: Settings | None = None, **kwargs) -> JetspecApp:
+    return JetspecApp(backend=backend or FakeBackend(), settings=settings or Settings(), **kwargs)
+
+
+async def wait_until(pilot, cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.02)
+
+
+async def wait_ready(pilot) -> None:
+    app = pilot.app
+    await wait_until(pilot, lambda: app.load_state != "loading" and app.main_screen.is_mounted, what="model load")
+    await app.drain_now()
+    await pilot.pause()
+
+
+async def wait_idle(pilot) -> None:
+    """Until nothing runs and everything the engine reported has been shown."""
+    app = pilot.app
+    await wait_until(pilot, lambda: not app.busy and app.outbox.empty(), what="engine idle")
+    await app.drain_now()
+    await pilot.pause()
+    await pilot.pause()
+
+
+async def send(pilot, text: str, *, wait: bool = True) -> None:
+    """Type `text` and send it. With wait=False the Enter key is simulated by calling the
+    submit handler directly: Pilot.press would wait for the screen to settle, which it does
+    not while an answer streams."""
+    app = pilot.app
+    box = app.main_screen.query_one(ChatInput)
+    box.text = text
+    box.move_cursor(box.document.end)
+    box.focus()
+    if wait:
+        await pilot.press("enter")
+        await wait_idle(pilot)
+    else:
+        await app.send_message(box.text)
+
+
+async def freeze(pilot) -> None:
+    """Remove what moves on its own before a snapshot: cursor blink, toasts."""
+    app = pilot.app
+    for box in app.main_screen.query(ChatInput):
+        box.cursor_blink = False
+    app.clear_notifications()
+    await pilot.pause()
