@@ -1,0 +1,298 @@
+"""Triton kernels against their torch references.
+
+On a CPU-only machine the Triton kernels run under TRITON_INTERPRET=1 (set by conftest.py), so
+shapes here stay small; the big bf16 shapes and CUDA-graph checks run only on a GPU.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from jetspec_chat.kernels import (  # after the importorskip
+    logical_to_slots,
+    pack_tree_mask,
+    paged_tree_attention,
+    paged_tree_attention_ref,
+    paged_tree_attention_triton,
+    unpack_tree_mask,
+    write_kv_ref,
+    write_kv_triton,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+gpu_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+# ----------------------------------------------------------------------------- input builders
+
+
+def random_tree_mask(t: int, gen: torch.Generator) -> torch.Tensor:
+    """Random tree in topological order (parent[i] < i); mask = ancestor-or-self."""
+    mask = torch.zeros(t, t, dtype=torch.bool)
+    for i in range(t):
+        mask[i, i] = True
+        if i > 0:
+            parent = int(torch.randint(0, i, (), generator=gen))
+            mask[i] |= mask[parent]
+    return mask
+
+
+def causal_mask(t: int) -> torch.Tensor:
+    return torch.ones(t, t, dtype=torch.bool).tril()
+
+
+def make_inputs(t, prefix_len, n_heads, n_kv, head_dim, *, seed=0, dtype=torch.float32,
+                block_size=16, mask="tree", device=DEVICE):
+    """Random q and paged pools with a shuffled block table.
+
+    Slots outside the visible range (spare blocks, the tail of the last block) hold NaN, so a
+    kernel that reads them, even masked to zero weight, produces NaN and fails.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    total = prefix_len + t
+    used_blocks = -(-total // block_size)
+    num_blocks = used_blocks + 3  # spare physical blocks that must never be read
+    k_pool = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=gen)
+    v_pool = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=gen)
+    # Table longer than needed (as in the engine); physical blocks in random order.
+    block_table = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    visible = logical_to_slots(block_table, torch.arange(total), block_size)
+    poison = torch.ones(num_blocks * block_size, dtype=torch.bool)
+    poison[visible] = False
+    k_pool.view(-1, n_kv, head_dim)[poison] = float("nan")
+    v_pool.view(-1, n_kv, head_dim)[poison] = float("nan")
+    q = torch.randn(t, n_heads, head_dim, generator=gen)
+    tree_mask = random_tree_mask(t, gen) if mask == "tree" else causal_mask(t)
+    return (q.to(device, dtype), k_pool.to(device, dtype), v_pool.to(device, dtype),
+            block_table.to(device), tree_mask.to(device))
+
+
+@pytest.fixture
+def poisoned_alloc(monkeypatch):
+    """Every float tensor torch.empty/empty_like hands out starts as NaN (outputs, partials)."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poison(x):
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_empty_like(*a, **k)))
+
+
+def check(t, prefix_len, n_heads, n_kv, head_dim, *, mask="tree", num_splits=None, seed=0,
+          dtype=torch.float32, block_size=16, rtol=1e-4, atol=1e-5):
+    q, k_pool, v_pool, block_table, tree_mask = make_inputs(
+        t, prefix_len, n_heads, n_kv, head_dim, seed=seed, dtype=dtype, block_size=block_size, mask=mask)
+    scale = head_dim ** -0.5
+    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale,
+                                      num_splits=num_splits)
+    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)
+    return out
+
+
+# ----------------------------------------------------------------------------- mask packing
+
+
+@pytest.mark.parametrize("t", [1, 5, 63, 64, 65, 128, 200])
+def test_pack_tree_mask_roundtrip(t):
+    gen = torch.Generator().manual_seed(t)
+    mask = torch.rand(t, t, generator=gen) < 0.5
+    packed = pack_tree_mask(mask)
+    assert packed.dtype == torch.int64 and packed.shape == (t, (t + 63) // 64)
+    assert torch.equal(unpack_tree_mask(packed, t), mask)
+    # bit j % 64 of word j // 64
+    i, j = t - 1, t - 1
+    assert (int(packed[i, j // 64]) >> (j % 64)) & 1 == int(mask[i, j])
+
+
+# ----------------------------------------------------------------------------- attention (fp32)
+
+# (T, prefix_len, n_heads, n_kv, head_dim, mask): every T, prefix, GQA shape and head_dim of the
+# brief appears, without the full product (the interpreter is slow).
+CASES = [
+    (1, 0, 4, 2, 16, "tree"),       # AR decode, empty prefix
+    (1, 1, 8, 1, 16, "tree"),
+    (1, 17, 4, 4, 64, "tree"),
+    (1, 1000, 8, 1, 64, "tree"),    # long decode: split-K by default
+    (3, 0, 4, 4, 16, "causal"),
+    (3, 17, 8, 1, 16, "tree"),
+    (3, 200, 4, 2, 64, "tree"),
+    (16, 1, 4, 2, 16, "tree"),
+    (16, 17, 4, 4, 16, "causal"),
+    (16, 200, 8, 1, 64, "tree"),
+    (16, 1100, 4, 2, 16, "tree"),
+    (37, 0, 8, 1, 16, "causal"),    # prefill chunk, T not a power of two
+    (37, 17, 4, 2, 64, "tree"),
+    (37, 200, 6, 2, 16, "tree"),    # GQA group of 3 (not a power of two)
+    (37, 1000, 4, 4, 16, "tree"),
+    (64, 0, 4, 4, 16, "tree"),
+    (64, 1, 8, 1, 16, "tree"),      # 512 packed rows: several query tiles
+    (64, 200, 4, 2, 16, "causal"),
+    (64, 1000, 4, 2, 64, "tree"),
+    (100, 30, 4, 4, 16, "causal"),  # several 64-column tree tiles; upper ones skipped per q tile
+    (130, 5, 8, 1, 16, "tree"),
+]
+
+
+@pytest.mark.parametrize("t,prefix_len,n_heads,n_kv,head_dim,mask", CASES)
+def test_tree_attention_matches_reference(t, prefix_len, n_heads, n_kv, head_dim, mask, poisoned_alloc):
+    check(t, prefix_len, n_heads, n_kv, head_dim, mask=mask, seed=t * 1000 + prefix_len)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 20])
+def test_split_k_counts(num_splits, poisoned_alloc):
+    """Any split count is exact, including more splits than prefix tiles (empty splits)."""
+    check(9, 300, 4, 2, 16, num_splits=num_splits, seed=num_splits)
+
+
+def test_arbitrary_mask(poisoned_alloc):
+    """Any [T, T] mask, not only trees in topological order (later columns visible too)."""
+    t, n_heads, n_kv, d = 70, 4, 2, 16
+    q, k_pool, v_pool, block_table, _ = make_inputs(t, 50, n_heads, n_kv, d, seed=11)
+    gen = torch.Generator().manual_seed(11)
+    mask = (torch.rand(t, t, generator=gen) < 0.3) | torch.eye(t, dtype=torch.bool)
+    mask[5] = False  # a row that sees no new token at all (only the prefix)
+    mask = mask.to(DEVICE)
+    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, 50, mask, d ** -0.5, num_splits=2)
+    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, 50, mask, d ** -0.5)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_short_prefix_many_splits(poisoned_alloc):
+    check(2, 17, 8, 1, 16, num_splits=5)
+
+
+@pytest.mark.parametrize("mask", ["tree", "causal"])
+def test_tree_tiles_spread_over_splits(mask, poisoned_alloc):
+    """T > 64: the tree's 64-column tiles are dealt over the splits (3 tiles, 2 and 4 splits)."""
+    check(130, 40, 2, 1, 16, mask=mask, num_splits=2, seed=1)
+    check(130, 0, 2, 1, 16, mask=mask, num_splits=4, seed=2)
+
+
+def test_block_size_not_tile_multiple(poisoned_alloc):
+    """Pages of 8 and 32 positions: tiles straddle pages either way."""
+    check(5, 150, 4, 2, 16, block_size=8, num_splits=2)
+    check(5, 150, 4, 2, 16, block_size=32)
+
+
+def test_prefix_len_tensor_and_packed_mask(poisoned_alloc):
+    """prefix_len as a 0-d / 1-element int32 tensor, mask pre-packed: same result, and the
+    compiled kernel is reused across prefix lengths (prefix_len is read from memory)."""
+    t, n_heads, n_kv, d = 7, 4, 2, 16
+    q, k_pool, v_pool, block_table, tree_mask = make_inputs(t, 300, n_heads, n_kv, d, seed=3)
+    packed = pack_tree_mask(tree_mask)
+    for prefix_len in (300, 123, 0):
+        # The pools hold K/V for prefix 300; a shorter prefix just means the tree's K/V
+        # sits at prefix_len .. prefix_len + t - 1 of the same table (all non-NaN slots).
+        ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, d ** -0.5)
+        for p in (torch.tensor(prefix_len, dtype=torch.int32, device=DEVICE),
+                  torch.tensor([prefix_len], dtype=torch.int32, device=DEVICE)):
+            out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, p, packed, d ** -0.5,
+                                              num_splits=3)
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_strided_q_and_out_buffer():
+    """q as a view of a fused qkv projection; result written into a caller's buffer."""
+    t, n_heads, n_kv, d = 6, 4, 2, 16
+    q, k_pool, v_pool, block_table, tree_mask = make_inputs(t, 40, n_heads, n_kv, d, seed=5)
+    qkv = torch.randn(t, n_heads + 2 * n_kv, d, device=DEVICE)
+    qkv[:, :n_heads] = q
+    q_view = qkv[:, :n_heads]
+    out = torch.full_like(q, float("nan"))
+    res = paged_tree_attention_triton(q_view, k_pool, v_pool, block_table, 40, tree_mask, 0.3, out=out)
+    assert res is out
+    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, 40, tree_mask, 0.3)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_dispatch_matches_reference():
+    """The public entry: Triton on CUDA tensors, the reference on CPU; packed masks accepted."""
+    q, k_pool, v_pool, block_table, tree_mask = make_inputs(5, 30, 4, 2, 16, seed=7)
+    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, 30, tree_mask, 0.25)
+    for m in (tree_mask, pack_tree_mask(tree_mask)):
+        out = paged_tree_attention(q, k_pool, v_pool, block_table, 30, m, 0.25)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- write_kv
+
+
+@pytest.mark.parametrize("n_kv,head_dim", [(2, 16), (3, 64)])
+def test_write_kv_matches_reference(n_kv, head_dim):
+    gen = torch.Generator().manual_seed(n_kv)
+    num_blocks, block_size, t = 6, 16, 21
+    k_pool = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=gen)
+    v_pool = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=gen)
+    block_table = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    slots = logical_to_slots(block_table, torch.arange(30, 30 + t), block_size)
+    k = torch.randn(t, n_kv, head_dim, generator=gen)
+    v = torch.randn(t, n_kv, head_dim, generator=gen)
+    k_ref, v_ref = k_pool.clone(), v_pool.clone()
+    write_kv_ref(k_ref, v_ref, slots, k, v)
+    k_dev, v_dev = k_pool.to(DEVICE), v_pool.to(DEVICE)
+    write_kv_triton(k_dev, v_dev, slots.to(DEVICE), k.to(DEVICE), v.to(DEVICE))
+    assert torch.equal(k_dev.cpu(), k_ref) and torch.equal(v_dev.cpu(), v_ref)
+
+
+# ----------------------------------------------------------------------------- GPU only
+
+
+@gpu_only
+@pytest.mark.parametrize(
+    "t,prefix_len,mask",
+    [(1, 4096, "tree"), (1, 32768, "tree"), (16, 4000, "tree"), (128, 4096, "tree"),
+     (256, 4096, "tree"), (256, 32000, "tree"), (512, 0, "causal"), (512, 3000, "causal")],
+)
+def test_bf16_qwen3_8b_shapes(t, prefix_len, mask):
+    """Qwen3-8B attention shape (32 q heads, 8 KV heads, head_dim 128) in bf16."""
+    check(t, prefix_len, 32, 8, 128, mask=mask, dtype=torch.bfloat16, rtol=2e-2, atol=2e-2)
+
+
+@gpu_only
+@pytest.mark.parametrize("n_heads,n_kv,head_dim", [(14, 2, 64), (12, 2, 128), (32, 4, 128)])
+def test_fp32_gpu_is_exact(n_heads, n_kv, head_dim):
+    """fp32 on the GPU must not fall back to TF32 (the fp32 lossless check depends on it)."""
+    check(64, 2000, n_heads, n_kv, head_dim, rtol=1e-4, atol=1e-5)
+    check(1, 9000, n_heads, n_kv, head_dim, rtol=1e-4, atol=1e-5)
+
+
+@gpu_only
+def test_cuda_graph_replay_across_prefix_lengths():
+    """Captured once, replayed with other prefix lengths written into the device scalar."""
+    t, n_heads, n_kv, d = 32, 32, 8, 128
+    q, k_pool, v_pool, block_table, tree_mask = make_inputs(t, 5000, n_heads, n_kv, d, dtype=torch.bfloat16)
+    packed = pack_tree_mask(tree_mask)
+    prefix = torch.tensor([5000], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+
+    def step():
+        paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix, packed, d ** -0.5, out=out)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for prefix_len in (5000, 77, 0, 4321):
+        prefix.fill_(prefix_len)
+        graph.replay()
+        ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, d ** -0.5)
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@gpu_only
+def test_write_kv_bf16_gpu():
+    k_pool = torch.randn(64, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v_pool = torch.randn_like(k_pool)
+    slots = torch.randperm(64 * 16, device="cuda")[:200]
+    k = torch.randn(200, 8, 128, device="cuda")
+    v = torch.randn(200, 8, 128, device="cuda")
+    k_ref, v_ref = k_pool.clone(), v_pool.clone()
+    write_kv_ref(k_ref, v_ref, slots, k, v)
+    write_kv_triton(k_pool, v_pool, slots, k, v)
+    assert torch.equal(k_pool, k_ref) and torch.equal(v_pool, v_ref)
