@@ -11,6 +11,7 @@ from .errors import (
 from .events import Event, FinishEvent, GenerationResult, PhaseTimings, PrefillEvent, RoundEvent
 from .params import GenerationParams, SamplingParams, SpecParams
 from .session import ChatSession
+from .tree import TREE_ALGOS
 
 
 def load_engine(*args, **kwargs) -> SpecEngine:
@@ -23,5 +24,5 @@ def load_engine(*args, **kwargs) -> SpecEngine:
 __all__ = [
     "ChatSession", "ConfigError", "ContextOverflowError", "DeviceMemoryError", "DraftHeadError", "EngineError",
     "Event", "FinishEvent", "GenerationParams", "GenerationResult", "ModelNotFoundError", "PhaseTimings",
-    "PrefillEvent", "RoundEvent", "SamplingParams", "SpecEngine", "SpecParams", "load_engine",
+    "PrefillEvent", "RoundEvent", "SamplingParams", "SpecEngine", "SpecParams", "TREE_ALGOS", "load_engine",
 ]

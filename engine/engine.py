@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import torch
@@ -22,7 +22,7 @@ from .errors import ContextOverflowError, DeviceMemoryError
 from .events import Event, FinishEvent, GenerationResult, PhaseTimings, PrefillEvent, RoundEvent
 from .kv_cache import PagedKVCache
 from .model import ForwardBatch, TargetModel
-from .params import GenerationParams
+from .params import GenerationParams, SpecParams
 from .tree import TREE_ALGOS, root_only
 from .graphs import SCRATCH_ROWS, DraftRunner, VerifyRunner
 
@@ -98,6 +98,7 @@ class SpecEngine:
         self.draft_kv: DraftKVCache | None = None
         self.tokens: list[int] = []  # committed; tokens[:kv.length] are cached, the last is the anchor
         self._pending_taps: torch.Tensor | None = None
+        self._live_spec: SpecParams | None = None  # set by update_spec, taken at a round boundary
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -119,6 +120,12 @@ class SpecEngine:
             self.max_context = tokens
             self.kv = self.draft_kv = self.verify = self.drafter = None
             self.tokens, self._pending_taps = [], None
+
+    def update_spec(self, spec: SpecParams) -> None:
+        """Change the tree shape (budget, depth, width, algorithm, on/off) from the next round of
+        the answer in progress. Safe from another thread: one reference assignment."""
+        spec.validate(self.max_depth)
+        self._live_spec = spec
 
     def reset(self) -> None:
         if self.kv is not None:
@@ -291,7 +298,10 @@ class SpecEngine:
         )
         accept_lengths: list[int] = []
         message = ""
+        self._live_spec = None
         while answer.finish is None:
+            if self._live_spec is not None:
+                params, self._live_spec = replace(params, spec=self._live_spec), None
             if cancel is not None and cancel.is_set():
                 answer.finish = "cancelled"
                 break

@@ -157,3 +157,31 @@ def test_round_events_describe_the_tree():
         assert r.accept_length == len(r.new_tokens) == len(r.accepted_nodes) or r is rounds[-1]
         assert r.timings.total_ms >= r.timings.verify_ms > 0
     assert isinstance(events[-1], FinishEvent)
+
+
+def test_update_spec_applies_from_the_next_round():
+    engine = tiny_engine("tiny-qwen3")
+    prompt = random_prompt(4, 10)
+    _, reference = run(engine, prompt, max_new_tokens=30, budget=16)
+    engine.reset()
+    events = []
+    for ev in engine.generate(prompt, GenerationParams(max_new_tokens=30, spec=SpecParams(budget=16))):
+        events.append(ev)
+        if isinstance(ev, RoundEvent) and ev.index == 1:
+            engine.update_spec(SpecParams(enabled=False))
+    rounds = [e for e in events if isinstance(e, RoundEvent)]
+    assert len(rounds[1].tree_tokens) > 1 and all(len(r.tree_tokens) == 1 for r in rounds[2:])
+    assert events[-1].result.token_ids == reference.token_ids
+    with pytest.raises(ConfigError):
+        engine.update_spec(SpecParams(budget=0))
+
+
+def test_accepted_nodes_form_a_path_from_the_root():
+    engine = tiny_engine("tiny-qwen2")
+    with OracleDraft(engine, hf_model("tiny-qwen2"), error_rate=0.4):
+        events, _ = run(engine, random_prompt(9, 12), max_new_tokens=40, budget=32, width=4)
+    for r in (e for e in events if isinstance(e, RoundEvent)):
+        path = r.accepted_nodes
+        assert path[0] == 0
+        assert all(r.tree_parents[b] == a for a, b in zip(path, path[1:]))
+        assert [r.tree_depths[i] for i in path] == list(range(len(path)))
