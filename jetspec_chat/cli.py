@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-SUBCOMMANDS = ("generate",)
+SUBCOMMANDS = ("generate", "bench", "train-head")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -151,6 +151,16 @@ def run_app(argv: list[str]) -> int:
     return run(p.parse_args(argv))
 
 
+def run_module_command(name: str, module: str, argv: list[str]) -> int:
+    """Subcommands that live in their own module, each exposing add_arguments(parser) and run(args)."""
+    import importlib
+
+    mod = importlib.import_module(module, __package__)
+    p = argparse.ArgumentParser(prog=f"jetspec-chat {name}")
+    mod.add_arguments(p)
+    return mod.run(p.parse_args(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from .engine.errors import EngineError
@@ -158,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == "generate":
             return run_generate(argv[1:])
+        if argv and argv[0] == "bench":
+            return run_module_command("bench", ".bench_cli", argv[1:])
+        if argv and argv[0] == "train-head":
+            return run_module_command("train-head", ".train_cli", argv[1:])
         return run_app(argv)
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
