@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .errors import DraftHeadError
-from .layers import MLP, AttentionWeights, RMSNorm, Rotary
+from .layers import MLP, AttentionWeights, RMSNorm, Rotary, init_random_
 from .model_config import ModelConfig
 
 CAUSAL_KEYS = ("causal_head", "causal", "is_causal")  # JetSpec, vLLM, SGLang spellings
@@ -278,14 +278,7 @@ class DraftHead(nn.Module):
 
     # -- weights ---------------------------------------------------------------------------
     def init_random(self, seed: int, std: float = 0.02) -> None:
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                else:
-                    for chunk in p.view(-1, p.shape[-1]).split(4096):
-                        chunk.copy_(torch.randn(chunk.shape, generator=gen) * std)
+        init_random_(self, seed, std)
 
     def save(self, directory: str | Path) -> None:
         """Write the published format: config.json + model.safetensors (bf16 unless fp32 asked)."""

@@ -8,6 +8,19 @@ from torch import nn
 import torch.nn.functional as F
 
 
+def init_random_(module: nn.Module, seed: int, std: float = 0.02) -> None:
+    """Random weights for benchmarks and tests: norm weights 1, everything else (biases too, so
+    tests exercise them) N(0, std^2), drawn on the parameters' device (fast for 8B shapes)."""
+    device = next(module.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std, generator=gen)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()

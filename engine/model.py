@@ -15,7 +15,7 @@ from torch import nn
 
 from ..kernels import pack_tree_mask, paged_tree_attention, write_kv
 from .kv_cache import PagedKVCache
-from .layers import MLP, AttentionWeights, RMSNorm, Rotary
+from .layers import MLP, AttentionWeights, RMSNorm, Rotary, init_random_
 from .model_config import ModelConfig
 
 
@@ -64,19 +64,7 @@ class TargetModel(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def init_random(self, seed: int, std: float = 0.02) -> None:
-        """Random weights for benchmarks and tests (norm weights 1, biases 0)."""
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                elif name.endswith(".bias"):
-                    # Small random biases, so tests exercise the bias path.
-                    p.copy_(torch.randn(p.shape, generator=gen) * std)
-                else:
-                    # Generate on the CPU (device-independent), in slices to bound host memory.
-                    for chunk in p.view(-1, p.shape[-1]).split(4096):
-                        chunk.copy_(torch.randn(chunk.shape, generator=gen) * std)
+        init_random_(self, seed, std)
 
     def load_safetensors(self, directory: Path) -> None:
         from safetensors import safe_open
