@@ -8,10 +8,11 @@ Two modes:
 - engine only: copy bandwidth, one AR step, one verify per tree size, one draft forward and one
   whole round per context length, GPU idle inside a round; with the ratios to report.
 
-Everything is timed through the engine's own entry points (`engine.verify.run` / `engine.target`,
-`engine.head.draft_logits`, `engine._round`), so whatever the engine does (CUDA graphs, Triton
-kernels) is what gets timed. GPU timings use CUDA events after a device sync, so each sample
-is the latency of one call including its host launch overhead; CPU timings use the wall clock.
+Everything is timed through the engine's own entry points (`engine.verify.run`, `engine.drafter.run`,
+`engine._round`; `engine.target` and `engine.head.draft_logits` on an engine without those runners),
+so whatever the engine does (CUDA graphs, Triton kernels) is what gets timed. GPU timings use
+CUDA events after a device sync, so each sample is the latency of one call including its host
+launch overhead; CPU timings use the wall clock.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import platform
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -485,7 +487,7 @@ def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) ->
         if opts.max_context is None:  # size the cache to this job, as `generate` does
             longest = max(len(ids) for prompts in sets.values() for ids in prompts)
             engine.set_max_context(longest + opts.max_new_tokens + max(opts.budgets or (1,)) + 1)
-        hf_model = None
+        hf_model = None  # transformers' copy of the weights, built for the hf config of each set
         set_results = []
         for set_name, prompts in sets.items():
             configs: list[ConfigResult] = []
@@ -513,6 +515,8 @@ def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) ->
                 result = _summarize(name, mode, budget, runs, all_rounds, ar, peak_memory(device))
                 if mode == "hf":
                     result.extra["attn_implementation"] = getattr(hf_model.config, "_attn_implementation", None)
+                    hf_model = None  # freed, so the next set's engine configs do not count its memory
+                    _free(device)
                 if mode == "ar":
                     ar = result
                 configs.append(result)
@@ -599,7 +603,7 @@ class ContextResult:
     ar_step_over_bound: float
     ar_round_ms: Stat  # engine._round with speculation off (the engine's real AR step)
     verify: list[VerifyResult]
-    draft_ms: Stat | None  # head.draft_logits (full block)
+    draft_ms: Stat | None  # one draft forward over the full block (engine.drafter.run)
     draft_bound_ms: float | None  # (head weights + lm_head) / copy bandwidth
     draft_bound_kv_ms: float | None  # plus the draft context K/V
     draft_over_bound: float | None
@@ -624,7 +628,7 @@ class GpuIdle:
     between_ms: float  # profiled: gaps between kernels (launch gaps, phase boundaries)
     trailing_ms: float  # profiled: last kernel -> round end (host work after the last copy)
     gaps_over_threshold: int  # profiled gaps >= GAP_US per round (median)
-    largest_gaps_us: list[float]  # the largest gaps of the median round
+    largest_gaps: list[dict]  # the median round's largest gaps: {"us", "before": the activity after the gap}
 
 
 @dataclass
@@ -724,8 +728,12 @@ def _verify_forward(engine, tokens: torch.Tensor, positions: torch.Tensor, mask:
 
 
 def _draft_forward(engine, anchor: torch.Tensor, depth: int) -> torch.Tensor:
-    """One draft-head forward over the current draft context: [depth, vocab] fp32 logits. If the
-    engine gets its own draft runner (e.g. CUDA graphs per context bucket), call it here."""
+    """One draft forward over the current draft context, as the engine's round runs it: its
+    draft runner (head forward + log-softmax, CUDA-graphed per context bucket) when it has one,
+    else the head itself. Returns [depth, vocab]."""
+    runner = getattr(engine, "drafter", None)
+    if runner is not None and hasattr(runner, "run"):
+        return runner.run(anchor, depth)
     return engine.head.draft_logits(
         engine.draft_kv, anchor, depth, engine.target.model.embed_tokens, engine.target.lm_head_weight()
     )
@@ -857,32 +865,34 @@ def _measure_context(engine, opts: EngineOnlyOptions, context: int, bw: float, g
 
 def idle_from_trace(events: list[dict], label: str = ROUND_LABEL, min_gap_us: float = GAP_US) -> list[dict]:
     """Per profiled round (a `label` range in a chrome trace): GPU busy time (union of device
-    activity clipped to the range), idle split into leading / between / trailing, and gaps."""
+    activity clipped to the range), idle split into leading / between / trailing, and the gaps
+    >= min_gap_us, largest first, each with the device activity that ends it (to locate it)."""
     rounds = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                     if e.get("ph") == "X" and e.get("name") == label and e.get("cat") == "user_annotation")
-    device = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+    device = sorted((e["ts"], e["ts"] + e["dur"], str(e.get("name", ""))[:80]) for e in events
                     if e.get("ph") == "X" and e.get("cat") in GPU_TRACE_CATS)
     out = []
     for w0, w1 in rounds:
-        merged: list[list[float]] = []
-        for s, e in device:
+        merged: list[list] = []  # [start, end, name of the first activity]
+        for s, e, name in device:
             s, e = max(s, w0), min(e, w1)
             if e <= s:
                 continue
             if merged and s <= merged[-1][1]:
                 merged[-1][1] = max(merged[-1][1], e)
             else:
-                merged.append([s, e])
+                merged.append([s, e, name])
         span = w1 - w0
         if not merged:
-            out.append(dict(span_us=span, busy_us=0.0, leading_us=span, between_us=0.0, trailing_us=0.0, gaps_us=[]))
+            out.append({"span_us": span, "busy_us": 0.0, "leading_us": span, "between_us": 0.0, "trailing_us": 0.0,
+                        "gaps": []})
             continue
-        gaps = [b[0] - a[1] for a, b in zip(merged, merged[1:])]
-        out.append(dict(
-            span_us=span, busy_us=sum(e - s for s, e in merged), leading_us=merged[0][0] - w0,
-            between_us=sum(gaps), trailing_us=w1 - merged[-1][1],
-            gaps_us=sorted((g for g in gaps if g >= min_gap_us), reverse=True),
-        ))
+        gaps = [(b[0] - a[1], b[2]) for a, b in zip(merged, merged[1:])]
+        out.append({
+            "span_us": span, "busy_us": sum(e - s for s, e, _ in merged), "leading_us": merged[0][0] - w0,
+            "between_us": sum(g for g, _ in gaps), "trailing_us": w1 - merged[-1][1],
+            "gaps": [{"us": g, "before": name} for g, name in sorted(gaps, key=lambda x: -x[0]) if g >= min_gap_us],
+        })
     return out
 
 
@@ -898,13 +908,15 @@ def measure_gpu_idle(engine, opts: EngineOnlyOptions, round_ms: Stat, gen: torch
     for _ in range(2):  # warm, outside the profiler
         state.restore()
         engine._round(params, None)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(opts.profile_rounds):
-            state.restore()
-            sync(engine.torch_device)
-            with record_function(ROUND_LABEL):
-                engine._round(params, None)
-                sync(engine.torch_device)  # the range ends when the round's GPU work has ended
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's note about profiler cycles is noise here
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(opts.profile_rounds):
+                state.restore()
+                sync(engine.torch_device)
+                with record_function(ROUND_LABEL):
+                    engine._round(params, None)
+                    sync(engine.torch_device)  # the range ends when the round's GPU work has ended
     state.restore()
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
@@ -928,8 +940,8 @@ def measure_gpu_idle(engine, opts: EngineOnlyOptions, round_ms: Stat, gen: torch
         leading_ms=statistics.median(s["leading_us"] for s in samples) / 1e3,
         between_ms=statistics.median(s["between_us"] for s in samples) / 1e3,
         trailing_ms=statistics.median(s["trailing_us"] for s in samples) / 1e3,
-        gaps_over_threshold=int(statistics.median(len(s["gaps_us"]) for s in samples)),
-        largest_gaps_us=[round(g, 1) for g in mid["gaps_us"][:8]],
+        gaps_over_threshold=int(statistics.median(len(s["gaps"]) for s in samples)),
+        largest_gaps=[{"us": round(g["us"], 1), "before": g["before"]} for g in mid["gaps"][:8]],
     )
 
 

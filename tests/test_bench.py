@@ -1,0 +1,172 @@
+"""`jetspec-chat bench`: end-to-end and engine-only modes on tiny random models (CPU)."""
+import json
+
+import pytest
+import torch
+
+from jetspec_chat.bench_cli import main
+from jetspec_chat.engine import bench
+
+
+def bench_json(tmp_path, capsys, *args) -> tuple[dict, str]:
+    out = tmp_path / "bench.json"
+    code = main([*args, "--json-out", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
+    return json.loads(out.read_text()), stdout
+
+
+def test_end_to_end_schema_and_sanity(tmp_path, capsys):
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"prompt": "Write a haiku about trees."}\n\n{"prompt": "Count to five."}\n')
+    report, table = bench_json(
+        tmp_path, capsys, "random:tiny-qwen3", "--budgets", "1,4", "--modes", "ar,spec,hf", "--prompts", str(prompts),
+        "--prompts-n", "2", "--max-new-tokens", "12", "--warmup", "1",
+    )
+    assert report["tool"] == "jetspec-chat bench" and report["mode"] == "end_to_end"
+    assert {"device", "device_name", "torch", "transformers", "time"} <= set(report["env"])
+    assert report["options"]["budgets"] == [1, 4] and report["options"]["max_new_tokens"] == 12
+    (model,) = report["models"]
+    assert model["model"] == "random:tiny-qwen3" and model["weight_bytes"] > 0
+    assert [s["name"] for s in model["sets"]] == ["mine"]  # --prompts alone replaces the built-in sets
+    for s in model["sets"]:
+        assert s["prompts"] == 2
+        configs = {c["name"]: c for c in s["configs"]}
+        assert list(configs) == ["ar", "spec@1", "spec@4", "hf"]
+        ar, hf = configs["ar"], configs["hf"]
+        for c in configs.values():
+            assert len(c["runs"]) == 2 and c["decode_tokens_per_s"] > 0 and c["e2e_tokens_per_s"] > 0
+            for r in c["runs"]:
+                assert r["answer_tokens"] == len(r["answer_ids"]) > 0 and r["seconds"] > 0 and r["prefill_ms"] > 0
+        for name in ("ar", "spec@1", "spec@4"):
+            c = configs[name]
+            assert c["tau"] >= 1 and c["round_ms"]["total"] > 0 and c["round_ms"]["verify"] > 0
+            assert all(r["rounds"] >= 1 and r["tau"] >= 1 for r in c["runs"])
+        assert ar["tau"] == 1 and all(r["tau"] == 1 for r in ar["runs"])
+        assert ar["speedup_vs_ar"] is None and configs["spec@4"]["speedup_vs_ar"] > 0
+        assert set(ar["verify_ms_by_size"]) == {"1"} and "4" in configs["spec@4"]["verify_ms_by_size"]
+        assert configs["spec@4"]["round_ms"]["draft"] > 0
+        # Greedy: transformers generate on the same weights gives the engine's AR answer.
+        assert [r["answer_ids"] for r in hf["runs"]] == [r["answer_ids"] for r in ar["runs"]]
+        assert hf["tau"] is None and hf["same_as_ar"] == "2/2" and configs["spec@4"]["same_as_ar"] == "2/2"
+    assert "spec@4" in table and "tok/s" in table
+
+
+def test_engine_only_entries_and_ratios(tmp_path, capsys):
+    report, table = bench_json(
+        tmp_path, capsys, "random:tiny-qwen3", "--engine-only", "--contexts", "64,256", "--tree-sizes", "1,16,64",
+        "--round-budget", "32", "--warmup", "1", "--reps", "3", "--copy-mib", "8",
+    )
+    assert report["mode"] == "engine_only"
+    (m,) = report["models"]
+    assert m["copy_bandwidth_gb_s"] > 0 and m["copy_bytes"] == 8 << 20 and len(m["copy_ms"]["raw"]) == 3
+    assert m["weight_bytes_per_ar_step"] > 0 and m["head_weight_bytes"] > 0
+    assert [c["context"] for c in m["contexts"]] == [64, 256]
+    for c in m["contexts"]:
+        assert c["ar_step_ms"]["median"] > 0 and len(c["ar_step_ms"]["raw"]) == 3
+        assert c["ar_bound_ms"] > 0 and c["ar_bound_kv_ms"] > c["ar_bound_ms"] and c["ar_step_over_bound"] > 0
+        assert [v["nodes"] for v in c["verify"]] == [1, 16, 64]
+        assert all(v["ms"]["median"] > 0 and v["over_ar_step"] > 0 for v in c["verify"])
+        assert c["draft_ms"]["median"] > 0 and c["draft_over_bound"] > 0
+        assert c["round_ms"]["median"] > 0 and c["round_tree_nodes"] == 32
+        assert {"draft_ms", "tree_ms", "verify_ms", "accept_ms"} <= set(c["round_phases_ms"])
+    bars = m["bars"]
+    assert bars["context"] == 64 and bars["round_budget"] == 32 and bars["round_ms"] > 0
+    # 128/256 were not measured, so the bars list every measured size.
+    assert set(bars["verify_over_ar_step"]) == {"1", "16", "64"}
+    assert bars["draft_long_context"] == 256 and bars["draft_long_over_short"] > 0
+    assert m["gpu_idle"] is None and bars["gpu_idle_ms"] is None  # CPU: no device to idle
+    assert "bars" in table and "AR step" in table
+
+
+def test_weight_bytes_per_ar_step_counts_one_embedding_row():
+    from tests.engine_helpers import tiny_engine
+
+    target = tiny_engine("tiny-qwen3").target
+    embed = target.model.embed_tokens.weight
+    everything = sum(p.numel() * p.element_size() for p in target.parameters())
+    expected = everything - embed.numel() * embed.element_size() + embed.shape[1] * embed.element_size()
+    assert bench.weight_bytes_per_ar_step(target) == expected
+
+
+def test_time_fn_runs_setup_untimed_and_returns_reps():
+    calls = []
+    samples = bench.time_fn(lambda: calls.append("fn"), warmup=2, reps=3, device=torch.device("cpu"),
+                            setup=lambda: calls.append("setup"))
+    assert len(samples) == 3 and all(s >= 0 for s in samples)
+    assert calls == ["setup", "fn"] * 5
+
+
+def test_idle_from_trace_splits_leading_between_trailing():
+    def x(cat, name, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        x("user_annotation", bench.ROUND_LABEL, 1000.0, 100.0),
+        x("kernel", "a", 1010.0, 20.0),  # leading idle 10
+        x("kernel", "b", 1025.0, 10.0),  # overlaps a: merged 1010-1035
+        x("gpu_memcpy", "c", 1060.0, 20.0),  # gap 25
+        x("kernel", "d", 1082.0, 40.0),  # gap 2 (under the threshold), clipped at 1100
+        x("kernel", "outside", 2000.0, 10.0),
+        x("cpu_op", "aten::mm", 1000.0, 50.0),
+    ]
+    (r,) = bench.idle_from_trace(events, min_gap_us=5.0)
+    assert r["span_us"] == 100.0 and r["busy_us"] == 25.0 + 20.0 + 18.0
+    assert (r["leading_us"], r["between_us"], r["trailing_us"]) == (10.0, 27.0, 0.0)
+    assert r["gaps"] == [{"us": 25.0, "before": "c"}]
+
+
+def test_prompt_sets_and_jsonl_errors(tmp_path):
+    for kind in bench.PROMPT_SETS:
+        assert len(bench.prompt_set(kind)) >= 8 and all(p.strip() for p in bench.prompt_set(kind))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
+    with pytest.raises(bench.ConfigError, match="bad.jsonl:2"):
+        bench.load_prompts_jsonl(bad)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--modes", "ar,foo"], "unknown mode"),
+    (["--budgets", "0"], "budget"),
+    (["--reps", "0"], "reps"),
+    (["--prompt-sets", "poetry"], "unknown prompt set"),
+    (["--prompts", "/does/not/exist.jsonl"], "does not exist"),
+    (["--prompts-n", "0"], "prompts-n"),
+    (["--draft-head", "none", "--modes", "ar,spec"], "needs a draft head"),
+    (["--engine-only", "--tree-sizes", "0,16"], "tree sizes"),
+    (["--engine-only", "--contexts", "64", "--bar-context", "128"], "bar context"),
+    (["--engine-only", "--contexts", "4000", "--tree-sizes", "1,256"], "exceeds"),
+])
+def test_bad_options_are_one_clear_line(capsys, args, message):
+    assert main(["random:tiny-qwen3", "--max-new-tokens", "4", "--prompts-n", "1", *args]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last and "Traceback" not in err
+
+
+def test_malformed_lists_are_argparse_errors(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["random:tiny-qwen3", "--budgets", "1,x"])
+    assert e.value.code == 2 and "comma-separated integers" in capsys.readouterr().err
+
+
+def test_engine_only_table_prints_gpu_idle_block():
+    """The GPU idle lines only appear on CUDA; print them here from a CPU report plus an idle record."""
+    import io
+
+    from rich.console import Console
+
+    from jetspec_chat.bench_cli import print_engine_only
+
+    opts = bench.EngineOnlyOptions(models=["random:tiny-qwen3"], device="cpu", contexts=(32,), tree_sizes=(1, 8),
+                                   round_budget=8, warmup=0, reps=1, copy_mib=1)
+    report = bench.run_engine_only(opts)
+    report.models[0].gpu_idle = bench.GpuIdle(
+        method="test", rounds=1, round_ms=2.0, busy_ms=1.5, idle_ms=0.5, idle_fraction=0.25, profiled_round_ms=3.0,
+        profiled_idle_ms=1.5, leading_ms=0.1, between_ms=1.3, trailing_ms=0.1, gaps_over_threshold=4,
+        largest_gaps=[{"us": 900.0, "before": "topk_kernel"}],
+    )
+    out = io.StringIO()
+    print_engine_only(report, Console(file=out, width=160))
+    text = out.getvalue()
+    assert "GPU idle per round 0.500 ms = 25.0%" in text and "gap 900 µs before topk_kernel" in text
