@@ -8,8 +8,8 @@ Two modes:
 - engine only: copy bandwidth, one AR step, one verify per tree size, one draft forward and one
   whole round per context length, GPU idle inside a round; with the ratios to report.
 
-Everything is timed through the engine's own entry points (`engine.verify.run`, `engine.drafter.run`,
-`engine._round`; `engine.target` and `engine.head.draft_logits` on an engine without those runners),
+Everything is timed through the engine's own entry points (`engine.verify.run`, `engine.drafter.logp`,
+`engine._round`),
 so whatever the engine does (CUDA graphs, Triton kernels) is what gets timed. GPU timings use
 CUDA events after a device sync, so each sample is the latency of one call including its host
 launch overhead; CPU timings use the wall clock.
@@ -32,7 +32,6 @@ import torch
 
 from .errors import ConfigError
 from .events import FinishEvent, RoundEvent
-from .model import ForwardBatch
 from .params import MAX_BUDGET, GenerationParams, SamplingParams, SpecParams
 from .tree import build_accum_logp, root_only
 
@@ -603,7 +602,7 @@ class ContextResult:
     ar_step_over_bound: float
     ar_round_ms: Stat  # engine._round with speculation off (the engine's real AR step)
     verify: list[VerifyResult]
-    draft_ms: Stat | None  # one draft forward over the full block (engine.drafter.run)
+    draft_ms: Stat | None  # one draft forward over the full block (engine.drafter.logp)
     draft_bound_ms: float | None  # (head weights + lm_head) / copy bandwidth
     draft_bound_kv_ms: float | None  # plus the draft context K/V
     draft_over_bound: float | None
@@ -718,25 +717,15 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int, warmup: int, reps:
 
 
 def _verify_forward(engine, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, prefix: int):
-    """A target forward over new tokens, the way the engine runs it (its verify runner, with CUDA
-    graphs where it has them; the plain model otherwise)."""
-    runner = getattr(engine, "verify", None)
-    if runner is not None and hasattr(runner, "run"):
-        return runner.run(tokens, positions, mask, prefix)
-    engine.kv.reserve(prefix + tokens.shape[0])
-    return engine.target(ForwardBatch(tokens, positions, mask, prefix), engine.kv, engine.tap_layers)
+    """A target forward over new tokens, the way the engine runs it (its verify runner: CUDA
+    graphs on the GPU)."""
+    return engine.verify.run(tokens, positions, mask, prefix)
 
 
 def _draft_forward(engine, anchor: torch.Tensor, depth: int) -> torch.Tensor:
     """One draft forward over the current draft context, as the engine's round runs it: its
-    draft runner (head forward + log-softmax, CUDA-graphed per context bucket) when it has one,
-    else the head itself. Returns [depth, vocab]."""
-    runner = getattr(engine, "drafter", None)
-    if runner is not None and hasattr(runner, "run"):
-        return runner.run(anchor, depth)
-    return engine.head.draft_logits(
-        engine.draft_kv, anchor, depth, engine.target.model.embed_tokens, engine.target.lm_head_weight()
-    )
+    draft runner (head forward + log-softmax; one CUDA graph on the GPU). Returns [depth, vocab]."""
+    return engine.drafter.logp(anchor, depth)
 
 
 def _random_tree(engine, nodes: int, width: int, gen: torch.Generator):

@@ -19,7 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..kernels import pack_tree_mask, paged_tree_attention, write_kv
 from .errors import DraftHeadError
+from .kv_cache import BLOCK_SIZE as KV_BLOCK
 from .layers import MLP, AttentionWeights, RMSNorm, Rotary, init_random_
 from .model_config import ModelConfig
 
@@ -176,12 +178,21 @@ class DraftLayer(nn.Module):
 
 
 class DraftKVCache:
-    """Per draft layer K/V of the projected context, [capacity, n_kv, head_dim]; rows append only."""
+    """Per draft layer K/V of the projected context, [capacity, n_kv, head_dim]; rows append only.
+
+    Contiguous, but also viewed as a paged pool (identity block table) so the draft's
+    attention runs on the same paged tree kernel as the target's."""
 
     def __init__(self, cfg: DraftHeadConfig, capacity: int, device: torch.device, dtype: torch.dtype):
+        capacity = -(-capacity // KV_BLOCK) * KV_BLOCK
         self.k = torch.empty(cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim, device=device, dtype=dtype)
         self.v = torch.empty_like(self.k)
+        self.block_table = torch.arange(capacity // KV_BLOCK, dtype=torch.int32, device=device)
         self.length = 0
+
+    def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (-1, KV_BLOCK, *self.k.shape[2:])
+        return self.k[layer].view(shape), self.v[layer].view(shape)
 
     @property
     def capacity(self) -> int:
@@ -225,55 +236,40 @@ class DraftHead(nn.Module):
             cache.v[i, start : start + n] = v
         cache.length = start + n
 
-    def block_hidden(
-        self, block_embeds: torch.Tensor, ctx_k: list[torch.Tensor], ctx_v: list[torch.Tensor],
-        start_pos: int | torch.Tensor,
-    ) -> torch.Tensor:
-        """Run the draft layers over one block given per-layer context K/V; returns normed hidden [B, H].
-
-        The block sits at positions start_pos.. and sees the first start_pos context rows; rows
-        past that (a fixed-size span read by a CUDA graph) are masked out.
-        """
-        b = block_embeds.shape[0]
-        h = block_embeds
-        positions = start_pos + torch.arange(b, device=h.device)
-        cos, sin = self.rotary.cos_sin(positions, h.dtype)
-        n_ctx = ctx_k[0].shape[0]
-        visible = torch.ones(b, n_ctx + b, dtype=torch.bool, device=h.device)
-        visible[:, :n_ctx] = (torch.arange(n_ctx, device=h.device) < start_pos)[None, :]
-        if self.cfg.causal:
-            visible[:, n_ctx:] = torch.ones(b, b, dtype=torch.bool, device=h.device).tril()
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = Rotary.apply(attn.project_q(x), cos, sin)
-            k, v = attn.project_kv(x)
-            k = torch.cat([ctx_k[i], Rotary.apply(k, cos, sin)])
-            v = torch.cat([ctx_v[i], v])
-            o = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                attn_mask=visible, scale=attn.head_dim**-0.5, enable_gqa=attn.n_heads != attn.n_kv,
-            ).transpose(0, 1)
-            h = h + attn.o_proj(o.reshape(b, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.norm(h)
-
     def draft_logits(
         self, cache: DraftKVCache, anchor: torch.Tensor, depth: int, embed: nn.Embedding, lm_head_weight: torch.Tensor,
-        length: int | torch.Tensor | None = None, span: int | None = None,
+        length: int | torch.Tensor | None = None,
     ) -> torch.Tensor:
         """fp32 logits for depths 1..depth: [depth, vocab]. `anchor` is a 0-d token id tensor.
 
-        length: context rows to attend (default: the cache's); span: rows read, >= length (a
-        CUDA graph reads a fixed span and takes the length from device memory).
+        The block [anchor, MASK x D] sits at positions length.. and sees the first `length`
+        context rows (default: the cache's length; a device scalar inside a CUDA graph). Its own
+        K/V go to the cache rows right after the context, which are scratch until the next
+        append overwrites them, so attention is the same paged tree kernel as the target's:
+        context fully visible, block lower-triangular (causal) or full, cost flat in the length.
         """
         # A causal head's first depth+1 positions do not depend on later ones: run only those.
         b = depth + 1 if self.cfg.causal else self.cfg.block_size
         ids = torch.full((b,), self.cfg.mask_token_id, dtype=torch.long, device=anchor.device)
         ids[0] = anchor
         length = cache.length if length is None else length
-        span = cache.length if span is None else span
-        h = self.block_hidden(embed(ids), list(cache.k[:, :span]), list(cache.v[:, :span]), length)
+        rows = length + torch.arange(b, device=anchor.device)
+        h = embed(ids)
+        cos, sin = self.rotary.cos_sin(rows, h.dtype)
+        mask = torch.ones(b, b, dtype=torch.bool, device=h.device)
+        mask = mask.tril() if self.cfg.causal else mask
+        mask = pack_tree_mask(mask) if h.is_cuda else mask
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = Rotary.apply(attn.project_q(x), cos, sin)
+            k, v = attn.project_kv(x)
+            k_pool, v_pool = cache.pools(i)
+            write_kv(k_pool, v_pool, rows, Rotary.apply(k, cos, sin), v)
+            o = paged_tree_attention(q, k_pool, v_pool, cache.block_table, length, mask, attn.head_dim**-0.5)
+            h = h + attn.o_proj(o.reshape(b, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = self.norm(h)
         return (h[1 : depth + 1] @ lm_head_weight.t()).float()
 
     # -- weights ---------------------------------------------------------------------------

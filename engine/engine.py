@@ -23,7 +23,7 @@ from .events import Event, FinishEvent, GenerationResult, PhaseTimings, PrefillE
 from .kv_cache import PagedKVCache
 from .model import ForwardBatch, TargetModel
 from .params import GenerationParams, SpecParams
-from .tree import TREE_ALGOS, root_only
+from .tree import root_only
 from .graphs import SCRATCH_ROWS, DraftRunner, VerifyRunner
 
 PREFILL_CHUNK = 512
@@ -220,10 +220,7 @@ class SpecEngine:
                 self.head.append_context(self.draft_kv, self._pending_taps)
                 self._pending_taps = None
             depth = min(spec.depth or self.head.cfg.max_depth, positions_left)
-            logp = self.drafter.run(anchor, depth)
-            clock.mark("draft_ms")
-            tree = TREE_ALGOS[spec.tree_algo](anchor, logp, spec.budget, spec.width)
-            clock.mark("tree_ms")
+            tree = self.drafter.tree(anchor, depth, spec.tree_algo, spec.budget, spec.width, clock.mark)
         else:
             tree = root_only(anchor)
         hidden, taps = self.verify.run(tree.tokens, base + tree.depths, tree.ancestors, base)

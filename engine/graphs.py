@@ -1,8 +1,8 @@
 """Static-buffer runners for the two forwards of a round, CUDA-graphed on the GPU.
 
 VerifyRunner: the target forward over a tree (or one AR token), per tree-size bucket.
-DraftRunner: the draft head's block forward (through lm_head and log-softmax), per
-context-span bucket. Each bucket is captured once and replayed; lengths are read from device
+DraftRunner: the draft head's block forward (through lm_head and log-softmax) and the tree
+built from it, per depth and tree shape. Each bucket is captured once and replayed; lengths are read from device
 scalars, so one graph serves every context length, turn and budget mapping to the bucket.
 Elsewhere (CPU) the same functions run eagerly on exact sizes.
 """
@@ -13,12 +13,12 @@ from typing import Callable
 import torch
 
 from .draft_head import DraftHead, DraftKVCache
+from .tree import FIXED_SHAPE_ALGOS, TREE_ALGOS, Tree
 from .kv_cache import PagedKVCache
 from .model import ForwardBatch, TargetModel
 
 TREE_BUCKETS = (1, 16, 32, 64, 128, 256, 512, 1024)
 SCRATCH_ROWS = TREE_BUCKETS[-1]  # KV rows past the context limit reserved for one padded tree
-CONTEXT_BUCKETS = tuple(512 * 2**i for i in range(12))  # 512 .. 1M rows
 
 
 def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
@@ -85,30 +85,50 @@ class VerifyRunner:
 
 
 class DraftRunner:
+    """The draft forward, and (for fixed-shape tree algorithms) the tree built from it, in one
+    graph per (depth, tree shape): the context length is a device scalar and the draft's
+    attention kernel reads only the rows it needs, so no graph depends on the context."""
+
     def __init__(self, head: DraftHead, cache: DraftKVCache, embed: torch.nn.Embedding, lm_head_weight: torch.Tensor):
         self.head, self.cache, self.embed, self.lm_head_weight = head, cache, embed, lm_head_weight
         self.device = cache.k.device
         self.use_graphs = self.device.type == "cuda"
         self.anchor = torch.zeros((), dtype=torch.long, device=self.device)
         self.length = torch.zeros((), dtype=torch.long, device=self.device)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
-    def _logp(self, anchor: torch.Tensor, depth: int, length, span: int) -> torch.Tensor:
-        logits = self.head.draft_logits(self.cache, anchor, depth, self.embed, self.lm_head_weight, length, span)
+    def _logp(self, anchor: torch.Tensor, depth: int, length) -> torch.Tensor:
+        logits = self.head.draft_logits(self.cache, anchor, depth, self.embed, self.lm_head_weight, length)
         return torch.log_softmax(logits, dim=-1)
 
-    def run(self, anchor: torch.Tensor, depth: int) -> torch.Tensor:
-        """Draft log-probs [depth, vocab] (fp32) for the block after `anchor`."""
-        length = self.cache.length
-        if not self.use_graphs:
-            return self._logp(anchor, depth, length, length)
-        span = min(bucket_for(max(length, 1), CONTEXT_BUCKETS), self.cache.capacity)
+    def _replay(self, key: tuple, fn: Callable[[], object], anchor: torch.Tensor):
         self.anchor.copy_(anchor)
-        self.length.fill_(length)
-        key = (span, depth)
+        self.length.fill_(self.cache.length)
         if key not in self._graphs:
-            self._graphs[key] = capture(lambda: self._logp(self.anchor, depth, self.length, span), self.device, self._pool)
+            self._graphs[key] = capture(fn, self.device, self._pool)
         graph, out = self._graphs[key]
         graph.replay()
         return out
+
+    def logp(self, anchor: torch.Tensor, depth: int) -> torch.Tensor:
+        """Draft log-probs [depth, vocab] (fp32) for the block after `anchor`."""
+        if not self.use_graphs:
+            return self._logp(anchor, depth, self.cache.length)
+        return self._replay(("logp", depth), lambda: self._logp(self.anchor, depth, self.length), anchor)
+
+    def tree(self, anchor: torch.Tensor, depth: int, algo: str, budget: int, width: int, mark) -> Tree:
+        """The draft tree for the block after `anchor`; graphed together with the draft when the
+        algorithm has fixed shapes (then the tree phase reads 0 ms: it is inside the draft's).
+        `mark(phase)` closes a timing phase."""
+        build = TREE_ALGOS[algo]
+        if not self.use_graphs or algo not in FIXED_SHAPE_ALGOS:
+            logp = self.logp(anchor, depth)
+            mark("draft_ms")
+            tree = build(anchor, logp, budget, width)
+        else:
+            fn = lambda: build(self.anchor, self._logp(self.anchor, depth, self.length), budget, width)  # noqa: E731
+            tree = self._replay(("tree", depth, algo, budget, width), fn, anchor)
+            mark("draft_ms")
+        mark("tree_ms")
+        return tree

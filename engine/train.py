@@ -691,6 +691,7 @@ class TrainState:
 class Trainer:
     def __init__(self, ws: Workspace, cfg: TrainConfig, head_cfg: DraftHeadConfig, log: LogFn):
         self.ws, self.cfg, self.log = ws, cfg, log
+        cfg.out.mkdir(parents=True, exist_ok=True)
         self.head = DraftHead(head_cfg).to(ws.device)  # fp32 master weights
         init_head(self.head, cfg.init, cfg.seed + 1, ws.hf)
         decay = [p for p in self.head.parameters() if p.dim() >= 2]
@@ -743,8 +744,10 @@ def train(ws: Workspace, cfg: TrainConfig, trainer: Trainer, seqs: list[Sequence
           deadline: float | None, log: LogFn) -> TrainState:
     """The loop: sample batch -> step; periodic τ; checkpoints; stops at --steps or the deadline."""
     st = trainer.state
-    if st.total_steps == 0:
-        st.total_steps = cfg.steps if cfg.steps is not None else math.ceil(cfg.epochs * len(seqs) / cfg.batch_size)
+    if cfg.steps is not None:  # an explicit --steps wins, also over a resumed run's plan
+        st.total_steps = cfg.steps
+    elif st.total_steps == 0:
+        st.total_steps = math.ceil(cfg.epochs * len(seqs) / cfg.batch_size)
     sampler = Sampler(len(seqs), cfg.batch_size, cfg.seed)
     # With a deadline, progress is max(step fraction, time fraction): the cosine schedule
     # still completes when time, not steps, ends the run.

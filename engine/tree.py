@@ -141,6 +141,10 @@ def root_only(root: torch.Tensor) -> Tree:
     )
 
 
+# Built with fixed shapes from (budget, width, depth) alone, so they can live in a CUDA graph;
+# `adaptive` trims its tree to a data-dependent size.
+FIXED_SHAPE_ALGOS = frozenset({"accum_logp", "chain"})
+
 TreeBuilder = Callable[[torch.Tensor, torch.Tensor, int, int], Tree]
 
 TREE_ALGOS: dict[str, TreeBuilder] = {
