@@ -177,6 +177,79 @@ async def test_budget_depth_width_algo_changes():
 
 
 @async_test
+async def test_live_changes_reach_the_answer_in_progress():
+    app = make_app(FakeBackend(round_delay_s=0.03))
+    toasts: list[str] = []
+    real_notify = app.notify
+    app.notify = lambda message, **kw: (toasts.append(str(message)), real_notify(message, **kw))[1]
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "/long tell me about speculation", wait=False)
+        trace = app.current_trace
+        await wait_until(pilot, lambda: len(trace.rounds) >= 3, what="rounds")
+        app.set_budget(8)
+        assert toasts[-1] == "budget 8 (from the next round)"
+        await wait_until(pilot, lambda: trace.spec_changes, what="the budget change to reach the engine")
+        start = trace.spec_changes[-1][0]
+        await wait_until(pilot, lambda: len(trace.rounds) >= start + 3, what="rounds at the new budget")
+        await pilot.press("f5")  # speculation off, mid-answer
+        assert toasts[-1] == "speculation off: plain AR (from the next round)"
+        await wait_until(pilot, lambda: len(trace.spec_changes) == 2, what="speculation off")
+        off = trace.spec_changes[-1][0]
+        await wait_until(pilot, lambda: len(trace.rounds) >= off + 3, what="plain AR rounds")
+        app.set_temperature(0.7)
+        assert toasts[-1] == "temperature 0.7 (from the next answer)"
+        app.set_temperature(0.0)
+        await pilot.press("escape")
+        await wait_idle(pilot)
+        sizes = [len(r.tree_texts) for r in trace.rounds]
+        assert min(sizes[:start]) > 8 and max(sizes[start:off]) <= 8 and set(sizes[off:]) == {1}
+        msg = answers(app)[-1]
+        role = str(msg.query_one(".role").content)
+        assert f"→ budget 8 · depth full · width 8 · accum_logp (from round {start + 1})" in role
+        assert f"→ AR (from round {off + 1})" in role
+        assert "τ" in str(msg.query_one(".meta").content)  # partly speculative: still has a tau
+        assert app.baseline is None  # not a plain AR answer
+        assert "speedup" in str(app.main_screen.query_one("#stats-lines").content)
+        # the next answer starts with the settings as they are now
+        await send(pilot, "hello")
+        assert not app.current_trace.params.spec.enabled and not app.current_trace.spec_changes
+
+
+@async_test
+async def test_the_result_text_is_shown_when_an_answer_ends():
+    """The engine may hold back a short tail while streaming (e.g. after a cancel): the
+    finished answer must show `FinishEvent.result.text`."""
+    app = make_app(FakeBackend(round_delay_s=0.02, tail_hold_chars=9))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "/long go", wait=False)
+        await wait_until(pilot, lambda: len(app.current_trace.rounds) >= 3, what="rounds")
+        await pilot.press("escape")
+        await wait_idle(pilot)
+        result = app.current_trace.result
+        assert result.finish_reason == "cancelled"
+        msg = answers(app)[-1]
+        assert msg.raw == result.text == app.session_messages[-1]["content"]
+        assert result.text.endswith(app.current_trace.segments[-1][0])
+        await send(pilot, "write python fib")
+        assert answers(app)[-1].raw == ANSWERS[1]
+
+
+@async_test
+async def test_no_draft_head_says_speculation_is_off():
+    app = make_app(FakeBackend(max_depth=None))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        expected = "no draft head: speculation off (plain AR); pass --draft-head to speculate"
+        assert expected in notes(app, "warning")
+        assert "no draft head: speculation off (plain AR)" in str(app.main_screen.query_one("#topbar").content)
+        await pilot.press("f5")
+        await send(pilot, "hello")
+        assert not app.current_trace.params.spec.enabled
+
+
+@async_test
 async def test_command_palette_sets_budget():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

@@ -315,6 +315,75 @@ def test_engine_worker_send_cancel_and_errors():
     assert not worker.alive
 
 
+def test_engine_worker_live_spec_changes_apply_from_the_next_round():
+    worker = ew.EngineWorker(FakeBackend(round_delay_s=0.005))
+    worker.start()
+    try:
+        worker.submit(ew.LoadCommand(ew.EngineSpec()))
+        _collect(worker.outbox, lambda i: isinstance(i, ew.EngineReady))
+        job = worker.submit(ew.SendCommand("/long go", GenerationParams(spec=SpecParams(budget=64))))
+        _collect(worker.outbox, lambda i: isinstance(i, ew.GenerationEvent) and isinstance(i.event, RoundEvent))
+        worker.update_spec(job, SpecParams(budget=0))  # invalid: rejected, the answer goes on
+        items = _collect(worker.outbox, lambda i: isinstance(i, (ew.SpecRejected, ew.SpecApplied)))
+        assert isinstance(items[-1], ew.SpecRejected) and "budget must be between" in items[-1].message
+        worker.update_spec(job, SpecParams(budget=32))
+        worker.update_spec(job, SpecParams(budget=8))  # the latest request wins
+        items = _collect(worker.outbox, lambda i: isinstance(i, ew.SpecApplied))
+        applied = items[-1]
+        assert applied.spec.budget == 8 and not any(isinstance(i, ew.SpecApplied) and i.spec.budget == 32 for i in items)
+        items = _collect(worker.outbox, lambda i: isinstance(i, ew.GenerationEvent) and isinstance(i.event, RoundEvent)
+                         and i.event.index >= applied.from_round + 2)
+        later = [i.event for i in items if isinstance(i, ew.GenerationEvent) and isinstance(i.event, RoundEvent)]
+        assert later and all(len(r.tree_texts) <= 8 for r in later if r.index >= applied.from_round)
+        worker.cancel(job)
+        items = _collect(worker.outbox, lambda i: isinstance(i, ew.SessionSnapshot) and i.job_id == job)
+        worker.update_spec(job, SpecParams(budget=4))  # the job is over: ignored
+        assert job not in worker._spec_requests
+    finally:
+        worker.shutdown()
+
+
+def test_fake_engine_update_spec_changes_later_rounds(engine):
+    session = ChatSession(engine)
+    rounds = []
+    for ev in session.send("/long go", GenerationParams(spec=SpecParams(budget=64))):
+        if isinstance(ev, RoundEvent):
+            rounds.append(ev)
+            if ev.index == 2:
+                engine.update_spec(SpecParams(budget=8))
+            if ev.index == 5:
+                engine.update_spec(SpecParams(enabled=False))
+            if ev.index == 8:
+                break
+    sizes = [len(r.tree_texts) for r in rounds]
+    assert min(sizes[:3]) > 8 and 1 < max(sizes[3:6]) <= 8 and sizes[6:] == [1, 1, 1]
+    with pytest.raises(EngineError):
+        engine.update_spec(SpecParams(width=0))
+
+
+def test_trace_live_changes_and_authoritative_result_text():
+    engine = FakeBackend(tail_hold_chars=6).load_engine()
+    session = ChatSession(engine)
+    trace = AnswerTrace(0, "chat", GenerationParams(spec=SpecParams(budget=64)))
+    cancel = threading.Event()
+    streamed = ""
+    for ev in session.send("write python fib", trace.params, cancel=cancel):
+        streamed += trace.add(ev)
+        if isinstance(ev, RoundEvent) and ev.index == 1:
+            trace.add_spec_change(2, SpecParams(budget=8))
+        if isinstance(ev, RoundEvent) and ev.index == 3:
+            cancel.set()
+    assert trace.result.finish_reason == "cancelled"
+    assert streamed == trace.text == trace.result.text  # the held-back tail arrived with the result
+    assert trace.params_at(1).spec.budget == 64 and trace.params_at(2).spec.budget == 8
+    assert trace.label.endswith("→ budget 8 · depth full · width 8 · accum_logp (from round 3)")
+    assert compute_stats(trace).label.startswith("budget 8")
+    trace.add_spec_change(len(trace.rounds), SpecParams(budget=4))  # asked during the last round
+    assert "budget 4" not in trace.label  # never took effect
+    head = json.loads(next(iter(trace.to_jsonl_lines(0))))
+    assert [c["from_round"] for c in head["spec_changes"]] == [2, len(trace.rounds)]
+
+
 def test_engine_worker_load_failure_then_commands_fail_politely():
     worker = ew.EngineWorker(FakeBackend())
     worker.start()

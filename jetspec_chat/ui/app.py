@@ -73,6 +73,7 @@ from .trace import AnswerTrace, ArBaseline, compute_stats, params_label, prefill
 from .tree_view import TreePanel
 
 DRAIN_HZ = 12
+NO_HEAD_NOTE = "no draft head: speculation off (plain AR); pass --draft-head to speculate"
 KEEP_ROUNDS_OF_LAST = 20  # answers whose per-round trees stay in memory (for stepping and export)
 _MAIN_ONLY_ACTIONS = {
     "stop", "help", "budget", "next_algo", "toggle_spec", "compare", "tree_pause", "tree_step", "replay",
@@ -89,6 +90,7 @@ class Job:
     message: AssistantMessage | None = None
     turn: int = 0
     pre_session: dict | None = None  # reruns: the session before, to put back if the answer changed
+    live_spec: SpecParams | None = None  # chat: the tree shape last asked of the engine
 
 
 class LoadingPanel(Vertical):
@@ -349,7 +351,7 @@ class JetspecApp(App):
         info = self.engine_info
         if info is not None:
             top.append(f"  {info.model_name}", style="bold")
-            top.append(f" + {info.head_name}" if info.head_name else "  (no draft head: AR only)", style=colors.muted)
+            top.append(f" + {info.head_name}" if info.head_name else "  (no draft head)", style=colors.muted)
             top.append(f"  {info.device} {info.dtype}", style=colors.muted)
         elif self.load_state == "loading":
             top.append(f"  loading {self.spec.model or 'the default model'}…", style=colors.muted)
@@ -361,6 +363,8 @@ class JetspecApp(App):
             depth = "full" if p.depth is None else str(p.depth)
             top.append(f"budget {p.budget}", style=f"bold {colors.accepted}")
             top.append(f" · depth {depth} · width {p.width} · {p.tree_algo}")
+        elif info is not None and info.max_depth is None:
+            top.append("no draft head: speculation off (plain AR)", style=f"bold {colors.bonus}")
         else:
             top.append("speculation OFF (plain AR)", style=f"bold {colors.bonus}")
         if self.settings.temperature > 0:
@@ -468,6 +472,10 @@ class JetspecApp(App):
             await self._on_job_finished(item)
         elif isinstance(item, ew.JobFailed):
             await self._on_job_failed(item)
+        elif isinstance(item, ew.SpecApplied):
+            self._on_spec_applied(item)
+        elif isinstance(item, ew.SpecRejected):
+            await self._on_spec_rejected(item)
         elif isinstance(item, ew.SessionSnapshot):
             await self._engine_snapshot(item)
         self._dirty.add("chrome")
@@ -516,11 +524,13 @@ class JetspecApp(App):
         self._dirty.add("loading")
         if self.settings.tree_algo not in info.tree_algos:
             self.settings.tree_algo = info.tree_algos[0]
-        head = f" with draft head {info.head_name}" if info.head_name else " without a draft head (plain AR only)"
+        head = f" with draft head {info.head_name}" if info.head_name else ""
         await self.add_note_async(
             f"Loaded {info.model_name}{head} on {info.device} ({info.dtype}), context {info.max_context:,} tokens.",
             "info",
         )
+        if info.max_depth is None:
+            await self.add_note_async(NO_HEAD_NOTE, "warning")
 
     async def _engine_load_failed(self, item: ew.EngineLoadFailed) -> None:
         self.load_state = "failed"
@@ -556,9 +566,12 @@ class JetspecApp(App):
         if job.kind == "chat":
             await self._finish_message(job)
             trace = job.trace
-            if trace is not None and trace.result is not None:
-                job.message.set_meta(*self._meta_for(trace))  # type: ignore[union-attr]
-                if not trace.params.spec.enabled and trace.result.rounds:
+            if trace is not None and trace.result is not None and job.message is not None:
+                if job.message.raw != trace.result.text:  # the result's text is authoritative
+                    await job.message.set_text(trace.result.text)
+                job.message.set_label("jetspec · " + trace.label)
+                job.message.set_meta(*self._meta_for(trace))
+                if not trace.speculated and trace.result.rounds:
                     self.baseline = ArBaseline(trace.result.tokens_per_second, f"plain AR answer, turn {job.turn}")
             if self.chat_job == item.job_id:
                 self.chat_job = None
@@ -635,10 +648,11 @@ class JetspecApp(App):
         t = Text(no_wrap=False)
         kind = ""
         parts = [f"{r.new_tokens} tokens", f"{r.tokens_per_second:.1f} tok/s"]
-        if trace.params.spec.enabled:
+        speculated = trace.speculated
+        if speculated:
             parts.append(f"τ {r.mean_accept_length:.2f}")
         parts.append(f"{r.rounds} rounds")
-        if self.baseline is not None and trace.params.spec.enabled and r.tokens_per_second:
+        if self.baseline is not None and speculated and r.tokens_per_second:
             parts.append(f"{r.tokens_per_second / self.baseline.tokens_per_second:.2f}× vs AR")
         t.append(" · ".join(parts), style=colors.muted)
         reason = {
@@ -901,11 +915,43 @@ class JetspecApp(App):
 
     # -- speculation settings
 
-    def _changed(self, what: str) -> None:
+    def _changed(self, what: str, *, live: bool = True) -> None:
+        """A setting changed. Tree-shape changes (`live`) reach the answer in progress from its
+        next round; everything else applies from the next answer."""
         self.save_settings()
-        suffix = " (from the next answer)" if self.chat_job is not None else ""
+        suffix = ""
+        if self.chat_job is not None:
+            suffix = " (from the next round)" if live and self._push_live_spec() else " (from the next answer)"
         self.notify(f"{what}{suffix}", timeout=2)
         self.refresh_chrome()
+
+    def _push_live_spec(self) -> bool:
+        """Send the settings' tree shape to the answer in progress; False if it has none to change."""
+        job = self.jobs.get(self.chat_job) if self.chat_job is not None else None
+        if job is None or job.trace is None or job.trace.finished:
+            return False
+        spec = self.generation_params().spec
+        current = job.live_spec if job.live_spec is not None else job.trace.params.spec
+        if spec == current:
+            return False
+        job.live_spec = spec
+        self.worker.update_spec(self.chat_job, spec)
+        return True
+
+    def _on_spec_applied(self, item: ew.SpecApplied) -> None:
+        job = self.jobs.get(item.job_id)
+        if job is None or job.trace is None:
+            return
+        job.trace.add_spec_change(item.from_round, item.spec)
+        if job.message is not None:
+            job.message.set_label("jetspec · " + job.trace.label)
+        self._dirty.update({"tree", "stats"})
+
+    async def _on_spec_rejected(self, item: ew.SpecRejected) -> None:
+        job = self.jobs.get(item.job_id)
+        if job is not None and job.live_spec == item.spec:
+            job.live_spec = None
+        await self.add_note_async(f"Could not change the tree during the answer: {item.message}", "warning")
 
     def action_budget(self, direction: int) -> None:
         self.set_budget(step_in(BUDGET_STEPS, self.settings.budget, direction))
@@ -938,14 +984,14 @@ class JetspecApp(App):
 
     def set_speculation(self, on_: bool) -> None:
         if on_ and not self.has_head:
-            self.notify("This model has no draft head: only plain AR is available.", severity="warning")
+            self.notify(NO_HEAD_NOTE, severity="warning")
             return
         self.settings.speculation = on_
         self._changed("speculation on" if on_ else "speculation off: plain AR")
 
     def set_temperature(self, t: float) -> None:
         self.settings.temperature = t
-        self._changed("greedy decoding" if t <= 0 else f"temperature {t:g}")
+        self._changed("greedy decoding" if t <= 0 else f"temperature {t:g}", live=False)
 
     def action_spec_settings(self) -> None:
         max_depth = self.engine_info.max_depth if self.engine_info else None
@@ -957,10 +1003,17 @@ class JetspecApp(App):
             new_chat_changed = (values.thinking, values.system_prompt) != (self.settings.thinking, self.settings.system_prompt)
             if values.speculation and not self.has_head:
                 values.speculation = False
+            before = self.generation_params()
             self.settings = values
+            after = self.generation_params()
             if provenance_changed:
                 self._apply_provenance()
-            self._changed("settings applied" + (" (thinking and system prompt: new chats)" if new_chat_changed else ""))
+            notes = []
+            if self.chat_job is not None and (before.sampling, before.max_new_tokens) != (after.sampling, after.max_new_tokens):
+                notes.append("sampling and length: from the next answer")
+            if new_chat_changed:
+                notes.append("thinking and system prompt: new chats")
+            self._changed("settings applied" + (f" ({'; '.join(notes)})" if notes else ""))
 
         self.push_screen(SpecSettingsScreen(self.settings, self.algos, max_depth), done)
 
@@ -1270,7 +1323,7 @@ class JetspecApp(App):
 
     def _toggle_thinking(self) -> None:
         self.settings.thinking = not self.settings.thinking
-        self._changed(f"thinking {'on' if self.settings.thinking else 'off'} for new chats (ctrl+n)")
+        self._changed(f"thinking {'on' if self.settings.thinking else 'off'} for new chats (ctrl+n)", live=False)
 
     # ------------------------------------------------------------------ errors
 

@@ -170,6 +170,12 @@ class AssistantMessage(Vertical):
             await md.update(split.answer)
             self._written = split.answer
 
+    def set_label(self, label: str) -> None:
+        """The role line: 'jetspec · budget 64 · …' (live tree changes append to it)."""
+        self.label = label
+        if self.is_mounted:
+            self.query_one(".role", Static).update(label or "jetspec")
+
     def set_meta(self, text: str | Text, kind: str = "") -> None:
         meta = self.query_one(".meta", Static)
         meta.update(text)

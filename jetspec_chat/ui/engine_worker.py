@@ -5,6 +5,10 @@ out through another (`EngineWorker.outbox`), which the UI drains on a timer. The
 waits on the UI: the outbox is unbounded and `put` never blocks. Cancelling is a
 `threading.Event` per job that the engine checks at round boundaries.
 
+Live tree-shape changes (`EngineWorker.update_spec`) go through a one-slot mailbox per chat job
+that the engine thread empties between rounds: it calls `engine.update_spec` while the engine's
+generator is suspended at a round boundary, so the change applies from the next round.
+
 Nothing here imports Textual: it can be driven and tested on its own.
 """
 from __future__ import annotations
@@ -17,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from jetspec_chat.engine.errors import EngineError
-from jetspec_chat.engine.events import Event, FinishEvent, GenerationResult
-from jetspec_chat.engine.params import GenerationParams
+from jetspec_chat.engine.events import Event, FinishEvent, GenerationResult, RoundEvent
+from jetspec_chat.engine.params import GenerationParams, SpecParams
 
 FALLBACK_TREE_ALGOS = ("accum_logp", "chain", "adaptive")
 
@@ -197,6 +201,22 @@ class JobFailed:
 
 
 @dataclass(frozen=True)
+class SpecApplied:
+    """A live tree-shape change reached the engine: rounds `from_round` on use `spec`."""
+
+    job_id: int
+    spec: SpecParams
+    from_round: int
+
+
+@dataclass(frozen=True)
+class SpecRejected:
+    job_id: int
+    spec: SpecParams
+    message: str
+
+
+@dataclass(frozen=True)
 class SessionSnapshot:
     """The session's state after a job, copied on the engine thread (the UI never touches it)."""
 
@@ -216,6 +236,8 @@ OutboxItem = (
     | CompareRunFinished
     | JobFinished
     | JobFailed
+    | SpecApplied
+    | SpecRejected
     | SessionSnapshot
 )
 
@@ -238,6 +260,7 @@ class EngineWorker:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count(1)
         self._cancels: dict[int, threading.Event] = {}
+        self._spec_requests: dict[int, SpecParams] = {}  # job id -> the latest live change asked for
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="jetspec-engine", daemon=True)
         self._started = False
@@ -265,6 +288,14 @@ class EngineWorker:
             ev = self._cancels.get(job_id)
         if ev is not None:
             ev.set()
+
+    def update_spec(self, job_id: int, spec: SpecParams) -> None:
+        """Change the tree shape of chat job `job_id` from its next round (the latest request
+        wins). Answered by `SpecApplied` / `SpecRejected` in the outbox; nothing happens when
+        the job has already ended (the next answer uses the UI's new settings anyway)."""
+        with self._lock:
+            if job_id in self._cancels:
+                self._spec_requests[job_id] = spec
 
     def cancel_all(self) -> None:
         with self._lock:
@@ -303,6 +334,7 @@ class EngineWorker:
             finally:
                 with self._lock:
                     self._cancels.pop(job_id, None)
+                    self._spec_requests.pop(job_id, None)
 
     def _dispatch(self, job_id: int, cmd: Command, cancel: threading.Event) -> None:
         if isinstance(cmd, LoadCommand):
@@ -375,6 +407,8 @@ class EngineWorker:
         try:
             for event in start():
                 self._post(GenerationEvent(job_id, kind, event))
+                if kind == "chat" and isinstance(event, RoundEvent):
+                    self._apply_spec_request(job_id, event.index + 1)
         except BaseException as err:  # noqa: BLE001
             message, unexpected = describe_error(err)
             self._post(JobFailed(job_id, kind, message, unexpected, traceback.format_exc() if unexpected else ""))
@@ -382,6 +416,26 @@ class EngineWorker:
             return
         self._post(JobFinished(job_id, kind, cancelled=cancel.is_set()))
         self._snapshot(job_id)
+
+    def _apply_spec_request(self, job_id: int, next_round: int) -> None:
+        """At a round boundary (the engine's generator is suspended after yielding a round):
+        hand the latest live change to the engine, which takes it at the top of the next round.
+        Only after a RoundEvent: the engine clears pending changes once its prefill is done."""
+        with self._lock:
+            spec = self._spec_requests.pop(job_id, None)
+        if spec is None:
+            return
+        update = getattr(self._engine, "update_spec", None)
+        if update is None:
+            self._post(SpecRejected(job_id, spec, "this engine cannot change the tree during an answer"))
+            return
+        try:
+            update(spec)
+        except BaseException as err:  # noqa: BLE001 - a bad value must not end the answer
+            message, _ = describe_error(err)
+            self._post(SpecRejected(job_id, spec, message))
+            return
+        self._post(SpecApplied(job_id, spec, next_round))
 
     def _compare(self, job_id: int, cmd: CompareCommand, cancel: threading.Event) -> None:
         self._post(JobStarted(job_id, "compare"))

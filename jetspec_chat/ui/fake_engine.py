@@ -9,6 +9,9 @@ sleeping so that a human can watch the demo.
 
 Use it as a backend: `JetspecApp(backend=FakeBackend(...))`, or `jetspec-chat --demo`.
 Magic prompts (for tests and demos): `/error overflow|oom|config|crash`, `/long`.
+Like the real engine, `update_spec` changes the tree shape from the next round of the answer in
+progress, and `tail_hold_chars` makes the streamed text lag behind (the held-back tail reaches
+the UI only through `FinishEvent.result.text`, as after a cancel on the real engine).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import re
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from jetspec_chat.engine.errors import (
@@ -37,7 +40,7 @@ from jetspec_chat.engine.events import (
     PrefillEvent,
     RoundEvent,
 )
-from jetspec_chat.engine.params import MAX_BUDGET, MAX_WIDTH, GenerationParams
+from jetspec_chat.engine.params import MAX_BUDGET, MAX_WIDTH, GenerationParams, SpecParams
 
 TREE_ALGOS = ("accum_logp", "chain", "adaptive")
 DEFAULT_MODEL = "fake/Qwen3-8B-demo"
@@ -125,6 +128,14 @@ class FakeEngine:
     max_context: int
     round_delay_s: float = 0.0
     prefill_delay_s: float = 0.0
+    tail_hold_chars: int = 0
+    _live_spec: SpecParams | None = field(default=None, repr=False)
+
+    def update_spec(self, spec: SpecParams) -> None:
+        """Change the tree shape from the next round of the answer in progress (as the real
+        engine's `update_spec`: validates, raises ConfigError)."""
+        _validate_spec(spec, self.max_depth)
+        self._live_spec = spec
 
 
 class FakeBackend:
@@ -142,6 +153,7 @@ class FakeBackend:
         max_depth: int | None = 15,
         max_context: int = 32768,
         load_error: EngineError | BaseException | None = None,
+        tail_hold_chars: int = 0,
     ) -> None:
         self.round_delay_s = round_delay_s
         self.prefill_delay_s = prefill_delay_s
@@ -150,6 +162,7 @@ class FakeBackend:
         self.max_depth = max_depth
         self.max_context = max_context
         self.load_error = load_error
+        self.tail_hold_chars = tail_hold_chars
 
     @property
     def ChatSession(self) -> type:  # noqa: N802 - mirrors the engine module's class name
@@ -193,6 +206,7 @@ class FakeBackend:
             max_context=max_context or self.max_context,
             round_delay_s=self.round_delay_s,
             prefill_delay_s=self.prefill_delay_s,
+            tail_hold_chars=self.tail_hold_chars,
         )
 
 
@@ -216,23 +230,26 @@ def load_engine(
 def _validate(params: GenerationParams, max_depth: int | None) -> None:
     if params.max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
-    spec = params.spec
-    if spec.enabled:
-        if max_depth is None:
-            raise ConfigError("this model has no draft head: speculation is unavailable, use AR")
-        if not 1 <= spec.budget <= MAX_BUDGET:
-            raise ConfigError(f"budget must be between 1 and {MAX_BUDGET}, got {spec.budget}")
-        if not 1 <= spec.width <= MAX_WIDTH:
-            raise ConfigError(f"width must be between 1 and {MAX_WIDTH}, got {spec.width}")
-        if spec.depth is not None and not 1 <= spec.depth <= max_depth:
-            raise ConfigError(
-                f"depth {spec.depth} exceeds what the draft head drafts (block_size - 1 = {max_depth})"
-            )
-        if spec.tree_algo not in TREE_ALGOS:
-            raise ConfigError(
-                f"unknown tree algorithm {spec.tree_algo!r}; choose one of {', '.join(sorted(TREE_ALGOS))}"
-            )
+    if params.spec.enabled:
+        _validate_spec(params.spec, max_depth)
     params.sampling.validate()
+
+
+def _validate_spec(spec: SpecParams, max_depth: int | None) -> None:
+    if spec.enabled and max_depth is None:
+        raise ConfigError("this model has no draft head: speculation is unavailable, use AR")
+    if not 1 <= spec.budget <= MAX_BUDGET:
+        raise ConfigError(f"budget must be between 1 and {MAX_BUDGET}, got {spec.budget}")
+    if not 1 <= spec.width <= MAX_WIDTH:
+        raise ConfigError(f"width must be between 1 and {MAX_WIDTH}, got {spec.width}")
+    if spec.depth is not None and not 1 <= spec.depth <= (max_depth or 64):
+        raise ConfigError(
+            f"depth {spec.depth} exceeds what the draft head drafts (block_size - 1 = {max_depth})"
+        )
+    if spec.tree_algo not in TREE_ALGOS:
+        raise ConfigError(
+            f"unknown tree algorithm {spec.tree_algo!r}; choose one of {', '.join(sorted(TREE_ALGOS))}"
+        )
 
 
 def _count(text: str) -> int:
@@ -342,20 +359,35 @@ class ChatSession:
         reused: int,
     ) -> Iterator[Event]:
         engine = self.engine
+        engine._live_spec = None
         pieces = tokenize(self._answer_text(user_text))
         seq = pieces + [None]  # None: end of sequence
         spec = params.spec
-        depth_lim = (spec.depth or engine.max_depth or 1) if spec.enabled else 0
+
+        def depth_limit(spec: SpecParams) -> int:
+            return (spec.depth or engine.max_depth or 1) if spec.enabled else 0
+
+        depth_lim = depth_limit(spec)
         new_prefill = prompt_tokens - reused
         prefill_ms = 2.0 + 0.05 * new_prefill
         if engine.prefill_delay_s:
             time.sleep(engine.prefill_delay_s)
         produced: list[str] = [seq[0]]  # the first answer token comes out of the prefill
+        hold = max(0, engine.tail_hold_chars)
+        streamed = 0  # characters of "".join(produced) already reported
+
+        def stream_now() -> str:
+            nonlocal streamed
+            full = "".join(produced)
+            end = max(streamed, len(full) - hold)
+            out, streamed = full[streamed:end], end
+            return out
+
         yield PrefillEvent(
             new_tokens=new_prefill,
             reused_tokens=reused,
             first_token=token_id(seq[0]),
-            first_text=seq[0],
+            first_text=stream_now() if hold else seq[0],
             ms=prefill_ms,
         )
         rng = random.Random(_seed(user_text, spec.budget, spec.width, spec.tree_algo, spec.enabled))
@@ -367,6 +399,9 @@ class ChatSession:
         max_new = params.max_new_tokens
         index = 0
         while True:
+            live, engine._live_spec = engine._live_spec, None
+            if live is not None:  # update_spec: the new shape from this round on
+                spec, depth_lim = live, depth_limit(live)
             if seq[pos] is None:
                 finish = "eos"
                 break
@@ -391,7 +426,7 @@ class ChatSession:
             ev = _replace_round(
                 ev,
                 new_tokens=tuple(token_id(p) for p in new_pieces),
-                new_text="".join(new_pieces),
+                new_text=stream_now() if hold else "".join(new_pieces),
                 answer_tokens=len(produced),
                 context_tokens=prompt_tokens + len(produced),
                 elapsed_s=elapsed_ms / 1000.0,

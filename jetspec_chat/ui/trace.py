@@ -18,7 +18,7 @@ from jetspec_chat.engine.events import (
     PrefillEvent,
     RoundEvent,
 )
-from jetspec_chat.engine.params import GenerationParams
+from jetspec_chat.engine.params import GenerationParams, SpecParams
 
 CURRENT_WINDOW = 8  # rounds averaged for "current" tokens/s
 
@@ -62,10 +62,51 @@ class AnswerTrace:
     text: str = ""
     segments: list[tuple[str, str]] = field(default_factory=list)  # (text, "target" | "draft")
     round_offsets: list[int] = field(default_factory=list)  # len(text) before each round
+    # live tree-shape changes the engine took during the answer: (first round, new spec)
+    spec_changes: list[tuple[int, SpecParams]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
         return self.result is not None or bool(self.error)
+
+    def add_spec_change(self, from_round: int, spec: SpecParams) -> None:
+        self.spec_changes.append((from_round, spec))
+
+    def params_at(self, round_index: int) -> GenerationParams:
+        """The parameters round `round_index` ran with (live changes included)."""
+        spec = self.params.spec
+        for start, new in self.spec_changes:
+            if start <= round_index:
+                spec = new
+        return self.params if spec is self.params.spec else dataclasses.replace(self.params, spec=spec)
+
+    @property
+    def current_params(self) -> GenerationParams:
+        """The parameters of the next round (while streaming) or of the last one."""
+        n = len(self.rounds)
+        return self.params_at(n - 1 if self.finished and n else n)
+
+    def effective_changes(self) -> list[tuple[int, SpecParams]]:
+        """The live changes that some round actually ran with (a change requested during the
+        last round of an answer never takes effect)."""
+        if not self.finished:
+            return list(self.spec_changes)
+        return [(start, spec) for start, spec in self.spec_changes if start < len(self.rounds)]
+
+    @property
+    def speculated(self) -> bool:
+        """Whether any round ran with speculation on."""
+        if not self.rounds:
+            return self.current_params.spec.enabled
+        return any(self.params_at(i).spec.enabled for i in range(len(self.rounds)))
+
+    @property
+    def label(self) -> str:
+        """'budget 64 · …', or with live changes 'budget 64 · … → budget 16 · … (from round 6)'."""
+        text = params_label(self.params)
+        for start, spec in self.effective_changes():
+            text += f" → {params_label(dataclasses.replace(self.params, spec=spec))} (from round {start + 1})"
+        return text
 
     def add(self, event: Any) -> str:
         """Record an event; returns the text it appended to the answer."""
@@ -82,6 +123,13 @@ class AnswerTrace:
             return event.new_text
         if isinstance(event, FinishEvent):
             self.result = event.result
+            # The result's text is authoritative: after a cancel (or a full context) it ends
+            # with a short tail the engine held back while streaming.
+            final = event.result.text
+            if final.startswith(self.text) and len(final) > len(self.text):
+                tail = final[len(self.text) :]
+                self._append(tail, "target")
+                return tail
         return ""
 
     def _append(self, text: str, kind: str) -> None:
@@ -101,6 +149,10 @@ class AnswerTrace:
             "params": _params_dict(self.params),
             "user_text": self.user_text,
         }
+        if self.spec_changes:
+            head["spec_changes"] = [
+                {"from_round": start, "spec": dataclasses.asdict(spec)} for start, spec in self.spec_changes
+            ]
         yield json.dumps(head, ensure_ascii=False)
         if self.prefill is not None:
             yield json.dumps({"type": "prefill", "answer": answer_index, **dataclasses.asdict(self.prefill)}, ensure_ascii=False)
@@ -211,8 +263,9 @@ def compute_stats(trace: AnswerTrace | None, baseline: ArBaseline | None = None,
     speedup = None
     if baseline is not None and baseline.tokens_per_second > 0 and tps_answer:
         speedup = tps_answer / baseline.tokens_per_second
+    last = (n - 1) if n else 0
     return Stats(
-        label=params_label(trace.params),
+        label=params_label(trace.params_at(last)),
         rounds=n,
         answer_tokens=rounds[-1].answer_tokens if n else (1 if trace.prefill else 0),
         tps_current=tps_current,
@@ -230,7 +283,7 @@ def compute_stats(trace: AnswerTrace | None, baseline: ArBaseline | None = None,
         prefill_reused=trace.prefill.reused_tokens if trace.prefill else None,
         prefill_ms=trace.prefill.ms if trace.prefill else None,
         finish_reason=trace.result.finish_reason if finished and trace.result else "",
-        spec_enabled=trace.params.spec.enabled,
+        spec_enabled=any(trace.params_at(i).spec.enabled for i in range(n)) if n else trace.params.spec.enabled,
     )
 
 
