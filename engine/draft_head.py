@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..kernels import pack_tree_mask, paged_tree_attention, write_kv
+from ..kernels import add_rms_norm, pack_tree_mask, paged_tree_attention, write_kv
 from .errors import DraftHeadError
 from .kv_cache import BLOCK_SIZE as KV_BLOCK
 from .layers import MLP, AttentionWeights, RMSNorm, Rotary, init_random_
@@ -218,11 +218,7 @@ class DraftHead(nn.Module):
         """Per layer (K, V) of context rows: [N, n_kv, head_dim] each, RoPE applied."""
         ctx = self.hidden_norm(self.fc(taps))
         cos, sin = self.rotary.cos_sin(positions, ctx.dtype)
-        out = []
-        for layer in self.layers:
-            k, v = layer.self_attn.project_kv(ctx)
-            out.append((Rotary.apply(k, cos, sin), v))
-        return out
+        return [layer.self_attn.k_rope(ctx, cos, sin) for layer in self.layers]
 
     def append_context(self, cache: DraftKVCache, taps: torch.Tensor) -> None:
         """Project newly committed tokens' taps into the cache (positions continue the cache)."""
@@ -259,18 +255,19 @@ class DraftHead(nn.Module):
         mask = torch.ones(b, b, dtype=torch.bool, device=h.device)
         mask = mask.tril() if self.cfg.causal else mask
         mask = pack_tree_mask(mask) if h.is_cuda else mask
+        eps = self.cfg.rms_norm_eps
+        x = self.layers[0].input_layernorm(h)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = Rotary.apply(attn.project_q(x), cos, sin)
-            k, v = attn.project_kv(x)
+            q, k, v = attn.qkv_rope(x, cos, sin)
             k_pool, v_pool = cache.pools(i)
-            write_kv(k_pool, v_pool, rows, Rotary.apply(k, cos, sin), v)
+            write_kv(k_pool, v_pool, rows, k, v)
             o = paged_tree_attention(q, k_pool, v_pool, cache.block_table, length, mask, attn.head_dim**-0.5)
-            h = h + attn.o_proj(o.reshape(b, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        h = self.norm(h)
-        return (h[1 : depth + 1] @ lm_head_weight.t()).float()
+            # Residual adds fused with the following norm, as in the target model.
+            x, h = add_rms_norm(attn.o_proj(o.reshape(b, -1)), h, layer.post_attention_layernorm.weight, eps)
+            next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            x, h = add_rms_norm(layer.mlp(x), h, next_norm.weight, eps)
+        return (x[1 : depth + 1] @ lm_head_weight.t()).float()  # x is the final-normed block
 
     # -- weights ---------------------------------------------------------------------------
     def init_random(self, seed: int, std: float = 0.02) -> None:

@@ -215,11 +215,12 @@ class SpecEngine:
         anchor = torch.tensor(self.tokens[-1], device=self.torch_device)
         clock = _PhaseClock(self.torch_device)
         positions_left = self.target.cfg.max_position_embeddings - 1 - base
-        if spec.enabled and self.head is not None and positions_left > 0:
+        if spec.enabled and spec.budget > 1 and self.head is not None and positions_left > 0:
             if self._pending_taps is not None and self._pending_taps.shape[0]:
                 self.head.append_context(self.draft_kv, self._pending_taps)
                 self._pending_taps = None
-            depth = min(spec.depth or self.head.cfg.max_depth, positions_left)
+            # A tree of `budget` nodes is at most budget - 1 deep: draft no further than that.
+            depth = min(spec.depth or self.head.cfg.max_depth, positions_left, max(spec.budget - 1, 1))
             tree = self.drafter.tree(anchor, depth, spec.tree_algo, spec.budget, spec.width, clock.mark)
         else:
             tree = root_only(anchor)

@@ -5,7 +5,8 @@ import math
 
 import torch
 from torch import nn
-import torch.nn.functional as F
+
+from ..kernels import qk_norm_rope, rms_norm, silu_mul
 
 
 def init_random_(module: nn.Module, seed: int, std: float = 0.02) -> None:
@@ -28,10 +29,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Same arithmetic as transformers: normalize in fp32, scale in the input dtype.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # Same arithmetic as transformers (normalize in fp32, scale in the input dtype); one
+        # fused kernel on the GPU.
+        return rms_norm(x, self.weight, self.eps)
 
 
 class MLP(nn.Module):
@@ -42,7 +42,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class AttentionWeights(nn.Module):
@@ -50,7 +50,7 @@ class AttentionWeights(nn.Module):
 
     def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, bias: bool, qk_norm: bool, eps: float):
         super().__init__()
-        self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv, head_dim
+        self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
         self.q_proj = nn.Linear(hidden, n_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
@@ -60,6 +60,29 @@ class AttentionWeights(nn.Module):
             self.k_norm = RMSNorm(head_dim, eps)
         else:
             self.q_norm = self.k_norm = None
+
+    def qkv_rope(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v for tokens x: projections, then per-head q/k RMSNorm (Qwen3) and RoPE (one
+        fused kernel on the GPU)."""
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        q, k = qk_norm_rope(q, k, self._norm_weight(self.q_norm), self._norm_weight(self.k_norm), cos, sin, self.eps)
+        return q, k, v
+
+    def k_rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k (normed, RoPE'd) and v only: the draft head's context rows."""
+        t = x.shape[0]
+        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
+        _, k = qk_norm_rope(None, k, None, self._norm_weight(self.k_norm), cos, sin, self.eps)
+        return k, self.v_proj(x).view(t, self.n_kv, self.head_dim)
+
+    @staticmethod
+    def _norm_weight(norm: "RMSNorm | None") -> torch.Tensor | None:
+        return norm.weight if norm is not None else None
 
     def project_q(self, x: torch.Tensor) -> torch.Tensor:
         q = self.q_proj(x).view(-1, self.n_heads, self.head_dim)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..kernels import pack_tree_mask, paged_tree_attention, write_kv
+from ..kernels import add_rms_norm, pack_tree_mask, paged_tree_attention, write_kv
 from .kv_cache import PagedKVCache
 from .layers import MLP, AttentionWeights, RMSNorm, Rotary, init_random_
 from .model_config import ModelConfig
@@ -104,25 +104,25 @@ class TargetModel(nn.Module):
         slots = kv.slots_of(batch.prefix_len + torch.arange(t, device=h.device))
         # The Triton kernel reads the mask as bits: pack it once for all layers.
         mask = pack_tree_mask(batch.tree_mask) if h.is_cuda else batch.tree_mask
-        taps: list[torch.Tensor] = []
-        for i, layer in enumerate(self.model.layers):
+        layers = self.model.layers
+        eps = self.cfg.rms_norm_eps
+        taps: dict[int, torch.Tensor] = {}
+        x = layers[0].input_layernorm(h)
+        for i, layer in enumerate(layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = Rotary.apply(attn.project_q(x), cos, sin)
-            k, v = attn.project_kv(x)
-            k = Rotary.apply(k, cos, sin)
+            q, k, v = attn.qkv_rope(x, cos, sin)
             k_pool, v_pool = kv.layer(i)
             write_kv(k_pool, v_pool, slots, k, v)
             o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, batch.prefix_len, mask, self.scale)
-            h = h + attn.o_proj(o.reshape(t, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            # Residual add fused with the next norm: h += o_proj(o); x = norm(h) (same for the MLP,
+            # whose add also applies the next layer's input norm, or the final norm).
+            x, h = add_rms_norm(attn.o_proj(o.reshape(t, -1)), h, layer.post_attention_layernorm.weight, eps)
+            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            x, h = add_rms_norm(layer.mlp(x), h, next_norm.weight, eps)
             if i in tap_layers:
-                taps.append(h)
-        tapped = None
-        if tap_layers:
-            by_layer = dict(zip([i for i in range(len(self.model.layers)) if i in tap_layers], taps))
-            tapped = torch.cat([by_layer[i] for i in tap_layers], dim=-1)
-        return self.model.norm(h), tapped
+                taps[i] = h
+        tapped = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
+        return x, tapped
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits (argmax and sampling always happen in fp32)."""

@@ -219,17 +219,17 @@ def _reasoning(rng: random.Random) -> str:
         f"How many stickers does {p} have now? Show your reasoning.",
         f"A tank holds {a * 10} liters and leaks {c} liters per hour. After how many hours is it less than "
         f"half full? Explain step by step.",
-        f"A shop sells pens at {b} cents each, or {c} pens for {b * c - c} cents. How much does {p} save "
-        f"buying {c * 3} pens in bundles? Explain.",
+        f"A phone plan costs {b} dollars a month plus {c} dollars per extra gigabyte. {p} used {c + 3} extra "
+        f"gigabytes in {a % 5 + 2} months. What was the total bill? Explain.",
         f"{p} walks {a} meters per minute and {q} walks {a + c} meters per minute, starting {b} minutes later "
         f"from the same place. When does {q} catch up? Show the steps.",
         f"What is {a} x {b} + {c} x {a}? Explain how to compute it in your head.",
         f"Is {a * b + c} a prime number? Explain how you check.",
-        f"A recipe for {c} people needs {b * 10} grams of flour. How much flour for {c + b % 5 + 1} people?",
+        f"A garden has {c} rows of {b} tulips, and {p} plants {a} more. How many tulips are there now?",
         f"Convert {a * 37} minutes into hours and minutes, and explain the method.",
         f"{p} reads {b} pages a day. The book has {a * 9} pages. On which day does {p} finish? Explain.",
-        f"If a train leaves at {rng.randint(6, 11)}:{rng.choice(['05', '20', '35', '50'])} and the trip takes "
-        f"{a} minutes, at what time does it arrive?",
+        f"{p} and {q} share {a * c} marbles so that {p} gets {c - 1 if c > 2 else 2} times as many as {q}. "
+        f"Is that possible with whole marbles? Explain.",
     )
     return rng.choice(forms)
 

@@ -86,7 +86,7 @@ class TrainConfig:
     max_new_tokens: int = 256
     max_prompt_tokens: int = 1024
     temperature: float = 0.0
-    gen_batch_size: int | None = None  # default: 64 on CUDA, 8 on CPU
+    gen_batch_size: int | None = None  # default: 128 on CUDA, 8 on CPU
     # optimization
     steps: int | None = None  # default: from --epochs
     epochs: float = 3.0
@@ -229,7 +229,6 @@ class Sequence:
 @dataclass
 class TrainBatch:
     input_ids: torch.Tensor  # [B, T] right padded
-    attention_mask: torch.Tensor  # [B, T]
     lengths: torch.Tensor  # [B]
     anchors: torch.Tensor  # [B, M] (0 where padded)
     anchor_valid: torch.Tensor  # [B, M] bool
@@ -259,18 +258,16 @@ def sample_anchors(prompt_len: int, length: int, n: int, gen: torch.Generator) -
 def make_batch(seqs: list[Sequence], anchors_per_seq: int, gen: torch.Generator, pad_id: int = 0) -> TrainBatch:
     t = max(len(s.ids) for s in seqs)
     ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
-    att = torch.zeros(len(seqs), t, dtype=torch.long)
     per_seq = [sample_anchors(s.prompt_len, len(s.ids), anchors_per_seq, gen) for s in seqs]
     m = max(1, max(len(a) for a in per_seq))
     anchors = torch.zeros(len(seqs), m, dtype=torch.long)
     valid = torch.zeros(len(seqs), m, dtype=torch.bool)
     for i, (s, a) in enumerate(zip(seqs, per_seq)):
         ids[i, : len(s.ids)] = s.ids.long()
-        att[i, : len(s.ids)] = 1
         anchors[i, : len(a)] = a
         valid[i, : len(a)] = True
     lengths = torch.tensor([len(s.ids) for s in seqs])
-    return TrainBatch(ids, att, lengths, anchors, valid)
+    return TrainBatch(ids, lengths, anchors, valid)
 
 
 def depth_weights(depth: int, decay: float, device: torch.device) -> torch.Tensor:
@@ -342,8 +339,11 @@ def chain_tau(correct: torch.Tensor, valid: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def target_features(hf_model, input_ids: torch.Tensor, attention_mask: torch.Tensor, taps: tuple[int, ...]):
+def target_features(hf_model, input_ids: torch.Tensor, taps: tuple[int, ...]):
     """(taps [B, T, n_taps*H], final normed hidden [B, T, H]) from one frozen forward.
+
+    Batches are right padded, so plain causal attention already keeps the pads out of every
+    real position: no attention mask is passed, which keeps SDPA on its fused causal kernels.
 
     Taps are captured with hooks on the decoder layers: tap L = output of decoder layer L. (In
     transformers 5, output_hidden_states' last entry is the *normed* final state, not the last
@@ -358,7 +358,7 @@ def target_features(hf_model, input_ids: torch.Tensor, attention_mask: torch.Ten
 
     handles = [layers[i].register_forward_hook(hook(i)) for i in sorted(set(taps))]
     try:
-        out = hf_model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        out = hf_model.model(input_ids=input_ids, use_cache=False)
     finally:
         for handle in handles:
             handle.remove()
@@ -370,7 +370,7 @@ def training_step_loss(
 ) -> LossOut:
     """Features (no grad) -> head forward over all blocks -> distillation loss."""
     dev = batch.input_ids.device
-    taps, final = target_features(hf_model, batch.input_ids, batch.attention_mask, head.cfg.target_layer_ids)
+    taps, final = target_features(hf_model, batch.input_ids, head.cfg.target_layer_ids)
     q_len = batch.anchors.shape[1] * head.cfg.block_size
     c_len = context_len(batch.anchors, batch.anchor_valid, q_len)
     if c_len > taps.shape[1]:
@@ -454,8 +454,8 @@ class Workspace:
         if self.dtype == torch.float16:
             raise ConfigError("training needs --dtype bfloat16 or float32 (fp16 would need loss scaling)")
         log(f"loading {cfg.target} on {self.device} ({str(self.dtype).removeprefix('torch.')})")
-        self.engine = load_engine(cfg.target, "none", device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
-                                  max_context=4096)
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        self.engine = load_engine(cfg.target, "none", device=str(self.device), dtype=dtype_name, max_context=4096)
         self.tokenizer = self.engine.tokenizer
         self.hf = transformers_model(self.engine).requires_grad_(False)
         self.amp_dtype = None if self.dtype == torch.float32 else self.dtype
@@ -598,7 +598,7 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[str], dea
         todo.append((p, ids))
     if skipped:
         log(f"skipped {skipped} prompts longer than --max-prompt-tokens {cfg.max_prompt_tokens}")
-    bs = cfg.gen_batch_size or (64 if ws.device.type == "cuda" else 8)
+    bs = cfg.gen_batch_size or (128 if ws.device.type == "cuda" else 8)
     # Similar lengths per batch (little padding); batches in a seeded random order, so a
     # time-bounded run still covers all prompt kinds and lengths.
     todo.sort(key=lambda x: len(x[1]))
@@ -754,7 +754,8 @@ def train(ws: Workspace, cfg: TrainConfig, trainer: Trainer, seqs: list[Sequence
     time_total = (deadline - time.time() + st.seconds) if deadline is not None else None
     if evaluator is not None and st.step == 0 and not st.history:
         st.history.append(evaluator.periodic(trainer.head, step=0))
-        log(f"step 0: tau {st.history[-1]['tau']:.3f} (budget {st.history[-1]['budget']}, before training)")
+        if st.history[-1]["tau"] is not None:
+            log(f"step 0: tau {st.history[-1]['tau']:.3f} (budget {st.history[-1]['budget']}, before training)")
     bar = _bar(cfg, total=st.total_steps, desc="train", unit="step", initial=st.step)
     t_last, tokens, ema = time.perf_counter(), 0, None
     try:
@@ -782,7 +783,7 @@ def train(ws: Workspace, cfg: TrainConfig, trainer: Trainer, seqs: list[Sequence
                 _append_log(cfg.out, {"step": st.step, "lr": lr_at(frac, cfg.lr, cfg.warmup), "tok_s": round(rate, 1),
                                       **{k: round(v, 5) for k, v in stats.items()}})
                 post = {"loss": f"{ema:.3f}", "acc1": f"{stats['acc1']:.2f}", "tok/s": f"{rate:.0f}"}
-                if st.history:
+                if st.history and st.history[-1]["tau"] is not None:
                     post["tau"] = f"{st.history[-1]['tau']:.2f}"
                 bar.set_postfix(post)
             bar.update(1)
@@ -860,10 +861,15 @@ class Evaluator:
                          tokens / seconds if seconds > 0 else 0.0)
 
     def periodic(self, head: DraftHead, step: int) -> dict:
-        """During training: dev prompts at the largest budget."""
-        self._load(head)
+        """During training: dev prompts at the largest budget. A failing evaluation is logged and
+        skipped (tau None): it must not cost the training run."""
         budget = max(self.cfg.eval_budgets)
-        r = self.tau(self.dev, budget)
+        try:
+            self._load(head)
+            r = self.tau(self.dev, budget)
+        except Exception as e:  # noqa: BLE001 - reported, training goes on
+            self.log(f"evaluation at step {step} failed: {type(e).__name__}: {e}")
+            return {"step": step, "budget": budget, "tau": None, "error": f"{type(e).__name__}: {e}"}
         _append_log(self.cfg.out, {"step": step, "eval": r.to_dict()})
         return {"step": step, "budget": budget, "tau": r.tau}
 
@@ -949,7 +955,8 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
         summary["data"] = generate_data(ws, cfg, train_prompts, deadlines.data, log)
         log(f"data: {summary['data']['total_sequences']} sequences in {cfg.out / 'data'}")
 
-    evaluator = Evaluator(ws, cfg, head_cfg, dev_prompts, log) if cfg.stage != "data" else None
+    evaluate = cfg.eval_prompts > 0  # 0: no τ at all (e.g. to time training alone)
+    evaluator = Evaluator(ws, cfg, head_cfg, dev_prompts, log) if cfg.stage != "data" and evaluate else None
     head_dir = cfg.out / "head"
     if cfg.stage in ("train", "all"):
         seqs = load_sequences(cfg.out, cfg.max_seq_len)
@@ -961,7 +968,7 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
             log(f"resuming from step {trainer.state.step}")
         log(f"training on {len(seqs)} sequences ({sum(len(s.ids) for s in seqs)} tokens)")
         state = train(ws, cfg, trainer, seqs, evaluator, deadlines.train, log)
-        if cfg.stage == "train":  # no final evaluation follows: record where training ended
+        if cfg.stage == "train" and evaluator is not None:  # no final evaluation follows: record the end
             state.history.append(evaluator.periodic(trainer.head, step=state.step))
         info = {"target": cfg.target, "steps": state.step, "sequences": len(seqs), "history": state.history}
         export_head(trainer.head, head_dir, _dtype(cfg.export_dtype), info)
@@ -971,7 +978,7 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
     else:
         final_head = None
 
-    if cfg.stage in ("eval", "all"):
+    if cfg.stage in ("eval", "all") and evaluate:
         if final_head is None:
             from .draft_head import load_head_dir
 
@@ -983,7 +990,7 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
         summary["eval"] = evaluator.final(final_head, deadlines.eval)
         _atomic_write(cfg.out / "eval.json", json.dumps(summary["eval"], indent=2) + "\n")
         history = summary.get("train", {}).get("history", [])
-        if history:
+        if history and history[0]["step"] == 0:
             summary["tau_before"] = history[0]["tau"]
         summary["tau_after"] = {r["budget"]: round(r["tau"], 4) for r in summary["eval"]["dev"]}
     summary["seconds"] = round(time.time() - start, 1)

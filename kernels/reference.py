@@ -59,3 +59,67 @@ def paged_tree_attention_ref(
     probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("htl,lhd->thd", probs, v)
     return out.to(q.dtype)
+
+
+# ----------------------------------------------------------------------------- fused elementwise
+# References for kernels/fused.py. Each one is the engine's eager code (engine/layers.py)
+# verbatim, so swapping a dispatcher in changes nothing on the CPU.
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """engine.layers.RMSNorm.forward (transformers' arithmetic): normalize in fp32, round to
+    x's dtype, then scale by weight (result in promote(x, weight) dtype). x: [..., H]."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def add_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm: returns (rms_norm(residual + x), residual + x).
+
+    The engine's `h = h + o; y = norm(h)` with h = residual, o = x.
+    """
+    h = residual + x
+    return rms_norm_ref(h, weight, eps), h
+
+
+def silu_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The MLP's activation: F.silu(gate) * up (silu rounded to gate's dtype first)."""
+    return torch.nn.functional.silu(gate) * up
+
+
+def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """engine.layers.Rotary.apply: half-split RoPE, x * cos + rotate_half(x) * sin."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def qk_norm_rope_ref(
+    q: torch.Tensor | None,
+    k: torch.Tensor | None,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Per-head RMSNorm (Qwen3's q_norm / k_norm; skipped where the weight is None) then RoPE.
+
+    q: [T, Hq, D], k: [T, Hk, D] (either may be None: its output is None).
+    cos, sin: [T, D] or [T, 1, D] (Rotary.cos_sin's layout) in q's dtype.
+    Returns (q_out, k_out) with the shapes of q and k.
+    """
+    if cos.dim() == 2:
+        cos, sin = cos[:, None, :], sin[:, None, :]
+    out = []
+    for x, w in ((q, q_norm_weight), (k, k_norm_weight)):
+        if x is None:
+            out.append(None)
+            continue
+        if w is not None:
+            x = rms_norm_ref(x, w, eps)
+        out.append(rope_ref(x, cos, sin))
+    return out[0], out[1]

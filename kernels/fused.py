@@ -1,0 +1,394 @@
+"""Fused elementwise kernels for the decoder layer: RMSNorm, residual add + RMSNorm, SiLU*mul,
+and per-head q/k RMSNorm + RoPE. One launch each instead of the ~6-8 small kernels eager torch
+runs for the same step.
+
+Numerics follow the eager code in engine/layers.py (and transformers) step by step, including
+its intermediate roundings to the input dtype, so that swapping a kernel in changes as little
+as possible:
+
+  rms_norm:      y = weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype)
+  add_rms_norm:  h = x + residual (rounded to x's dtype); y = rms_norm(h)
+  silu_mul:      (g / (1 + exp(-g))) computed in fp32, rounded to the input dtype, then * up
+  qk_norm_rope:  per head: optional rms_norm (rounded as above), then x*cos + rotate_half(x)*sin
+                 with each product rounded to the input dtype before the add (as torch does)
+
+Every kernel is launched with `enable_fp_fusion=False`: no mul+add contraction into FMAs, so each
+product is rounded exactly as torch's separate elementwise kernels round it. What still differs
+from torch in fp32 is the order of the sum of squares inside the mean (a parallel reduction
+either way), i.e. about 1 ulp in the norm's scale factor. Everything else (the adds, the
+products, the bf16 roundings, rsqrt / exp / division on the GPU through the same CUDA math as
+torch's kernels) is the same operation.
+
+Under TRITON_INTERPRET=1 (CPU tests) the kernels run in numpy; exp then comes from numpy instead
+of libdevice (a ~1 ulp difference, no semantic one).
+
+All kernels write fresh, out-of-place outputs, need no host sync and have grids that depend
+on shapes only, so they can be captured in CUDA graphs.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .reference import add_rms_norm_ref, qk_norm_rope_ref, rms_norm_ref, silu_mul_ref
+
+try:  # triton is optional: CPU-only installs use the torch references.
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - exercised only without triton
+    triton = None
+    tl = None
+    libdevice = None
+
+# A row of up to this many elements is held in registers (one read of x); longer rows loop over
+# chunks of CHUNK_LOOP elements and read x twice (sum of squares, then normalise).
+MAX_SINGLE_BLOCK = 8192
+CHUNK_LOOP = 4096
+SILU_BLOCK = 1024
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ----------------------------------------------------------------------------- triton kernels
+
+if triton is not None:
+
+    @triton.jit
+    def _load_row(X, R, row_x, row_r, cols, mask, HAS_RES: tl.constexpr):
+        """x (or x + residual, rounded to x's dtype as torch's add is) in fp32."""
+        x = tl.load(X + row_x + cols, mask=mask, other=0.0)
+        if HAS_RES:
+            r = tl.load(R + row_r + cols, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+        return x
+
+    @triton.jit
+    def _rms_norm_kernel(
+        X, R, W, Y, H, n_cols, inv_n, eps,
+        stride_x, stride_r, stride_y, stride_h,
+        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+    ):
+        """One row per program. HAS_RES: h = x + r is written to H and normalised."""
+        row = tl.program_id(0).to(tl.int64)
+        row_x = row * stride_x
+        row_r = row * stride_r
+        row_y = row * stride_y
+        row_h = row * stride_h
+        cols = tl.arange(0, BLOCK)
+        if NUM_CHUNKS == 1:
+            mask = cols < n_cols
+            x = _load_row(X, R, row_x, row_r, cols, mask, HAS_RES)
+            if HAS_RES:
+                tl.store(H + row_h + cols, x, mask=mask)
+            xf = x.to(tl.float32)
+            ss = tl.sum(xf * xf, 0)
+            scale = tl.math.rsqrt(ss * inv_n + eps)
+            y = (xf * scale).to(X.dtype.element_ty)
+            w = tl.load(W + cols, mask=mask, other=0.0)
+            out = y.to(tl.float32) * w.to(tl.float32)
+            tl.store(Y + row_y + cols, out.to(Y.dtype.element_ty), mask=mask)
+        else:
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for c in range(NUM_CHUNKS):
+                cc = c * BLOCK + cols
+                mask = cc < n_cols
+                x = _load_row(X, R, row_x, row_r, cc, mask, HAS_RES)
+                if HAS_RES:
+                    tl.store(H + row_h + cc, x, mask=mask)
+                xf = x.to(tl.float32)
+                acc += xf * xf
+            ss = tl.sum(acc, 0)
+            scale = tl.math.rsqrt(ss * inv_n + eps)
+            # Second pass re-reads the inputs (not H: no cross-thread read-after-write).
+            for c in range(NUM_CHUNKS):
+                cc = c * BLOCK + cols
+                mask = cc < n_cols
+                x = _load_row(X, R, row_x, row_r, cc, mask, HAS_RES)
+                y = (x.to(tl.float32) * scale).to(X.dtype.element_ty)
+                w = tl.load(W + cc, mask=mask, other=0.0)
+                out = y.to(tl.float32) * w.to(tl.float32)
+                tl.store(Y + row_y + cc, out.to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _silu_mul_kernel(
+        G, U, O, n_cols, stride_g, stride_u, stride_o,
+        BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0)
+        # torch: x / (1 + exp(-x)) in fp32 (CUDA expf, IEEE division), rounded to the dtype.
+        if USE_LIBDEVICE:
+            e = libdevice.exp(-g)
+        else:
+            e = tl.exp(-g)
+        s = tl.math.div_rn(g, 1.0 + e).to(G.dtype.element_ty)
+        out = s.to(tl.float32) * u.to(tl.float32)
+        tl.store(O + row * stride_o + cols, out.to(O.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _norm_rope_heads(
+        X, O, W, C, S, t, h0, n_heads, inv_d, eps,
+        stride_xt, stride_xh, stride_ot, stride_oh, stride_ct, stride_st,
+        HAS_NORM: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr,
+    ):
+        """Heads h0..h0+HEADS-1 of token t: optional RMSNorm over head_dim, then half-split RoPE."""
+        dt = X.dtype.element_ty
+        heads = h0 + tl.arange(0, HEADS)
+        hmask = (heads < n_heads)[:, None]
+        d = tl.arange(0, HALF)[None, :]
+        src = X + t * stride_xt + heads[:, None].to(tl.int64) * stride_xh + d
+        x1 = tl.load(src, mask=hmask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=hmask, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            ss = tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)
+            scale = tl.math.rsqrt(ss * inv_d + eps)[:, None]
+            w1 = tl.load(W + d).to(tl.float32)
+            w2 = tl.load(W + HALF + d).to(tl.float32)
+            x1 = ((x1 * scale).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+            x2 = ((x2 * scale).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+        c1 = tl.load(C + t * stride_ct + d).to(tl.float32)
+        c2 = tl.load(C + t * stride_ct + HALF + d).to(tl.float32)
+        s1 = tl.load(S + t * stride_st + d).to(tl.float32)
+        s2 = tl.load(S + t * stride_st + HALF + d).to(tl.float32)
+        # x * cos + cat(-x2, x1) * sin, each product rounded to the dtype before the add.
+        o1 = (x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)
+        o2 = (x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)
+        dst = O + t * stride_ot + heads[:, None].to(tl.int64) * stride_oh + d
+        tl.store(dst, o1.to(O.dtype.element_ty), mask=hmask)
+        tl.store(dst + HALF, o2.to(O.dtype.element_ty), mask=hmask)
+
+    @triton.jit
+    def _qk_norm_rope_kernel(
+        Q, K, QO, KO, QW, KW, C, S, n_q, n_k, q_blocks, inv_d, eps,
+        stride_qt, stride_qh, stride_kt, stride_kh,
+        stride_qot, stride_qoh, stride_kot, stride_koh, stride_ct, stride_st,
+        HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr,
+    ):
+        """grid (T, q head blocks + k head blocks)."""
+        t = tl.program_id(0).to(tl.int64)
+        hb = tl.program_id(1)
+        if hb < q_blocks:
+            _norm_rope_heads(Q, QO, QW, C, S, t, hb * HEADS, n_q, inv_d, eps,
+                             stride_qt, stride_qh, stride_qot, stride_qoh, stride_ct, stride_st,
+                             HAS_QNORM, HEADS, HALF)
+        else:
+            _norm_rope_heads(K, KO, KW, C, S, t, (hb - q_blocks) * HEADS, n_k, inv_d, eps,
+                             stride_kt, stride_kh, stride_kot, stride_koh, stride_ct, stride_st,
+                             HAS_KNORM, HEADS, HALF)
+
+
+# ----------------------------------------------------------------------------- wrappers
+
+
+def _check_triton() -> None:
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """[..., H] -> [rows, H] with a unit last stride (a view when possible)."""
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 or x2.shape[-1] == 1 else x2.contiguous()
+
+
+def _norm_launch(n_cols: int, block: int | None) -> tuple[int, int, int]:
+    """(BLOCK, NUM_CHUNKS, num_warps) for a row of n_cols elements."""
+    if block is None:
+        block = triton.next_power_of_2(n_cols)
+        block = block if block <= MAX_SINGLE_BLOCK else CHUNK_LOOP
+    chunks = triton.cdiv(n_cols, block)
+    return block, chunks, max(1, min(8, block // 512))
+
+
+def _rms_norm_launch(x, residual, weight, eps, block):
+    _check_triton()
+    shape, n = x.shape, x.shape[-1]
+    assert weight.shape == (n,), f"weight {tuple(weight.shape)} does not match hidden {n}"
+    x2 = _rows(x)
+    rows = x2.shape[0]
+    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    y = torch.empty(rows, n, device=x.device, dtype=out_dtype)
+    if residual is not None:
+        assert residual.shape == shape and residual.dtype == x.dtype, "residual must match x"
+        r2 = _rows(residual)
+        h = torch.empty(rows, n, device=x.device, dtype=x.dtype)
+    else:
+        r2, h = x2, y  # unused (HAS_RES=False)
+    if rows > 0:
+        weight = weight.contiguous()
+        block, chunks, warps = _norm_launch(n, block)
+        _rms_norm_kernel[(rows,)](
+            x2, r2, weight, y, h, n, 1.0 / n, eps,
+            x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
+            HAS_RES=residual is not None, BLOCK=block, NUM_CHUNKS=chunks,
+            num_warps=warps, enable_fp_fusion=False,
+        )
+    y = y.view(shape)
+    return y if residual is None else (y, h.view(shape))
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int | None = None) -> torch.Tensor:
+    """Triton `rms_norm_ref`. x: [..., H] (rows may be strided; the last dim must be dense or
+    it is copied), weight [H]. Returns a new contiguous tensor in promote(x, weight) dtype.
+    block: elements per chunk (a power of two); default one chunk up to 8192, else 4096."""
+    return _rms_norm_launch(x, None, weight, eps, block)
+
+
+def add_rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton `add_rms_norm_ref`: (rms_norm(x + residual), x + residual), both new tensors."""
+    return _rms_norm_launch(x, residual, weight, eps, block)
+
+
+def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor, *, block: int = SILU_BLOCK) -> torch.Tensor:
+    """Triton `silu_mul_ref`: silu(gate) * up. gate, up: [..., I] with the same shape and dtype;
+    rows may be strided (e.g. the two halves of a fused gate_up projection)."""
+    _check_triton()
+    assert gate.shape == up.shape and gate.dtype == up.dtype, "gate and up must match"
+    shape, n = gate.shape, gate.shape[-1]
+    g2, u2 = _rows(gate), _rows(up)
+    rows = g2.shape[0]
+    out = torch.empty(rows, n, device=gate.device, dtype=gate.dtype)
+    if rows > 0 and n > 0:
+        block = min(block, triton.next_power_of_2(n))
+        _silu_mul_kernel[(rows, triton.cdiv(n, block))](
+            g2, u2, out, n, g2.stride(0), u2.stride(0), out.stride(0),
+            BLOCK=block, USE_LIBDEVICE=gate.is_cuda and not _interpreting(),
+            num_warps=max(1, min(4, block // 256)), enable_fp_fusion=False,
+        )
+    return out.view(shape)
+
+
+def _heads_view(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _cos_sin_rows(c: torch.Tensor, t: int, d: int) -> tuple[torch.Tensor, int]:
+    """cos/sin [T, D] or [T, 1, D] (or one row for every token) -> (tensor, row stride)."""
+    c2 = c.reshape(-1, d)
+    if c2.stride(-1) != 1:
+        c2 = c2.contiguous()
+    assert c2.shape[0] in (1, t), f"cos/sin rows {c2.shape[0]} for {t} tokens"
+    return c2, (0 if c2.shape[0] == 1 else c2.stride(0))
+
+
+def _qk_heads_per_program(t: int) -> int:
+    # Decode/draft sizes: one head per program for the most parallelism; large T: 4 heads.
+    return 1 if t < 64 else 4
+
+
+def qk_norm_rope_triton(
+    q: torch.Tensor | None,
+    k: torch.Tensor | None,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    *,
+    heads_per_program: int | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Triton `qk_norm_rope_ref`, q and k in one launch. See the reference for the contract.
+
+    q [T, Hq, D], k [T, Hk, D] may be strided views (any token / head strides, e.g. slices of a
+    fused qkv projection); only the last dim must be dense (else it is copied). Either may be
+    None (e.g. K only for the draft context). D must be a power of two >= 2. All tensors share
+    one dtype. Outputs are new contiguous [T, H, D] tensors.
+    """
+    _check_triton()
+    ref = q if q is not None else k
+    assert ref is not None, "need q or k"
+    t, _, d = ref.shape
+    assert d >= 2 and d & (d - 1) == 0, "head_dim must be a power of two"
+    for x in (q, k):
+        assert x is None or (x.dim() == 3 and x.shape[0] == t and x.shape[2] == d and x.dtype == ref.dtype)
+    for w in (q_norm_weight, k_norm_weight):
+        assert w is None or (w.shape == (d,) and w.dtype == ref.dtype), "norm weight [D] in q's dtype"
+    assert cos.dtype == ref.dtype and sin.dtype == ref.dtype, "cos/sin in q's dtype (Rotary.cos_sin(.., dtype))"
+    q = _heads_view(q) if q is not None else None
+    k = _heads_view(k) if k is not None else None
+    qo = torch.empty(q.shape, device=q.device, dtype=q.dtype) if q is not None else None
+    ko = torch.empty(k.shape, device=k.device, dtype=k.dtype) if k is not None else None
+    n_q = q.shape[1] if q is not None else 0
+    n_k = k.shape[1] if k is not None else 0
+    if t == 0 or n_q + n_k == 0:
+        return qo, ko
+    c2, sc = _cos_sin_rows(cos, t, d)
+    s2, ss = _cos_sin_rows(sin, t, d)
+    heads = heads_per_program or _qk_heads_per_program(t)
+    q_blocks, k_blocks = triton.cdiv(n_q, heads), triton.cdiv(n_k, heads)
+    # Absent operands: pass the other one's tensors; their branch never runs.
+    qq, qqo = (q, qo) if q is not None else (k, ko)
+    kk, kko = (k, ko) if k is not None else (q, qo)
+    qw = q_norm_weight.contiguous() if q_norm_weight is not None else c2
+    kw = k_norm_weight.contiguous() if k_norm_weight is not None else c2
+    _qk_norm_rope_kernel[(t, q_blocks + k_blocks)](
+        qq, kk, qqo, kko, qw, kw, c2, s2, n_q, n_k, q_blocks, 1.0 / d, eps,
+        qq.stride(0), qq.stride(1), kk.stride(0), kk.stride(1),
+        qqo.stride(0), qqo.stride(1), kko.stride(0), kko.stride(1), sc, ss,
+        HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None,
+        HEADS=heads, HALF=d // 2, num_warps=max(1, min(4, heads * d // 256)), enable_fp_fusion=False,
+    )
+    return qo, ko
+
+
+# ----------------------------------------------------------------------------- dispatchers
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return x.is_cuda and triton is not None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm (engine.layers.RMSNorm): Triton on CUDA tensors, the torch reference elsewhere."""
+    return rms_norm_triton(x, weight, eps) if _use_triton(x) else rms_norm_ref(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + x), residual + x): Triton on CUDA tensors, the reference elsewhere."""
+    if _use_triton(x):
+        return add_rms_norm_triton(x, residual, weight, eps)
+    return add_rms_norm_ref(x, residual, weight, eps)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up: Triton on CUDA tensors, the torch reference elsewhere."""
+    return silu_mul_triton(gate, up) if _use_triton(gate) else silu_mul_ref(gate, up)
+
+
+def qk_norm_rope(
+    q: torch.Tensor | None,
+    k: torch.Tensor | None,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Optional per-head RMSNorm then RoPE of q and k: one Triton launch on CUDA, else the reference."""
+    ref = q if q is not None else k
+    if ref is not None and _use_triton(ref):
+        return qk_norm_rope_triton(q, k, q_norm_weight, k_norm_weight, cos, sin, eps)
+    return qk_norm_rope_ref(q, k, q_norm_weight, k_norm_weight, cos, sin, eps)
+
+
+__all__ = [
+    "add_rms_norm",
+    "add_rms_norm_triton",
+    "qk_norm_rope",
+    "qk_norm_rope_triton",
+    "rms_norm",
+    "rms_norm_triton",
+    "silu_mul",
+    "silu_mul_triton",
+]
