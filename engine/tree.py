@@ -45,16 +45,14 @@ def static_tree_size(budget: int, width: int, depth: int) -> int:
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """[N, N] ancestor-or-self mask from parent pointers, in max_depth vectorized steps."""
-    n = parents.shape[0]
-    idx = torch.arange(n, device=parents.device)
-    mask = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
-    mask[idx, idx] = True
-    ptr = parents.clone()
+    """[N, N] ancestor-or-self mask from parent pointers, in max_depth vectorized steps (fixed
+    shapes, no host values: safe inside a CUDA graph)."""
+    idx = torch.arange(parents.shape[0], device=parents.device)
+    mask = idx[:, None] == idx[None, :]
+    ptr = parents
     for _ in range(max_depth):
-        has = ptr >= 0
-        mask[idx[has], ptr[has]] = True
-        ptr = torch.where(has, parents[ptr.clamp(min=0)], ptr)
+        mask = mask | (idx[None, :] == ptr[:, None])  # a pointer of -1 (past the root) matches nothing
+        ptr = torch.where(ptr >= 0, parents[ptr.clamp(min=0)], ptr)
     return mask
 
 
@@ -97,7 +95,7 @@ def build_accum_logp(root: torch.Tensor, logp: torch.Tensor, budget: int, width:
     node_of_flat = torch.full((scores.shape[0],), -1, device=device, dtype=torch.long)
     node_of_flat[chosen] = torch.arange(1, n, device=device)
     p = parents_flat[chosen]
-    parents = torch.cat([torch.tensor([-1], device=device), torch.where(p < 0, 0, node_of_flat[p.clamp(min=0)])])
+    parents = torch.cat([torch.full((1,), -1, device=device, dtype=torch.long), torch.where(p < 0, 0, node_of_flat[p.clamp(min=0)])])
     return Tree(
         tokens=torch.cat([root.reshape(1).long(), tokens[chosen]]),
         parents=parents,

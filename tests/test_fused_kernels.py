@@ -102,9 +102,11 @@ def strided_rows(t, h, seed, dtype=torch.float32, pad=37):
 
 
 def bf16_close(out, ref, *, min_equal=0.98):
-    """Within one bf16 rounding (fp32 sum-order effects) and mostly bit-identical."""
+    """Within two bf16 roundings and mostly bit-identical: a one-ulp difference in a norm's
+    output (fp32 sum order) can become two after RoPE's bf16 multiply-add (seen on an H100:
+    Qwen3-8B shapes, T=64, 0.0078 at 0.94)."""
     assert out.dtype == ref.dtype == torch.bfloat16 and out.shape == ref.shape
-    torch.testing.assert_close(out.float(), ref.float(), rtol=2**-7, atol=1e-5)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2**-6, atol=1e-5)
     assert (out == ref).float().mean().item() >= min_equal
 
 
