@@ -1,0 +1,361 @@
+"""Draft-head training (issue 5): the training forward is the inference forward, no leakage,
+mask/anchor structure, loss goes down, τ goes up with the real decoder, export/load, resume,
+the CLI end to end, and the offline prompt generators. CPU, tiny random target."""
+import functools
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from jetspec_chat.engine import prompts as P
+from jetspec_chat.engine.draft_head import DraftHead, DraftKVCache, load_head_dir
+from jetspec_chat.engine.errors import ConfigError
+from jetspec_chat.engine.train import (
+    Evaluator, Sequence, TrainConfig, Trainer, Workspace, anchor_range, block_attention_mask, block_ids,
+    context_len, distill_loss, export_head, generate_data, head_forward, load_sequences, make_batch,
+    prepare_prompts, run_training, sample_anchors, target_features, train, training_step_loss,
+)
+from jetspec_chat.train_cli import main as train_head_main
+
+TINY = "random:tiny-qwen3"
+CPU = torch.device("cpu")
+WORDS = ("apples", "rivers", "clocks", "engines", "stars", "maps", "songs", "bridges", "lamps", "trees", "coins", "robots")
+
+
+def quiet(_msg: str) -> None:
+    pass
+
+
+def short_prompts(n: int) -> list[str]:
+    """Short prompts: the byte tokenizer makes one token per character."""
+    pairs = itertools.product(WORDS, WORDS)
+    return [f"Tell me about {a} and {b}, number {i}." for i, (a, b) in zip(range(n), pairs)]
+
+
+def write_prompts(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in short_prompts(n)))
+    return path
+
+
+def tiny_cfg(out: Path, **kw) -> TrainConfig:
+    base = dict(target=TINY, out=out, device="cpu", draft_layers=1, block_size=8, max_new_tokens=96,
+                max_prompt_tokens=200, batch_size=4, anchors_per_seq=16, loss="ce", lr=3e-3, eval_budgets=(16,),
+                eval_prompts=6, eval_max_new_tokens=48, eval_every=0, eval_sets=(), progress=False, gen_batch_size=16)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread is fastest, and far more robust on a busy 2-core runner."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@functools.cache
+def workspace() -> Workspace:
+    return Workspace(tiny_cfg(Path("unused")), quiet)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """The tiny target's own answers to 144 short prompts (shared by the training tests)."""
+    out = tmp_path_factory.mktemp("train-data")
+    cfg = tiny_cfg(out, prompts_file=str(write_prompts(out / "prompts-in.jsonl", 144)), num_prompts=1000)
+    train_prompts, _ = prepare_prompts(cfg, quiet)
+    generate_data(workspace(), cfg, train_prompts, None, quiet)
+    return out
+
+
+def random_head(layers: int = 2, block: int = 8, causal: bool = True, seed: int = 3) -> DraftHead:
+    ws = workspace()
+    cfg = ws.head_config(tiny_cfg(Path("unused"), draft_layers=layers, block_size=block))
+    if not causal:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, causal=False)
+    head = DraftHead(cfg)
+    head.init_random(seed)
+    return head
+
+
+def train_forward_blocks(head: DraftHead, ids: torch.Tensor, taps: torch.Tensor, anchors: list[int]) -> torch.Tensor:
+    """The training forward for one sequence: hidden [M, block, H]."""
+    target = workspace().engine.target
+    a = torch.tensor([anchors])
+    q_len = len(anchors) * head.cfg.block_size
+    c = context_len(a, torch.ones_like(a, dtype=torch.bool), q_len)
+    t = torch.nn.functional.pad(taps, (0, 0, 0, max(0, c - taps.shape[1])))[:, :c]
+    embeds = target.model.embed_tokens(block_ids(ids, a, head.cfg.block_size, head.cfg.mask_token_id))
+    visible = block_attention_mask(a, c, head.cfg.block_size, head.cfg.causal)
+    return head_forward(head, t, a, embeds, visible).view(len(anchors), head.cfg.block_size, -1)
+
+
+def inference_logits(head: DraftHead, taps: torch.Tensor, ids: torch.Tensor, anchor: int) -> torch.Tensor:
+    target = workspace().engine.target
+    cache = DraftKVCache(head.cfg, 256, CPU, torch.float32)
+    head.append_context(cache, taps[0, :anchor])
+    return head.draft_logits(cache, ids[0, anchor], head.cfg.max_depth, target.model.embed_tokens,
+                             target.lm_head_weight())
+
+
+def features(ids: torch.Tensor, head: DraftHead) -> torch.Tensor:
+    return target_features(workspace().hf, ids, head.cfg.target_layer_ids)[0]
+
+
+# -- the training forward is the inference forward ----------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_training_forward_equals_draft_logits(causal):
+    head = random_head(layers=2, causal=causal)
+    ids = torch.randint(0, 256, (1, 48), generator=torch.Generator().manual_seed(0))
+    taps = features(ids, head)
+    anchors = [1, 9, 23, 40]
+    with torch.no_grad():
+        hidden = train_forward_blocks(head, ids, taps, anchors)
+        w = workspace().engine.target.lm_head_weight()
+        for j, a in enumerate(anchors):
+            ref = inference_logits(head, taps, ids, a)
+            got = (hidden[j, 1:] @ w.t()).float()
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_no_leakage_from_the_anchor_or_later():
+    head = random_head()
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(1))
+    taps = features(ids, head)
+    a, other = 20, 8
+    with torch.no_grad():
+        base = train_forward_blocks(head, ids, taps, [other, a])
+        later = taps.clone()
+        later[0, a:] = torch.randn_like(later[0, a:])  # the anchor's own features and everything after
+        same = train_forward_blocks(head, ids, later, [other, a])
+        torch.testing.assert_close(same[1], base[1], rtol=0, atol=0)
+        before = taps.clone()
+        before[0, a - 1] += 1.0
+        changed = train_forward_blocks(head, ids, before, [other, a])
+        assert (changed[1] - base[1]).abs().max() > 1e-4
+        # Blocks are isolated: another block's anchor token does not reach this block.
+        ids2 = ids.clone()
+        ids2[0, other] = (ids2[0, other] + 1) % 256
+        isolated = train_forward_blocks(head, ids2, taps, [other, a])
+        torch.testing.assert_close(isolated[1], base[1], rtol=0, atol=0)
+        assert (isolated[0] - base[0]).abs().max() > 1e-4
+
+
+def test_right_padding_leaves_the_features_of_real_positions_unchanged():
+    head = random_head()
+    short = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(4))
+    batch = make_batch([Sequence(short[0], 3), Sequence(torch.arange(30), 3)], 4, torch.Generator(), pad_id=256)
+    alone_taps, alone_final = target_features(workspace().hf, short, head.cfg.target_layer_ids)
+    taps, final = target_features(workspace().hf, batch.input_ids, head.cfg.target_layer_ids)
+    torch.testing.assert_close(taps[0, :12], alone_taps[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(final[0, :12], alone_final[0], rtol=1e-5, atol=1e-5)
+
+
+def test_mask_structure():
+    anchors = torch.tensor([[2, 5], [3, 0]])  # second row: one real anchor, one padded (0)
+    m = block_attention_mask(anchors, ctx_len=8, block=3, causal=True)
+    assert m.shape == (2, 6, 8 + 6)
+    ctx, blk = m[..., :8], m[..., 8:]
+    # context strictly before the anchor, the same for every row of a block
+    for b, row in enumerate(anchors.tolist()):
+        for j, a in enumerate(row):
+            for i in range(3):
+                assert ctx[b, j * 3 + i].tolist() == [c < a for c in range(8)]
+    tri = torch.ones(3, 3, dtype=torch.bool).tril()
+    expected = torch.block_diag(tri, tri)  # lower-triangular inside a block, blocks never see each other
+    assert torch.equal(blk[0], expected) and torch.equal(blk[1], expected)
+    assert m.any(-1).all()  # every row (padded ones too) sees at least itself: no NaN rows
+    bidir = block_attention_mask(anchors, 8, 3, causal=False)[..., 8:]
+    assert torch.equal(bidir[0], torch.block_diag(*[torch.ones(3, 3, dtype=torch.bool)] * 2))
+
+
+def test_anchor_sampling_bounds_and_loss_validity():
+    gen = torch.Generator().manual_seed(0)
+    for prompt_len, length, n in [(1, 2, 4), (5, 6, 4), (10, 40, 8), (10, 40, 100), (30, 31, 3)]:
+        a = sample_anchors(prompt_len, length, n, gen)
+        lo, hi = anchor_range(prompt_len, length)
+        assert lo == prompt_len - 1 and hi == length - 2
+        assert len(a) == min(n, length - prompt_len) and len(set(a.tolist())) == len(a)
+        assert all(lo <= x <= hi for x in a.tolist())
+    seqs = [Sequence(torch.arange(12), 4), Sequence(torch.arange(30), 20)]
+    batch = make_batch(seqs, 64, gen)
+    assert batch.anchor_valid.sum(1).tolist() == [8, 10]
+    # Drafted positions past the end carry no loss; the anchor slot never does.
+    h = torch.randn(2, batch.anchors.shape[1] * 4, 64)
+    out = distill_loss(h, torch.randn(2, 30, 64), batch, torch.randn(50, 64), kind="ce", chunk=7)
+    pos = batch.anchors[:, :, None] + torch.arange(1, 4)
+    expected = batch.anchor_valid[:, :, None] & (pos < batch.lengths[:, None, None])
+    assert torch.equal(out.valid, expected) and out.valid.shape[-1] == 3
+
+
+# -- optimization -------------------------------------------------------------------------------
+
+
+def test_one_step_lowers_the_loss(data_dir):
+    ws = workspace()
+    cfg = tiny_cfg(data_dir, warmup=0.0)
+    seqs = load_sequences(data_dir, cfg.max_seq_len)
+    trainer = Trainer(ws, cfg, ws.head_config(cfg), quiet)
+    batch = make_batch(seqs[:8], 16, torch.Generator().manual_seed(0), ws.pad_id)
+    with torch.no_grad():
+        before = float(training_step_loss(trainer.head, ws.hf, batch, cfg, None).loss)
+    stats = trainer.step(batch, lr=3e-3)
+    with torch.no_grad():
+        after = float(training_step_loss(trainer.head, ws.hf, batch, cfg, None).loss)
+    assert stats["loss"] == pytest.approx(before, rel=1e-5)
+    assert after < before
+
+
+def test_short_run_raises_tau_with_the_real_decoder(data_dir, tmp_path):
+    ws = workspace()
+    cfg = tiny_cfg(tmp_path, steps=150, eval_prompts=8)
+    _, dev = prepare_prompts(tiny_cfg(data_dir, prompts_file=str(data_dir / "prompts-in.jsonl"), num_prompts=1000),
+                             quiet)
+    seqs = load_sequences(data_dir, cfg.max_seq_len)
+    head_cfg = ws.head_config(cfg)
+    trainer = Trainer(ws, cfg, head_cfg, quiet)
+    evaluator = Evaluator(ws, cfg, head_cfg, dev, quiet)
+    state = train(ws, cfg, trainer, seqs, evaluator, None, quiet)
+    before = state.history[0]["tau"]
+    evaluator._load(trainer.head)
+    after = evaluator.tau(evaluator.dev, 16).tau
+    assert state.step == 150
+    assert after > before + 0.2, (before, after)
+
+
+def test_export_then_load_gives_identical_logits(tmp_path):
+    head = random_head(layers=2)
+    ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(2))
+    taps = features(ids, head)
+    export_head(head, tmp_path / "fp32", torch.float32, {"note": "test"})
+    export_head(head, tmp_path / "bf16", torch.bfloat16)
+    loaded = load_head_dir(tmp_path / "fp32", CPU, torch.float32)
+    loaded.cfg.check_against(workspace().engine.target.cfg, "exported")
+    assert loaded.cfg == head.cfg
+    with torch.no_grad():
+        assert torch.equal(inference_logits(loaded, taps, ids, 17), inference_logits(head, taps, ids, 17))
+        bf16 = load_head_dir(tmp_path / "bf16", CPU, torch.float32)
+        for name, p in bf16.state_dict().items():
+            assert torch.equal(p, head.state_dict()[name].to(torch.bfloat16).float())
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+def test_resume_continues_the_interrupted_run_exactly(data_dir, tmp_path, monkeypatch):
+    ws = workspace()
+    seqs = load_sequences(data_dir, 2048)[:24]
+
+    def run(out: Path, interrupt_at: int | None = None, resume: bool = False) -> Trainer:
+        cfg = tiny_cfg(out, steps=10, save_every=0, batch_size=4, anchors_per_seq=8)
+        trainer = Trainer(ws, cfg, ws.head_config(cfg), quiet)
+        if resume:
+            trainer.load()
+        if interrupt_at is not None:
+            real_step, calls = trainer.step, []
+
+            def step(*a, **kw):
+                if len(calls) == interrupt_at:
+                    raise KeyboardInterrupt  # like Ctrl-C: train() saves the checkpoint and stops
+                calls.append(1)
+                return real_step(*a, **kw)
+
+            monkeypatch.setattr(trainer, "step", step)
+        train(ws, cfg, trainer, seqs, None, None, quiet)
+        return trainer
+
+    straight = run(tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    first = run(tmp_path / "b", interrupt_at=6)
+    assert first.state.step == 6
+    blob = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)
+    assert blob["step"] == 6 and blob["optimizer"]["state"]
+    resumed = Trainer(ws, tiny_cfg(tmp_path / "b", steps=10), ws.head_config(tiny_cfg(tmp_path)), quiet)
+    resumed.load()
+    assert resumed.state.step == 6
+    for k, v in first.opt.state_dict()["state"].items():
+        assert torch.equal(resumed.opt.state_dict()["state"][k]["exp_avg"], v["exp_avg"])
+    monkeypatch.undo()
+    done = run(tmp_path / "b", resume=True)
+    assert done.state.step == 10
+    for name, p in straight.head.state_dict().items():
+        torch.testing.assert_close(done.head.state_dict()[name], p, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="--resume"):
+        run_training(tiny_cfg(tmp_path / "b", stage="train"))
+
+
+# -- the command end to end ---------------------------------------------------------------------
+
+
+def test_train_head_cli_end_to_end(tmp_path, capsys):
+    prompts = write_prompts(tmp_path / "p.jsonl", 24)
+    out = tmp_path / "run"
+    code = train_head_main([
+        TINY, "--out", str(out), "--prompts", str(prompts), "--num-prompts", "24", "--max-new-tokens", "32",
+        "--steps", "20", "--block-size", "8", "--batch-size", "4", "--anchors-per-seq", "16", "--lr", "3e-3",
+        "--eval-budgets", "8,16", "--eval-prompts", "2", "--eval-max-new-tokens", "16", "--eval-sets", "chat",
+        "--device", "cpu", "--quiet", "--time-budget-min", "10",
+    ])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    head = load_head_dir(out / "head", CPU, torch.float32)
+    head.cfg.check_against(workspace().engine.target.cfg, "trained")
+    assert head.cfg.block_size == 8 and (out / "head" / "training.json").is_file()
+    report = json.loads((out / "eval.json").read_text())
+    assert [r["budget"] for r in report["dev"]] == [8, 16] and all(r["tau"] >= 1.0 for r in report["dev"])
+    assert report["sets"]["chat"]["prompts"] >= 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["train"]["steps"] == 20 and "tau_before" in summary
+    assert "tau" in err and "budget" in err
+    # The eval stage alone re-evaluates the exported head.
+    code = train_head_main([TINY, "--out", str(out), "--stage", "eval", "--prompts", str(prompts), "--num-prompts",
+                            "24", "--eval-budgets", "16", "--eval-prompts", "2", "--eval-max-new-tokens", "8",
+                            "--eval-sets", "", "--device", "cpu", "--quiet"])
+    assert code == 0
+    assert [r["budget"] for r in json.loads((out / "eval.json").read_text())["dev"]] == [16]
+
+
+def test_train_head_cli_errors(tmp_path, capsys):
+    assert train_head_main([TINY, "--out", str(tmp_path), "--stage", "eval", "--prompts",
+                            str(write_prompts(tmp_path / "p.jsonl", 4)), "--device", "cpu", "--quiet"]) == 2
+    assert "no trained head" in capsys.readouterr().err
+    assert train_head_main([TINY, "--out", str(tmp_path), "--block-size", "1", "--quiet"]) == 2
+
+
+# -- prompts ------------------------------------------------------------------------------------
+
+
+def test_builtin_prompts_deterministic_distinct_and_split():
+    train_a, dev_a = P.builtin_prompts(1500, 20, seed=0)
+    train_b, dev_b = P.builtin_prompts(1500, 20, seed=0)
+    assert train_a == train_b and dev_a == dev_b
+    assert len(set(train_a)) == 1500 and len(set(dev_a)) == 20
+    assert not set(train_a) & set(dev_a)
+    assert not any(P.is_dev(p) for p in train_a) and all(P.is_dev(p) for p in dev_a)
+    other, _ = P.builtin_prompts(300, 0, seed=1)
+    assert other != train_a[:300]
+    evals = set(P.eval_prompts("coding")) | set(P.eval_prompts("chat"))
+    assert not evals & set(train_a)
+    kinds = {"reimplements": 0, "```python": 0, "Write a": 0, "Explain": 0}
+    for p in train_a:
+        for k in kinds:
+            kinds[k] += k in p
+    assert all(v > 20 for v in kinds.values()), kinds  # every generator contributes
+
+
+def test_eval_sets_and_prompts_file(tmp_path):
+    for kind in ("coding", "chat"):
+        s = P.eval_prompts(kind)
+        assert 18 <= len(s) <= 30 and len(set(s)) == len(s)
+    with pytest.raises(ValueError):
+        P.eval_prompts("math")
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n')
+    assert P.load_prompts_file(f) == ["a", "b"]
+    f.write_text('{"text": "a"}\n')
+    with pytest.raises(ValueError, match="prompt"):
+        P.load_prompts_file(f)
