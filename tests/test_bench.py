@@ -80,7 +80,7 @@ def test_engine_only_entries_and_ratios(tmp_path, capsys):
 
 
 def test_weight_bytes_per_ar_step_counts_one_embedding_row():
-    from tests.engine_helpers import tiny_engine
+    from engine_helpers import tiny_engine
 
     target = tiny_engine("tiny-qwen3").target
     embed = target.model.embed_tokens.weight
