@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .cli import add_load_arguments
+
 
 def _int_list(text: str) -> tuple[int, ...]:
     try:
@@ -37,10 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="*", default=[],
                    help="models to benchmark (same forms as the app: hub id, directory, embedded alias, random:NAME); "
                         "default: the embedded model, or random:Qwen/Qwen3-8B with --engine-only")
-    p.add_argument("--draft-head", default=None,
-                   help="draft head dir or hub id, 'random[:LAYERS]', or 'none'; default: the model's own")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
+    add_load_arguments(p)
     p.add_argument("--json-out", default=None, metavar="FILE", help="write every number (raw samples too) as JSON")
     p.add_argument("--warmup", type=int, default=None,
                    help="untimed runs before timing (default: 1 generation per config; 5 calls with --engine-only)")
@@ -60,7 +59,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompts", default=None, metavar="FILE.jsonl", help='prompts file: one {"prompt": ...} per line')
     g.add_argument("--prompts-n", type=int, default=None, help="use only the first N prompts of each set")
     g.add_argument("--max-new-tokens", type=int, default=256)
-    g.add_argument("--max-context", type=int, default=None, help="KV cache size (default: sized to the job)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)

@@ -9,10 +9,15 @@ SUBCOMMANDS = ("generate", "bench", "train-head")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    """Options shared by every command that loads a model."""
+    """MODEL and the options that load it."""
     p.add_argument("model", nargs="?", default=None,
                    help="hub id (Qwen/Qwen3-8B), local dir or .gguf, embedded alias (qwen2.5-coder-1.5b, "
                         "qwen2.5-coder-0.5b) or random:NAME; default: the embedded qwen2.5-coder-1.5b")
+    add_load_arguments(p)
+
+
+def add_load_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by every command that loads a model (generate, bench)."""
     p.add_argument("--draft-head", default=None,
                    help="draft head dir or hub id, 'random[:LAYERS]', or 'none'; default: the model's own")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")

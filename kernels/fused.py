@@ -343,27 +343,29 @@ def qk_norm_rope_triton(
 # ----------------------------------------------------------------------------- dispatchers
 
 
-def _use_triton(x: torch.Tensor) -> bool:
-    return x.is_cuda and triton is not None
+def _use_triton(*tensors: torch.Tensor | None) -> bool:
+    """Triton for CUDA inputs, unless autograd needs a backward (training): the kernels have none."""
+    present = [t for t in tensors if t is not None]
+    return present[0].is_cuda and triton is not None and not any(t.requires_grad for t in present)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm (engine.layers.RMSNorm): Triton on CUDA tensors, the torch reference elsewhere."""
-    return rms_norm_triton(x, weight, eps) if _use_triton(x) else rms_norm_ref(x, weight, eps)
+    return rms_norm_triton(x, weight, eps) if _use_triton(x, weight) else rms_norm_ref(x, weight, eps)
 
 
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(residual + x), residual + x): Triton on CUDA tensors, the reference elsewhere."""
-    if _use_triton(x):
+    if _use_triton(x, residual, weight):
         return add_rms_norm_triton(x, residual, weight, eps)
     return add_rms_norm_ref(x, residual, weight, eps)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up: Triton on CUDA tensors, the torch reference elsewhere."""
-    return silu_mul_triton(gate, up) if _use_triton(gate) else silu_mul_ref(gate, up)
+    return silu_mul_triton(gate, up) if _use_triton(gate, up) else silu_mul_ref(gate, up)
 
 
 def qk_norm_rope(
@@ -377,7 +379,7 @@ def qk_norm_rope(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Optional per-head RMSNorm then RoPE of q and k: one Triton launch on CUDA, else the reference."""
     ref = q if q is not None else k
-    if ref is not None and _use_triton(ref):
+    if ref is not None and _use_triton(q, k, q_norm_weight, k_norm_weight, cos, sin):
         return qk_norm_rope_triton(q, k, q_norm_weight, k_norm_weight, cos, sin, eps)
     return qk_norm_rope_ref(q, k, q_norm_weight, k_norm_weight, cos, sin, eps)
 

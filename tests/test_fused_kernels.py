@@ -461,3 +461,15 @@ def test_gpu_cuda_graph_capture():
         torch.cuda.synchronize()
         for got, want in zip(static_out, step()):
             assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_training_gets_gradients_through_the_dispatchers():
+    """The Triton kernels have no backward: with parameters that need grad (train-head on a GPU)
+    the dispatchers must take the differentiable torch references."""
+    from jetspec_chat.kernels import rms_norm, silu_mul
+
+    w = torch.ones(64, device="cuda", requires_grad=True)
+    x = torch.randn(4, 64, device="cuda", requires_grad=True)
+    (silu_mul(rms_norm(x, w, 1e-6), x).sum()).backward()
+    assert w.grad is not None and x.grad is not None and torch.isfinite(x.grad).all()
