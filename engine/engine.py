@@ -273,6 +273,7 @@ class SpecEngine:
 
     def _generate(self, prompt_ids, params: GenerationParams, cancel) -> Iterator[Event]:
         self._allocate()
+        self._live_spec = None  # a change made from now on (even during the prefill) applies from round 0
         generator = None
         if not params.sampling.greedy:
             generator = torch.Generator(device=self.torch_device)
@@ -296,7 +297,6 @@ class SpecEngine:
         )
         accept_lengths: list[int] = []
         message = ""
-        self._live_spec = None
         while answer.finish is None:
             if self._live_spec is not None:
                 params, self._live_spec = replace(params, spec=self._live_spec), None

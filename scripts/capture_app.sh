@@ -83,6 +83,7 @@ T=(tmux -L "$SOCKET" -f /dev/null)
 
 cleanup() {
     "${T[@]}" kill-server >/dev/null 2>&1 || true
+    rm -f "${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)/$SOCKET"  # kill-server leaves the socket file
     rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -311,6 +311,8 @@ async def test_compare_budgets_flow():
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, CompareScreen)
+        assert "Compare budgets" in str(screen.query_one("#compare-title").content)  # drawn on open
+        assert screen.query_one("#compare-table").row_count == len(app.settings.compare_budgets)
         box = screen.query_one("#compare-budgets")
         box.value = "AR, 16, nonsense"
         await pilot.press("enter")

@@ -400,7 +400,11 @@ class JetspecApp(App):
         else:
             t.append("ready", style=f"bold {colors.accepted}")
         if self.engine_info is not None:
-            t.append(f"  ·  context {self.context_tokens:,} / {self.engine_info.max_context:,} tokens", style=colors.muted)
+            context = self.context_tokens
+            live = self.jobs.get(self.chat_job) if self.chat_job is not None else None
+            if live is not None and live.trace is not None and live.trace.rounds:
+                context = live.trace.rounds[-1].context_tokens  # while streaming: the engine's count
+            t.append(f"  ·  context {context:,} / {self.engine_info.max_context:,} tokens", style=colors.muted)
         if self.last_prefill is not None:
             t.append(f"  ·  {prefill_line(self.last_prefill)}", style=colors.muted)
         return t
@@ -539,7 +543,7 @@ class JetspecApp(App):
         if item.details:
             self._log_error("model load failed", item.details)
         hint = " Details are in " + str(error_log_path()) + "." if item.details else ""
-        await self.add_note_async(f"Could not load the model: {item.message}.{hint}", "error")
+        await self.add_note_async(f"Could not load the model: {item.message.rstrip('.')}.{hint}", "error")
 
     # -- generation events
 

@@ -172,8 +172,9 @@ class CompareScreen(Screen):
         for label in ("tokens/s", "τ", "speedup", "ms/round", "rounds", "tokens"):
             table.add_column(Text(label, justify="right"))
         table.add_column("status")
-        self.refresh_state()
         self.query_one(Input).focus()
+        # not refresh_state() directly: `is_mounted` only turns true once this handler returns
+        self.call_after_refresh(self.refresh_state)
 
     # -- actions
 

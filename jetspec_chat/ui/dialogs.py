@@ -315,6 +315,10 @@ HELP = """\
 | **ctrl+P** | command palette: every action, budgets, depths, widths, themes |
 | **ctrl+Q** | quit |
 
+Budget, depth, width, tree algorithm and speculation on/off apply **live**: changed during an
+answer, they take effect from its next round (the message's header records the change).
+Temperature and length apply from the next answer.
+
 The tree: **◆** the anchor (last token of the answer so far), **✔** accepted draft tokens,
 **★** the target's bonus token, **✗** drafted and rejected, **·** below a rejected node.
 Numbers are cumulative draft log-probabilities; dimmer means less likely.

@@ -392,7 +392,8 @@ class TreePanel(Vertical, can_focus=True):
         ev = self.trace.rounds[idx]
         depth = max(ev.tree_depths) if ev.tree_depths else 0
         acc = len(ev.accepted_nodes) - 1
-        self.border_subtitle = f"{len(ev.tree_texts)} nodes · depth {depth} · accepted {acc} + bonus"
+        n = len(ev.tree_texts)
+        self.border_subtitle = f"{n} node{'s' if n != 1 else ''} · depth {depth} · accepted {acc} + bonus"
 
     def redraw(self) -> None:
         if not self.is_mounted:
