@@ -123,6 +123,7 @@ def run_generate(argv: list[str]) -> int:
         "temperature": params.sampling.temperature,
         "device": engine.device,
         "dtype": engine.dtype,
+        "kv_cache_bytes": engine.memory_bytes(),  # target paged KV + draft KV, sized to this job
     }
     if result.message:
         out["message"] = result.message

@@ -27,6 +27,7 @@ def test_check_lossless_across_budgets(capsys, budget):
     assert out["budget"] == budget and out["model"] == "random:tiny-qwen3"
     assert sum(out["accept_lengths"]) + 1 >= out["new_tokens"]  # the first token comes from prefill
     assert out["new_tokens"] == len(out["token_ids"])
+    assert out["kv_cache_bytes"] > 0
 
 
 def test_generate_with_no_spec_and_tree_options(capsys):
