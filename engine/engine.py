@@ -18,7 +18,7 @@ import torch
 from .accept import accept, target_choices
 from .detokenize import IncrementalDecoder, TokenTexts
 from .draft_head import DraftHead, DraftKVCache
-from .errors import ContextOverflowError, DeviceMemoryError
+from .errors import ConfigError, ContextOverflowError, DeviceMemoryError
 from .events import Event, FinishEvent, GenerationResult, PhaseTimings, PrefillEvent, RoundEvent
 from .kv_cache import PagedKVCache
 from .model import ForwardBatch, TargetModel
@@ -257,7 +257,7 @@ class SpecEngine:
         """Answer after `prompt_ids`, reusing the cached prefix. Yields Prefill, Round..., Finish."""
         params.validate(self.max_depth)
         if not prompt_ids:
-            raise ContextOverflowError("the prompt is empty")
+            raise ConfigError("the prompt is empty")
         if len(prompt_ids) + 1 > self.max_context:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {self.max_context}; "
