@@ -760,7 +760,6 @@ class _State:
     def restore(self) -> None:
         e, c = self.engine, self.context
         e._truncate(min(e.kv.length, c))
-        e.kv.reserve(c)
         e.kv.length = c
         e.tokens = list(self.tokens)
         if e.draft_kv is not None:

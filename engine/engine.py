@@ -137,13 +137,11 @@ class SpecEngine:
             return
         cfg = self.target.cfg
         try:
-            # One padded tree of scratch past the context limit, and every block mapped up front
-            # (single stream: nothing else competes for them, and graphs need a fixed table).
+            # One padded tree of scratch rows past the context limit.
             self.kv = PagedKVCache(
                 cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.max_context + SCRATCH_ROWS,
                 self.torch_device, self.torch_dtype,
             )
-            self.kv.reserve(self.kv.capacity)
             self.verify = VerifyRunner(self.target, self.kv, self.tap_layers)
             if self.head is not None:
                 self.draft_kv = DraftKVCache(self.head.cfg, self.kv.capacity, self.torch_device, self.torch_dtype)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from ..kernels.reference import logical_to_slots
-from .errors import ContextOverflowError
 
 BLOCK_SIZE = 16
 
@@ -33,11 +32,10 @@ class PagedKVCache:
         self.pool = torch.empty(
             num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, device=device, dtype=dtype
         )
-        # Physical blocks are handed out from a free list as the sequence grows; the table maps
-        # logical -> physical blocks and is shared by all layers.
-        self.block_table = torch.zeros(num_blocks, dtype=torch.int32, device=device)
-        self._free = list(range(num_blocks - 1, -1, -1))
-        self._owned: list[int] = []
+        # The table maps logical -> physical blocks for all layers. A single stream has nothing
+        # to share blocks with, and CUDA graphs need a fixed table: every block is mapped up
+        # front (in order; the kernels accept any permutation, and the tests use one).
+        self.block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)
         self.length = 0  # committed tokens
 
     @property
@@ -47,30 +45,14 @@ class PagedKVCache:
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.pool[i, 0], self.pool[i, 1]
 
-    def reserve(self, total: int) -> None:
-        """Make logical positions [0, total) addressable (allocating blocks as needed)."""
-        if total > self.capacity:
-            raise ContextOverflowError(
-                f"the conversation needs {total} tokens of KV cache but the context holds {self.capacity}; "
-                "start a new chat or raise --max-context"
-            )
-        needed = -(-total // self.block_size)
-        if needed > len(self._owned):
-            new = [self._free.pop() for _ in range(needed - len(self._owned))]
-            self.block_table[len(self._owned) : needed] = torch.tensor(new, dtype=torch.int32)
-            self._owned.extend(new)
-
     def slots_of(self, positions: torch.Tensor) -> torch.Tensor:
         """Physical slots of logical positions (device ops only: safe inside CUDA graphs)."""
         return logical_to_slots(self.block_table, positions, self.block_size)
 
     def truncate(self, length: int) -> None:
-        """Roll back to `length` committed tokens, returning unused blocks to the free list."""
+        """Roll back to `length` committed tokens (later rows become scratch)."""
         assert 0 <= length <= self.length
         self.length = length
-        keep = -(-length // self.block_size)
-        while len(self._owned) > keep:
-            self._free.append(self._owned.pop())
 
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy K/V rows of logical positions src to dst in every layer (the accepted-path commit)."""

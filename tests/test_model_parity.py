@@ -13,7 +13,6 @@ def our_logits(engine, ids, chunks):
     cfg = engine.target.cfg
     kv = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 256, torch.device("cpu"), torch.float32,
                       block_size=8)
-    kv.reserve(256)
     # scatter the blocks so paging is really exercised
     kv.block_table[:] = torch.randperm(kv.block_table.numel(), generator=torch.Generator().manual_seed(0)).int()
     out, start = [], 0
