@@ -76,6 +76,7 @@ class TrainConfig:
     seed: int = 0
     # head shape
     draft_layers: int = 1
+    intermediate_size: int | None = None  # the draft layers' MLP width; default: the target's
     block_size: int = 16
     taps: tuple[int, ...] | None = None  # target layer ids; default: default_target_layer_ids
     mask_token_id: int | None = None  # default: the last vocabulary row (as for_target does)
@@ -122,6 +123,8 @@ class TrainConfig:
             raise ConfigError("--block-size must be at least 2 (the anchor plus one drafted token)")
         if self.draft_layers < 1:
             raise ConfigError("--draft-layers must be at least 1")
+        if self.intermediate_size is not None and self.intermediate_size < 1:
+            raise ConfigError("--intermediate-size must be at least 1")
         if self.loss not in ("kl", "ce"):
             raise ConfigError(f"--loss must be kl or ce, got {self.loss!r}")
         if self.init not in ("random", "target"):
@@ -397,6 +400,8 @@ def head_config_for(target_cfg, cfg: TrainConfig, vocab_embed: torch.Tensor | No
     head_cfg = DraftHeadConfig.for_target(target_cfg, cfg.draft_layers, cfg.block_size, num_taps=len(taps),
                                           mask_token_id=cfg.mask_token_id)
     head_cfg = dataclasses.replace(head_cfg, target_layer_ids=tuple(taps))
+    if cfg.intermediate_size is not None:
+        head_cfg = dataclasses.replace(head_cfg, intermediate_size=cfg.intermediate_size)
     if cfg.mask_token_id is None and vocab_embed is not None and fallback_mask is not None:
         head_cfg = dataclasses.replace(head_cfg, mask_token_id=pick_mask_token(vocab_embed, head_cfg.mask_token_id,
                                                                                fallback_mask))

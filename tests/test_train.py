@@ -296,7 +296,7 @@ def test_train_head_cli_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
     code = train_head_main([
         TINY, "--out", str(out), "--prompts", str(prompts), "--num-prompts", "24", "--max-new-tokens", "32",
-        "--steps", "20", "--block-size", "8", "--batch-size", "4", "--anchors-per-seq", "16", "--lr", "3e-3",
+        "--steps", "20", "--block-size", "8", "--intermediate-size", "24", "--batch-size", "4", "--anchors-per-seq", "16", "--lr", "3e-3",
         "--eval-budgets", "8,16", "--eval-prompts", "2", "--eval-max-new-tokens", "16", "--eval-sets", "chat",
         "--device", "cpu", "--quiet", "--time-budget-min", "10",
     ])
@@ -305,6 +305,7 @@ def test_train_head_cli_end_to_end(tmp_path, capsys):
     head = load_head_dir(out / "head", CPU, torch.float32)
     head.cfg.check_against(workspace().engine.target.cfg, "trained")
     assert head.cfg.block_size == 8 and (out / "head" / "training.json").is_file()
+    assert head.cfg.intermediate_size == 24 != workspace().engine.target.cfg.intermediate_size
     report = json.loads((out / "eval.json").read_text())
     assert [r["budget"] for r in report["dev"]] == [8, 16] and all(r["tau"] >= 1.0 for r in report["dev"])
     assert report["sets"]["chat"]["prompts"] >= 1

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Train the embedded models' draft heads in one GPU lease (device tool), both on one GPU.
+# The GGUFs cross in <=60 MiB chunks: split them locally into .stage/cNN/ (one chunk a folder,
+# see TRAINING.md), then issue the calls back to back, each carrying one chunk folder:
+#   setup                 (with .whl carried: gguf + platformdirs wheels) records the lease start
+#   stage                 copies the carried chunk(s) into /root/stage
+#   launch KEY MODEL END  assembles /root/stage/MODEL.gguf.part*, checks its sha256, and starts
+#                         the training in the background (setsid), to end END minutes after setup
+#   poll SECONDS          waits (at most SECONDS, less if every run ended) and shows the logs
+#   collect KEY           puts OUT/KEY.tar.partNN (head, logs, summaries, bench) into $OUT
+# KEY is q05 or q15; the runs live in /root/runs/KEY on the machine.
+set -uo pipefail
+OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site JETSPEC_CHAT_CACHE=/root/cache
+STAGE=/root/stage RUNS=/root/runs APP=/root/app
+verb=${1:?verb}; shift
+
+declare -A SHA=(
+  [qwen2.5-coder-0.5b]=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+  [qwen2.5-coder-1.5b]=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+)
+# Head shapes: at most 50 MB in bf16 (the repository limit), so the MLP is narrower than the
+# target's. 0.5B: 2 layers x 2432 (20.8M params); 1.5B: 1 layer x 2048, 4 taps (24.4M params).
+declare -A HEAD=(
+  [q05]="--draft-layers 2 --intermediate-size 2432"
+  [q15]="--draft-layers 1 --intermediate-size 2048 --taps 1,9,17,25"
+)
+COMMON="--num-prompts 24000 --gen-batch-size 512 --max-new-tokens 256 --max-prompt-tokens 768 \
+  --block-size 16 --batch-size 16 --anchors-per-seq 64 --epochs 3 --lr 6e-4 --eval-every 600 --eval-prompts 8 --quiet"
+
+case $verb in
+setup)
+  date +%s > /root/t0
+  mkdir -p $STAGE $RUNS
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  rm -rf $APP && mkdir -p $APP && tar --exclude=./.stage --exclude=./.whl -cf - . | tar -xf - -C $APP
+  (cd $APP && python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2)
+  cp .stage/c*/* $STAGE/ 2>/dev/null
+  ls $STAGE
+  ;;
+stage)
+  cp .stage/c*/* $STAGE/ && ls $STAGE | wc -l
+  ;;
+launch)
+  key=${1:?key} model=${2:?model} end_min=${3:?minutes after setup}
+  mkdir -p /root/models $RUNS/$key
+  gguf=/root/models/$model.gguf
+  cat $STAGE/$model.gguf.part* > $gguf && rm -f $STAGE/$model.gguf.part*
+  sum=$(sha256sum $gguf | cut -d' ' -f1)
+  [ "$sum" = "${SHA[$model]}" ] || { echo "sha256 mismatch for $model: $sum"; exit 1; }
+  budget=$(python3 -c "import time; print(round(($(cat /root/t0) + $end_min * 60 - time.time()) / 60, 2))")
+  echo "launching $key ($model): $budget min"
+  bench=""
+  if [ "$key" = q15 ]; then  # the issue-4 bar: our AR vs transformers generate, and spec with this head
+    bench="python3 -m jetspec_chat bench $gguf --draft-head $RUNS/$key/head --modes ar,hf,spec \
+      --budgets 16,64,256 --prompt-sets coding,chat --prompts-n 4 --max-new-tokens 128 --warmup 1 --reps 1 \
+      --json-out $RUNS/$key/bench.json > $RUNS/$key/bench.txt 2>&1;"
+  fi
+  cd $APP && setsid nohup bash -c "python3 -m jetspec_chat train-head $gguf --out $RUNS/$key \
+    --time-budget-min $budget ${HEAD[$key]} $COMMON > $RUNS/$key/train.txt 2>&1; $bench touch $RUNS/$key/DONE" \
+    > /dev/null 2>&1 < /dev/null &
+  sleep 20; tail -5 $RUNS/$key/train.txt
+  ;;
+poll)
+  secs=${1:?seconds}; t=0
+  while [ $t -lt "$secs" ]; do
+    n=0; for d in $RUNS/*/; do [ -f $d/DONE ] || n=$((n+1)); done
+    [ $n -eq 0 ] && break
+    sleep 10; t=$((t+10))
+  done
+  for d in $RUNS/*/; do
+    echo "== $d $( [ -f $d/DONE ] && echo DONE)"; tail -4 $d/train.txt
+    [ -f $d/log.jsonl ] && tail -2 $d/log.jsonl
+    ls $d/data 2>/dev/null | wc -l
+  done
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+  ;;
+collect)
+  key=${1:?key}
+  tar -C $RUNS/$key -cf /root/$key.tar $(cd $RUNS/$key && ls -d head train.txt log.jsonl summary.json eval.json \
+    run_config.json bench.json bench.txt data/meta.json 2>/dev/null)
+  split -b 15m -d -a 2 /root/$key.tar $OUT/$key.tar.part && ls -l $OUT && sha256sum /root/$key.tar
+  ;;
+*) echo "unknown verb $verb"; exit 2 ;;
+esac
