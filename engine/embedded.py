@@ -89,9 +89,13 @@ EMBEDDED: dict[str, EmbeddedModel] = {
     ),
 }
 
-# Default draft head per embedded model: a path relative to the jetspec_chat.engine package
-# (a directory with config.json + model.safetensors), or None until a trained head ships.
-EMBEDDED_HEADS: dict[str, str | None] = {alias: None for alias in EMBEDDED}
+# Default draft head per embedded model: a directory relative to the jetspec_chat.engine package
+# in the published format (config.json + model.safetensors), trained with `jetspec-chat
+# train-head`; its training.json records the command, data, steps and τ (TRAINING.md).
+EMBEDDED_HEADS: dict[str, str | None] = {
+    "qwen2.5-coder-1.5b": "heads/qwen2.5-coder-1.5b",
+    "qwen2.5-coder-0.5b": "heads/qwen2.5-coder-0.5b",
+}
 
 
 def _noop(_what: str, _frac: float | None) -> None:

@@ -34,7 +34,8 @@ def test_embedded_small_model(embedded_cache, monkeypatch):
 
     stages: list[str] = []
     src = resolve_model(ALIAS, progress=lambda what, frac: stages.append(what))
-    assert src.kind == "embedded" and src.name == ALIAS and src.default_draft_head is None
+    assert src.kind == "embedded" and src.name == ALIAS
+    assert src.default_draft_head == embedded.embedded_head_path(ALIAS)  # the shipped trained head
     assert src.path == embedded_cache / "models" / ALIAS
     config = src.hf_config
     assert config["model_type"] == "qwen2" and config["hidden_size"] == 896

@@ -478,9 +478,24 @@ def test_missing_part_package_names_pip_command(monkeypatch, alias, extra):
     assert "\n" not in message
 
 
-def test_embedded_heads_hook():
+# (hidden size, layers) of the embedded targets: the shipped heads must be made for them.
+EMBEDDED_SHAPES = {"qwen2.5-coder-1.5b": (1536, 28), "qwen2.5-coder-0.5b": (896, 24)}
+
+
+@pytest.mark.parametrize("alias", sorted(EMBEDDED_SHAPES))
+def test_shipped_embedded_heads(alias):
+    """Each embedded model has a trained head in the package, in the published format, under 50 MB."""
+    from jetspec_chat.engine.draft_head import load_head_dir
+
     assert set(embedded.EMBEDDED_HEADS) == set(embedded.EMBEDDED)
-    assert all(embedded.embedded_head_path(alias) is None for alias in embedded.EMBEDDED)
+    path = Path(embedded.embedded_head_path(alias))
+    assert (path / "config.json").is_file() and (path / "model.safetensors").stat().st_size <= 50_000_000
+    head = load_head_dir(path, torch.device("cpu"), torch.float32)
+    hidden, layers = EMBEDDED_SHAPES[alias]
+    assert (head.cfg.hidden_size, head.cfg.num_target_layers, head.cfg.causal) == (hidden, layers, True)
+    assert head.cfg.vocab_size == 151936 and head.cfg.block_size == 16
+    record = json.loads((path / "training.json").read_text())
+    assert record["target"] == alias and record["train"]["steps"] > 0 and record["eval"]["dev"]
 
 
 def test_model_source_is_hashable():

@@ -21,3 +21,18 @@ def test_real_model_is_lossless(embedded_cache, monkeypatch, capsys, extra):
     assert result["lossless"] is True, result
     assert result["new_tokens"] == 24 and result["model"] == "qwen2.5-coder-0.5b"
     assert "def" in result["text"]
+
+
+@pytest.mark.slow
+def test_shipped_head_is_lossless_and_accepts(embedded_cache, monkeypatch, capsys):
+    """No --draft-head: the trained head shipped for the model is picked, drafts get accepted
+    (τ well above a random head's 1.0), and the answer still equals transformers greedy."""
+    monkeypatch.setenv("JETSPEC_CHAT_CACHE", str(embedded_cache))
+    code = main(["generate", "qwen2.5-coder-0.5b", "--prompt", PROMPT, "--max-new-tokens", "48", "--json",
+                 "--budget", "32", "--check-lossless"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["lossless"] is True, result
+    assert result["draft_head"].endswith("heads/qwen2.5-coder-0.5b"), result["draft_head"]
+    assert result["mean_accept_length"] > 1.4, result
