@@ -88,6 +88,8 @@ def load_draft_head(
         path = download_hub_dir(spec, ["config.json", "model.safetensors"])
     head = load_head_dir(path, device, dtype)
     head.cfg.check_against(target_cfg, spec)
+    if source.kind == "embedded" and spec == source.default_draft_head:
+        return head, f"{source.name} head (shipped)"  # a short name for the header, not the install path
     return head, spec
 
 

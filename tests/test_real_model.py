@@ -34,5 +34,5 @@ def test_shipped_head_is_lossless_and_accepts(embedded_cache, monkeypatch, capsy
     assert code == 0, err
     result = json.loads(out)
     assert result["lossless"] is True, result
-    assert result["draft_head"].endswith("heads/qwen2.5-coder-0.5b"), result["draft_head"]
+    assert result["draft_head"] == "qwen2.5-coder-0.5b head (shipped)", result["draft_head"]
     assert result["mean_accept_length"] > 1.4, result
