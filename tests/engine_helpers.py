@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from jetspec_chat.engine import FinishEvent, GenerationParams, SamplingParams, SpecParams, load_engine
 from jetspec_chat.engine.oracle import transformers_model
@@ -101,3 +103,29 @@ class OracleDraft:
 
     def __exit__(self, *exc):
         self.engine.head.draft_logits = self.original
+
+
+class NoHostReads(TorchDispatchMode):
+    """Fails on ops that read a tensor's value on the host (.item(), int(), a 0-d tensor used
+    as an index) or whose output shape depends on values: on CUDA they sync, and a graph
+    capture rejects them. Functions in `exempt` (and what they call) may."""
+
+    BANNED = {torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default,  # item: inference mode
+              torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default}
+
+    def __init__(self, exempt=()):
+        super().__init__()
+        self.exempt = {f.__code__ for f in exempt}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.BANNED and not self._exempt_caller():
+            raise AssertionError(f"{func} reads a device value on the host")
+        return func(*args, **(kwargs or {}))
+
+    def _exempt_caller(self) -> bool:
+        frame = sys._getframe()
+        while frame is not None:
+            if frame.f_code in self.exempt:
+                return True
+            frame = frame.f_back
+        return False
