@@ -2,6 +2,8 @@
 "oracle draft" that lets a random-weight model accept long paths."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import sys
 
@@ -9,6 +11,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from jetspec_chat.engine import FinishEvent, GenerationParams, SamplingParams, SpecParams, load_engine
+from jetspec_chat.engine import graphs
+from jetspec_chat.kernels import paged_tree_attention_ref
 from jetspec_chat.engine.oracle import transformers_model
 
 
@@ -129,3 +133,59 @@ class NoHostReads(TorchDispatchMode):
                 return True
             frame = frame.f_back
         return False
+
+
+class _EmulatedGraph:
+    """A CUDA graph's contract on the CPU: replay reruns the captured function and writes its
+    results into the tensors the capture returned (static outputs, overwritten each replay)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def replay(self) -> None:
+        _copy_into(self.out, self.fn())
+
+
+def _copy_into(dst, src) -> None:
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    elif isinstance(dst, (tuple, list)):
+        for d, s in zip(dst, src):
+            _copy_into(d, s)
+    elif dataclasses.is_dataclass(dst):
+        for f in dataclasses.fields(dst):
+            _copy_into(getattr(dst, f.name), getattr(src, f.name))
+    # ints and None are fixed by the capture
+
+
+def _emulated_capture(fn, device, pool):
+    for _ in range(2):  # the warm-up runs, with their side effects
+        fn()
+    graph = _EmulatedGraph(fn)
+    # On the CPU the attention reference reads the prefix length on the host (Triton reads it
+    # on the device) and the tests' oracle draft reads the anchor: neither is in a CUDA graph.
+    with NoHostReads(exempt=(paged_tree_attention_ref, OracleDraft.__call__)):  # what a capture rejects
+        graph.out = fn()
+    return graph, graph.out
+
+
+@contextlib.contextmanager
+def emulated_graphs(engine):
+    """Run the engine's CUDA-graph code path on the CPU (bucket padding, static inputs and
+    outputs, the verify step's finish_round on padded trees), with emulated graphs whose
+    capture fails on host reads of device values."""
+    engine._allocate()
+    runners = [r for r in (engine.verify, engine.drafter) if r is not None]
+    saved = graphs.capture
+    graphs.capture = _emulated_capture
+    for r in runners:
+        r.use_graphs = True
+    try:
+        yield
+    finally:
+        graphs.capture = saved
+        for r in runners:
+            r.use_graphs = False
+        engine.verify._buckets.clear()
+        if engine.drafter is not None:
+            engine.drafter._graphs.clear()
