@@ -171,7 +171,8 @@ class SpecEngine:
     def _add_pending_taps(self, taps: torch.Tensor | None) -> None:
         if taps is None:
             return
-        # A copy either way: `taps` may be a graph output that the next replay overwrites.
+        # A copy either way: `taps` may be a graph output, which the next replay of that graph (or
+        # of another graph in its memory pool) overwrites before the draft context takes it.
         self._pending_taps = taps.clone() if self._pending_taps is None else torch.cat([self._pending_taps, taps])
 
     # -- timing ----------------------------------------------------------------------------
