@@ -114,8 +114,8 @@ class NoHostReads(TorchDispatchMode):
     as an index) or whose output shape depends on values: on CUDA they sync, and a graph
     capture rejects them. Functions in `exempt` (and what they call) may."""
 
-    BANNED = {torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default,  # item: inference mode
-              torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default}
+    BANNED = frozenset({torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default,  # item: inference mode
+                        torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default})
 
     def __init__(self, exempt=()):
         super().__init__()

@@ -2,8 +2,16 @@
 that also accepts, commits and sets the device anchor) run on the CPU with emulated graphs:
 the same Python the GPU captures, checked against transformers and against the eager path."""
 import pytest
-
-from engine_helpers import OracleDraft, emulated_graphs, full_answer, hf_greedy, hf_model, random_prompt, run, tiny_engine
+from engine_helpers import (
+    OracleDraft,
+    emulated_graphs,
+    full_answer,
+    hf_greedy,
+    hf_model,
+    random_prompt,
+    run,
+    tiny_engine,
+)
 from jetspec_chat.engine import GenerationParams, RoundEvent, SpecParams
 
 CONFIGS = [  # (budget, width, depth, algo): buckets 1, 16, 32, 64, 256 and the eager tree builder
