@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .kv_cache import PagedKVCache
 from .params import SamplingParams
 from .tree import Tree
 
@@ -48,18 +49,103 @@ class Acceptance:
     """Fixed shapes, no host sync: `path[d]` is the accepted node at depth d for d < count
     (entries past count point at the root and are ignored)."""
 
-    path: torch.Tensor  # [tree.max_depth + 1] node indices
+    path: torch.Tensor  # [path_len] node indices
     count: torch.Tensor  # 0-d: accepted nodes including the root = tokens this round, bonus counted
     bonus: torch.Tensor  # 0-d: the target's token after the path
 
 
-def accept(tree: Tree, choices: torch.Tensor) -> Acceptance:
-    """Longest accepted path given the target's choice at every node (vectorized, no loop)."""
+def accept(
+    tree: Tree, choices: torch.Tensor, size: int | torch.Tensor | None = None, path_len: int | None = None
+) -> Acceptance:
+    """Longest accepted path given the target's choice at every node (vectorized, no loop, no
+    host sync: safe inside a CUDA graph).
+
+    size: real nodes (a 0-d device tensor in a graph); nodes at index >= size are bucket padding
+    and are never accepted. path_len: the path's fixed length (default tree.max_depth + 1); it
+    must exceed the depth of every real node.
+    """
+    device = choices.device
+    path_len = tree.max_depth + 1 if path_len is None else path_len
     parent_choice = choices[tree.parents.clamp(min=0)]
     match = (tree.tokens == parent_choice) | (tree.parents < 0)
     # Accepted iff every ancestor-or-self matches.
     accepted = ~(tree.ancestors & ~match[None, :]).any(dim=1)
-    best = torch.argmax(torch.where(accepted, tree.depths, -1))
-    levels = torch.arange(tree.max_depth + 1, device=choices.device)
-    on_path = tree.ancestors[best][None, :] & (tree.depths[None, :] == levels[:, None])  # [D+1, N]
-    return Acceptance(path=on_path.int().argmax(dim=1), count=tree.depths[best] + 1, bonus=choices[best])
+    if size is not None:
+        accepted = accepted & (torch.arange(tree.size, device=device) < size)
+    # Index with a 1-element tensor, never a 0-d one: torch reads a 0-d index on the host (.item()).
+    best = torch.where(accepted, tree.depths, -1).argmax(dim=0, keepdim=True)  # [1]
+    levels = torch.arange(path_len, device=device)
+    on_path = tree.ancestors[best] & (tree.depths[None, :] == levels[:, None])  # [path_len, N]
+    return Acceptance(path=on_path.int().argmax(dim=1), count=tree.depths[best][0] + 1, bonus=choices[best][0])
+
+
+@dataclass
+class PackedRound:
+    """What finish_round leaves on the device: one int32 tensor for the round's single
+    device->host copy, and the accepted nodes' taps for the draft context (these stay on the
+    device)."""
+
+    ints: torch.Tensor  # [2 + P + 4N]: count, bonus, path[P], tokens[N], parents[N], depths[N], scores[N] (fp32 bits)
+    tap_rows: torch.Tensor | None  # [P, taps * hidden]: taps of path[0..P-1] (rows past count: the root's)
+    path_len: int  # P
+
+
+def finish_round(
+    tree: Tree,
+    choices: torch.Tensor,
+    kv: PagedKVCache,
+    base: int | torch.Tensor,
+    taps: torch.Tensor | None,
+    anchor: torch.Tensor,
+    size: int | torch.Tensor | None = None,
+    path_len: int | None = None,
+) -> PackedRound:
+    """Everything after the target's choices at the tree nodes: accept, commit the accepted
+    nodes' K/V rows down to base.., pack the round's integers, and set the next round's anchor
+    (the bonus token). Fixed shapes and device ops only: the CUDA greedy path captures it in the
+    verify graph (on a bucket-padded tree, `size` real nodes); the eager paths call the same
+    code on the exact tree.
+
+    base: committed length before the round (a 0-d device tensor in a graph); anchor: the 0-d
+    device scalar the next round's draft and root read.
+    """
+    acc = accept(tree, choices, size, path_len)
+    p = acc.path.shape[0]
+    # Rows past the path copy the root into positions past the new length: scratch.
+    kv.move_rows(base + acc.path, base + torch.arange(p, device=choices.device))
+    ints = torch.cat([acc.count[None], acc.bonus[None], acc.path, tree.tokens, tree.parents, tree.depths]).int()
+    packed = torch.cat([ints, tree.scores.float().view(torch.int32)])
+    tap_rows = taps[acc.path] if taps is not None else None
+    anchor.copy_(acc.bonus)  # last: a root-only tree's token is a view of the anchor
+    return PackedRound(packed, tap_rows, p)
+
+
+@dataclass
+class RoundInts:
+    """finish_round's packed integers, read on the host (real nodes only)."""
+
+    count: int
+    bonus: int
+    path: list[int]
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    scores: list[float]
+
+
+def unpack_round(packed: torch.Tensor, path_len: int, size: int) -> RoundInts:
+    """The host side of finish_round's packing: `packed` is PackedRound.ints on the CPU, `size`
+    the tree's real node count (the packed tree may be padded to a bucket)."""
+    padded = (packed.shape[0] - 2 - path_len) // 4
+    head = packed[: 2 + path_len].tolist()
+    count = head[0]
+    t = 2 + path_len  # tokens, parents, depths, scores: `padded` entries each
+    return RoundInts(
+        count=count,
+        bonus=head[1],
+        path=head[2 : 2 + count],
+        tokens=packed[t : t + size].tolist(),
+        parents=packed[t + padded : t + padded + size].tolist(),
+        depths=packed[t + 2 * padded : t + 2 * padded + size].tolist(),
+        scores=packed[t + 3 * padded : t + 3 * padded + size].view(torch.float32).tolist(),
+    )

@@ -8,7 +8,7 @@ Two modes:
 - engine only: copy bandwidth, one AR step, one verify per tree size, one draft forward and one
   whole round per context length, GPU idle inside a round; with the ratios to report.
 
-Everything is timed through the engine's own entry points (`engine.verify.run`, `engine.drafter.logp`,
+Everything is timed through the engine's own entry points (`engine.verify.forward`, `engine.drafter.logp`,
 `engine._round`),
 so whatever the engine does (CUDA graphs, Triton kernels) is what gets timed. GPU timings use
 CUDA events after a device sync, so each sample is the latency of one call including its host
@@ -716,10 +716,10 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int, warmup: int, reps:
     return stat, 2 * nbytes / (stat.median * 1e-3) / 1e9
 
 
-def _verify_forward(engine, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, prefix: int):
-    """A target forward over new tokens, the way the engine runs it (its verify runner: CUDA
-    graphs on the GPU)."""
-    return engine.verify.run(tokens, positions, mask, prefix)
+def _verify_forward(engine, tree, prefix: int):
+    """A target forward over a tree's nodes, the way the engine runs it (its verify runner: the
+    bucket's forward graph on the GPU)."""
+    return engine.verify.forward(tree, prefix)
 
 
 def _draft_forward(engine, anchor: torch.Tensor, depth: int) -> torch.Tensor:
@@ -762,6 +762,7 @@ class _State:
         e._truncate(min(e.kv.length, c))
         e.kv.length = c
         e.tokens = list(self.tokens)
+        e.anchor.fill_(self.tokens[-1])
         if e.draft_kv is not None:
             e.draft_kv.length = c - 1
             e._pending_taps = self.taps
@@ -794,12 +795,10 @@ def _measure_context(engine, opts: EngineOnlyOptions, context: int, bw: float, g
     timed = lambda fn, setup=None: time_fn(fn, opts.warmup, opts.reps, device, setup)
 
     # (a) AR step: forward of 1 token at position `context`, logits, argmax.
-    tok = torch.tensor([state.tokens[-1]], device=device)
-    pos = torch.tensor([context], device=device)
-    one = torch.ones(1, 1, dtype=torch.bool, device=device)
+    one = root_only(torch.tensor(state.tokens[-1], device=device))
 
     def ar_step():
-        hidden, _ = _verify_forward(engine, tok, pos, one, context)
+        hidden, _ = _verify_forward(engine, one, context)
         return engine.target.logits(hidden).argmax(-1)
 
     ar = Stat.of(timed(ar_step))
@@ -814,10 +813,9 @@ def _measure_context(engine, opts: EngineOnlyOptions, context: int, bw: float, g
     verify = []
     for n in opts.tree_sizes:
         tree = _random_tree(engine, n, opts.width, gen)
-        positions = context + tree.depths
 
-        def verify_fn(tree=tree, positions=positions):
-            hidden, _ = _verify_forward(engine, tree.tokens, positions, tree.ancestors, context)
+        def verify_fn(tree=tree):
+            hidden, _ = _verify_forward(engine, tree, context)
             return engine.target.logits(hidden)
 
         ms = Stat.of(timed(verify_fn))

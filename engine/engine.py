@@ -2,9 +2,11 @@
 commit), prefix reuse across calls, stop conditions, events.
 
 Invariant between rounds: the target's KV cache holds every committed token except the last,
-the anchor (whose hidden state does not exist yet). The draft context mirrors the KV cache:
-draft_kv rows plus `pending taps` (features of tokens not yet projected, e.g. after AR steps)
-always equal kv.length.
+the anchor (whose hidden state does not exist yet). The anchor also lives on the device
+(`SpecEngine.anchor`, a 0-d scalar): the prefill's choice seeds it and each round's verify step
+writes its bonus token there, so the next round's draft reads it without a host->device copy.
+The draft context mirrors the KV cache: draft_kv rows plus `pending taps` (features of tokens
+not yet projected, e.g. after AR steps) always equal kv.length.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Iterator
 
 import torch
 
-from .accept import accept, target_choices
+from .accept import target_choices, unpack_round
 from .detokenize import IncrementalDecoder, TokenTexts
 from .draft_head import DraftHead, DraftKVCache
 from .errors import ConfigError, ContextOverflowError, DeviceMemoryError
@@ -97,6 +99,9 @@ class SpecEngine:
         self.drafter: DraftRunner | None = None
         self.draft_kv: DraftKVCache | None = None
         self.tokens: list[int] = []  # committed; tokens[:kv.length] are cached, the last is the anchor
+        # tokens[-1] on the device during an answer (graph input of the draft, set by the verify step).
+        self.anchor = torch.zeros((), dtype=torch.long, device=self.torch_device)
+        self._root = root_only(self.anchor)  # the AR round's tree; its token is a view of the anchor
         self._pending_taps: torch.Tensor | None = None
         self._live_spec: SpecParams | None = None  # set by update_spec, taken at a round boundary
 
@@ -142,11 +147,11 @@ class SpecEngine:
                 cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.max_context + SCRATCH_ROWS,
                 self.torch_device, self.torch_dtype,
             )
-            self.verify = VerifyRunner(self.target, self.kv, self.tap_layers)
+            self.verify = VerifyRunner(self.target, self.kv, self.tap_layers, self.anchor, self.max_depth or 0)
             if self.head is not None:
                 self.draft_kv = DraftKVCache(self.head.cfg, self.kv.capacity, self.torch_device, self.torch_dtype)
                 self.drafter = DraftRunner(
-                    self.head, self.draft_kv, self.target.model.embed_tokens, self.target.lm_head_weight()
+                    self.head, self.draft_kv, self.target.model.embed_tokens, self.target.lm_head_weight(), self.anchor
                 )
         except torch.OutOfMemoryError:
             self.kv = self.draft_kv = self.verify = self.drafter = None
@@ -166,7 +171,9 @@ class SpecEngine:
     def _add_pending_taps(self, taps: torch.Tensor | None) -> None:
         if taps is None:
             return
-        self._pending_taps = taps if self._pending_taps is None else torch.cat([self._pending_taps, taps])
+        # A copy either way: `taps` may be a graph output, which the next replay of that graph (or
+        # of another graph in its memory pool) overwrites before the draft context takes it.
+        self._pending_taps = taps.clone() if self._pending_taps is None else torch.cat([self._pending_taps, taps])
 
     # -- timing ----------------------------------------------------------------------------
     def _now(self) -> float:
@@ -206,11 +213,11 @@ class SpecEngine:
 
     # -- one round -------------------------------------------------------------------------
     def _round(self, params: GenerationParams, generator: torch.Generator | None) -> RoundOutput:
-        """draft -> tree -> verify -> accept -> commit, enqueued without host syncs; then one
-        packed device->host copy of the round's integers and one of the tree's scores."""
+        """draft -> tree -> verify -> accept -> commit, enqueued without host syncs and started
+        from the device anchor; then the round's one device->host copy (the packed integers
+        with the tree's scores)."""
         spec, sampling = params.spec, params.sampling
         base = self.kv.length
-        anchor = torch.tensor(self.tokens[-1], device=self.torch_device)
         clock = _PhaseClock(self.torch_device)
         positions_left = self.target.cfg.max_position_embeddings - 1 - base
         if spec.enabled and spec.budget > 1 and self.head is not None and positions_left > 0:
@@ -219,32 +226,25 @@ class SpecEngine:
                 self._pending_taps = None
             # A tree of `budget` nodes is at most budget - 1 deep: draft no further than that.
             depth = min(spec.depth or self.head.cfg.max_depth, positions_left, max(spec.budget - 1, 1))
-            tree = self.drafter.tree(anchor, depth, spec.tree_algo, spec.budget, spec.width, clock.mark)
+            tree = self.drafter.tree(self.anchor, depth, spec.tree_algo, spec.budget, spec.width, clock.mark)
         else:
-            tree = root_only(anchor)
-        hidden, taps = self.verify.run(tree.tokens, base + tree.depths, tree.ancestors, base)
-        choices = target_choices(self.target.logits(hidden), sampling, generator)
-        clock.mark("verify_ms")
-        acc = accept(tree, choices)
-        rows = torch.arange(tree.max_depth + 1, device=self.torch_device)
-        self.kv.move_rows(base + acc.path, base + rows)  # rows past the path land in scratch
-        packed = torch.cat([acc.count[None], acc.bonus[None], acc.path, tree.tokens, tree.parents, tree.depths])
-        packed, scores = packed.cpu(), tree.scores.cpu()  # the round's only device->host copies
+            tree = self._root
+        # On CUDA with greedy decoding one graph runs the forward and finish_round (accept, KV
+        # commit, packing, next anchor): verify_ms is that graph and accept_ms only the copy and
+        # the host's unpacking. Elsewhere verify_ms ends at the target's choices.
+        packed = self.verify.round(tree, base, sampling, generator, clock.mark)
+        r = unpack_round(packed.ints.cpu(), packed.path_len, tree.size)  # the round's only device->host copy
         clock.mark("accept_ms")
-        count, bonus = int(packed[0]), int(packed[1])
-        d1, n = tree.max_depth + 1, tree.size
-        path = packed[2 : 2 + count].tolist()
-        tokens = packed[2 + d1 : 2 + d1 + n].tolist()
-        self.kv.length = base + count
-        if taps is not None:
-            self._add_pending_taps(taps[acc.path[:count]])
+        self.kv.length = base + r.count
+        if packed.tap_rows is not None:
+            self._add_pending_taps(packed.tap_rows[: r.count])
         return RoundOutput(
-            tree_tokens=tokens,
-            tree_parents=packed[2 + d1 + n : 2 + d1 + 2 * n].tolist(),
-            tree_depths=packed[2 + d1 + 2 * n :].tolist(),
-            tree_scores=scores.tolist(),
-            path=path,
-            new_tokens=[tokens[i] for i in path[1:]] + [bonus],
+            tree_tokens=r.tokens,
+            tree_parents=r.parents,
+            tree_depths=r.depths,
+            tree_scores=r.scores,
+            path=r.path,
+            new_tokens=[r.tokens[i] for i in r.path[1:]] + [r.bonus],
             timings=clock.elapsed(),
         )
 
@@ -282,7 +282,9 @@ class SpecEngine:
         t_start = self._now()
         with torch.inference_mode():
             logits, reused = self._prefill(prompt_ids)
-            first = int(target_choices(logits, params.sampling, generator)[0])
+            choice = target_choices(logits, params.sampling, generator)[0]
+            self.anchor.copy_(choice)  # round 0 drafts from the device anchor
+            first = int(choice)
         answer = _Answer(self.tokenizer, self.stop_token_ids, params)
         self.tokens.append(first)
         first_text = answer.add([first][: answer.room_for([first])])

@@ -2,11 +2,17 @@
 "oracle draft" that lets a random-weight model accept long paths."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+import sys
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from jetspec_chat.engine import FinishEvent, GenerationParams, SamplingParams, SpecParams, load_engine
+from jetspec_chat.engine import graphs
+from jetspec_chat.kernels import paged_tree_attention_ref
 from jetspec_chat.engine.oracle import transformers_model
 
 
@@ -101,3 +107,85 @@ class OracleDraft:
 
     def __exit__(self, *exc):
         self.engine.head.draft_logits = self.original
+
+
+class NoHostReads(TorchDispatchMode):
+    """Fails on ops that read a tensor's value on the host (.item(), int(), a 0-d tensor used
+    as an index) or whose output shape depends on values: on CUDA they sync, and a graph
+    capture rejects them. Functions in `exempt` (and what they call) may."""
+
+    BANNED = frozenset({torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default,  # item: inference mode
+                        torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default})
+
+    def __init__(self, exempt=()):
+        super().__init__()
+        self.exempt = {f.__code__ for f in exempt}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.BANNED and not self._exempt_caller():
+            raise AssertionError(f"{func} reads a device value on the host")
+        return func(*args, **(kwargs or {}))
+
+    def _exempt_caller(self) -> bool:
+        frame = sys._getframe()
+        while frame is not None:
+            if frame.f_code in self.exempt:
+                return True
+            frame = frame.f_back
+        return False
+
+
+class _EmulatedGraph:
+    """A CUDA graph's contract on the CPU: replay reruns the captured function and writes its
+    results into the tensors the capture returned (static outputs, overwritten each replay)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def replay(self) -> None:
+        _copy_into(self.out, self.fn())
+
+
+def _copy_into(dst, src) -> None:
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    elif isinstance(dst, (tuple, list)):
+        for d, s in zip(dst, src):
+            _copy_into(d, s)
+    elif dataclasses.is_dataclass(dst):
+        for f in dataclasses.fields(dst):
+            _copy_into(getattr(dst, f.name), getattr(src, f.name))
+    # ints and None are fixed by the capture
+
+
+def _emulated_capture(fn, device, pool):
+    for _ in range(2):  # the warm-up runs, with their side effects
+        fn()
+    graph = _EmulatedGraph(fn)
+    # On the CPU the attention reference reads the prefix length on the host (Triton reads it
+    # on the device) and the tests' oracle draft reads the anchor: neither is in a CUDA graph.
+    with NoHostReads(exempt=(paged_tree_attention_ref, OracleDraft.__call__)):  # what a capture rejects
+        graph.out = fn()
+    return graph, graph.out
+
+
+@contextlib.contextmanager
+def emulated_graphs(engine):
+    """Run the engine's CUDA-graph code path on the CPU (bucket padding, static inputs and
+    outputs, the verify step's finish_round on padded trees), with emulated graphs whose
+    capture fails on host reads of device values."""
+    engine._allocate()
+    runners = [r for r in (engine.verify, engine.drafter) if r is not None]
+    saved = graphs.capture
+    graphs.capture = _emulated_capture
+    for r in runners:
+        r.use_graphs = True
+    try:
+        yield
+    finally:
+        graphs.capture = saved
+        for r in runners:
+            r.use_graphs = False
+        engine.verify._buckets.clear()
+        if engine.drafter is not None:
+            engine.drafter._graphs.clear()

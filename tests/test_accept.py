@@ -1,9 +1,15 @@
-"""Acceptance rules on hand-made trees."""
+"""Acceptance rules on hand-made trees; the whole post-verify step (finish_round) on random ones."""
+import random
+
+import pytest
 import torch
 
-from jetspec_chat.engine.accept import accept, processed_probs
+from engine_helpers import NoHostReads
+from jetspec_chat.engine.accept import accept, finish_round, processed_probs, unpack_round
+from jetspec_chat.engine.graphs import TREE_BUCKETS, bucket_for
+from jetspec_chat.engine.kv_cache import PagedKVCache
 from jetspec_chat.engine.params import SamplingParams
-from jetspec_chat.engine.tree import Tree, ancestor_mask
+from jetspec_chat.engine.tree import TREE_ALGOS, Tree, ancestor_mask, root_only
 
 
 def make_tree(tokens, parents):
@@ -64,3 +70,120 @@ def test_processed_probs_top_k_top_p():
     assert (p[0, :2] > 0).all() and (p[0, 2:] == 0).all()
     p = processed_probs(logits, SamplingParams(temperature=1.0, top_p=0.01))
     assert float(p[0, 0]) == 1.0
+
+
+# ---------------------------------------------------------------- finish_round (the post-verify step)
+VOCAB = 12  # small, so drafted tokens often equal the target's choices
+
+
+def random_tree(rng: random.Random, algo: str):
+    """A tree from one of the engine's builders on random draft log-probs, or (algo 'random')
+    random parent pointers; siblings always carry distinct tokens."""
+    if algo == "random":
+        n = rng.randint(1, 40)
+        parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+        tokens = [rng.randrange(VOCAB)]
+        for i in range(1, n):
+            used = {tokens[j] for j in range(1, i) if parents[j] == parents[i]}
+            tokens.append(rng.choice([t for t in range(VOCAB) if t not in used]))
+        return make_tree(tokens, parents)
+    depth = rng.randint(1, 8)
+    logp = torch.log_softmax(torch.randn(depth, VOCAB, generator=torch.Generator().manual_seed(rng.randrange(1 << 30))) * 3, -1)
+    return TREE_ALGOS[algo](torch.tensor(rng.randrange(VOCAB)), logp, rng.choice([2, 5, 16, 33, 64]), rng.randint(1, 6))
+
+
+def follow_choices(rng: random.Random, tree) -> torch.Tensor:
+    """Target choices that usually continue into the tree (long accepted paths), else random."""
+    parents = tree.parents.tolist()
+    choices = []
+    for i in range(tree.size):
+        kids = [c for c, p in enumerate(parents) if p == i]
+        take = kids and rng.random() < 0.75
+        choices.append(int(tree.tokens[rng.choice(kids)]) if take else rng.randrange(VOCAB))
+    return torch.tensor(choices)
+
+
+def reference_accept(tree, choices: list[int]) -> tuple[list[int], int]:
+    """Step by step: from the root, follow the child whose token is the target's choice."""
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    path = [0]
+    while True:
+        kids = [c for c, p in enumerate(parents) if p == path[-1] and tokens[c] == choices[path[-1]]]
+        if not kids:
+            return path, choices[path[-1]]
+        path.append(kids[0])
+
+
+def padded(tree, size: int, rng: random.Random):
+    """The tree padded as a verify bucket pads it, with hostile padding: parent -1 (the root's,
+    which always 'matches'), deep depths, and the tokens the target chose; its mask is the
+    bucket's (padding sees only itself)."""
+    n, pad = tree.size, size - tree.size
+    ancestors = torch.eye(size, dtype=torch.bool)
+    ancestors[:n, :n] = tree.ancestors
+    return Tree(
+        tokens=torch.cat([tree.tokens, torch.randint(0, VOCAB, (pad,))]),
+        parents=torch.cat([tree.parents, torch.full((pad,), -1)]),
+        depths=torch.cat([tree.depths, torch.full((pad,), 5 + rng.randrange(10))]),
+        scores=torch.cat([tree.scores, torch.randn(pad)]),
+        ancestors=ancestors,
+        max_depth=tree.max_depth,
+    )
+
+
+def logical_rows(kv: PagedKVCache, rows: int) -> torch.Tensor:
+    flat = kv.pool.view(kv.pool.shape[0], 2, -1, *kv.pool.shape[4:])
+    return flat[:, :, kv.slots_of(torch.arange(rows))].clone()
+
+
+@pytest.mark.parametrize("algo", ["random", "accum_logp", "chain", "adaptive"])
+@pytest.mark.parametrize("pad", [False, True])
+def test_finish_round_equals_the_step_by_step_round(algo, pad):
+    """finish_round (accept + KV commit + packing + next anchor) against a plain step-by-step
+    reference, on random trees, eagerly (the CPU path) and padded to a verify bucket with
+    device-scalar lengths (what the CUDA graph captures), with no host reads of device values."""
+    rng = random.Random(hash((algo, pad)) & 0xFFFF)
+    for trial in range(25):
+        tree = random_tree(rng, algo)
+        n = tree.size
+        choices = follow_choices(rng, tree)
+        path, bonus = reference_accept(tree, choices.tolist())
+        kv = PagedKVCache(2, 2, 4, 128 + 1024, torch.device("cpu"), torch.float32, block_size=4)
+        kv.block_table = kv.block_table[torch.randperm(kv.block_table.shape[0])].int()  # any block order
+        kv.pool.normal_()
+        base = rng.randint(1, 100)
+        before = logical_rows(kv, base + n)
+        taps = torch.randn(n, 6)
+        anchor = torch.tensor(-1)
+        if pad:
+            size = bucket_for(n, TREE_BUCKETS)
+            path_len = min(size, rng.choice([tree.max_depth + 1, 16]))  # as a bucket's (>= any real depth + 1)
+            path_len = max(path_len, tree.max_depth + 1)
+            big = padded(tree, size, rng)
+            big_choices = torch.cat([choices, big.tokens[n:]])  # the padding "matches" its own tokens
+            big_taps = torch.cat([taps, torch.randn(size - n, 6)])
+            with NoHostReads():
+                out = finish_round(big, big_choices, kv, torch.tensor(base), big_taps, anchor, torch.tensor(n), path_len)
+        else:
+            out = finish_round(tree, choices, kv, base, taps, anchor)
+            path_len = tree.max_depth + 1
+        assert out.path_len == path_len
+        r = unpack_round(out.ints, out.path_len, n)
+        assert (r.count, r.path, r.bonus) == (len(path), path, bonus), (trial, algo)
+        assert r.tokens == tree.tokens.tolist() and r.parents == tree.parents.tolist()
+        assert r.depths == tree.depths.tolist() and r.scores == tree.scores.tolist()
+        assert int(anchor) == bonus
+        assert torch.equal(out.tap_rows[: r.count], taps[path])
+        after = logical_rows(kv, base + len(path))
+        assert torch.equal(after[:, :, :base], before[:, :, :base])  # the committed prefix is untouched
+        assert torch.equal(after[:, :, base:], before[:, :, [base + i for i in path]])  # the path moved down
+
+
+def test_finish_round_reads_a_root_only_tree_before_setting_the_anchor():
+    """The AR round's tree is a view of the anchor, which finish_round overwrites with the bonus."""
+    anchor = torch.tensor(7)
+    kv = PagedKVCache(1, 1, 2, 32, torch.device("cpu"), torch.float32)
+    out = finish_round(root_only(anchor), torch.tensor([3]), kv, 4, None, anchor)
+    r = unpack_round(out.ints, out.path_len, 1)
+    assert (r.tokens, r.path, r.bonus, r.count, int(anchor)) == ([7], [0], 3, 1, 3)
+    assert out.tap_rows is None

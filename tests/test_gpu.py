@@ -1,8 +1,11 @@
 """The CUDA path (Triton attention, CUDA-graphed verify and draft): runs only where a GPU is."""
+import contextlib
+import warnings
+
 import pytest
 import torch
 
-from jetspec_chat.engine import ChatSession, GenerationParams, SpecParams, load_engine
+from jetspec_chat.engine import ChatSession, GenerationParams, RoundEvent, SamplingParams, SpecParams, load_engine
 from jetspec_chat.engine.oracle import check_lossless
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -39,3 +42,65 @@ def test_graphs_serve_every_context_length_and_turn(engine):
     again = list(s.rerun_last(params))[-1].result
     assert again.text == last["content"]
     assert events[0].reused_tokens > 0 and ids
+
+
+@contextlib.contextmanager
+def eager_runners(engine):
+    """The same engine without CUDA graphs (exact tree sizes, finish_round run eagerly)."""
+    engine._allocate()
+    runners = [r for r in (engine.verify, engine.drafter) if r is not None]
+    for r in runners:
+        r.use_graphs = False
+    try:
+        yield
+    finally:
+        for r in runners:
+            r.use_graphs = True
+
+
+@pytest.mark.parametrize("budget,width", [(1, 1), (2, 2), (16, 4), (64, 8), (256, 8)])
+def test_graphed_greedy_equals_eager_greedy(engine, budget, width):
+    """The greedy verify graph (forward + accept + KV commit + packing + device anchor) gives the
+    eager path's tokens."""
+    params = GenerationParams(max_new_tokens=48, spec=SpecParams(budget=budget, width=width))
+    engine.reset()
+    graphed = list(engine.generate(PROMPT, params))[-1].result
+    engine.reset()
+    with eager_runners(engine):
+        eager = list(engine.generate(PROMPT, params))[-1].result
+    assert graphed.token_ids == eager.token_ids
+
+
+@pytest.mark.parametrize("spec", [SpecParams(budget=64, width=8), SpecParams(enabled=False)])
+def test_a_graphed_greedy_round_syncs_once(engine, spec):
+    """After the graphs are captured, a greedy round's only host sync is its one packed
+    device->host copy: no host->device anchor copy, no host read inside the acceptance."""
+    params = GenerationParams(max_new_tokens=40, spec=spec)
+    engine.reset()
+    list(engine.generate(PROMPT, params))  # captures this answer's graphs
+    engine.reset()
+    events = engine.generate(PROMPT, params)
+    next(events)  # the prefill (it syncs)
+    syncs = []
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        while True:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                event = next(events)
+            if not isinstance(event, RoundEvent):
+                break  # the finish event (it syncs for the wall clock)
+            syncs.append(sum("synchroniz" in str(w.message) for w in caught))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert syncs and all(n == 1 for n in syncs), syncs
+
+
+def test_sampling_stays_on_the_eager_acceptance_and_is_reproducible(engine):
+    params = GenerationParams(max_new_tokens=32, spec=SpecParams(budget=32, width=4),
+                              sampling=SamplingParams(temperature=0.8, top_k=20, seed=5))
+    runs = []
+    for _ in range(2):
+        engine.reset()
+        runs.append(list(engine.generate(PROMPT, params))[-1].result.token_ids)
+    assert runs[0] == runs[1] and runs[0]
