@@ -61,6 +61,8 @@ class _PhaseClock:
         self.marks.append((phase, self._stamp()))
 
     def elapsed(self) -> dict[str, float]:
+        if self.cuda:  # the last event is recorded after the round's copy: wait the few µs until it completes
+            self.marks[-1][1].synchronize()
         out = {}
         for (_, a), (phase, b) in zip(self.marks, self.marks[1:]):
             out[phase] = a.elapsed_time(b) if self.cuda else (b - a) * 1e3
