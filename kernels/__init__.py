@@ -10,7 +10,9 @@ from .fused import (
     silu_mul_triton,
 )
 from .reference import (
+    accum_tree_ref,
     add_rms_norm_ref,
+    ancestor_mask_ref,
     logical_to_slots,
     paged_tree_attention_ref,
     qk_norm_rope_ref,
@@ -29,9 +31,11 @@ from .tree_attention import (
 )
 
 __all__ = [
+    "accum_tree_ref",
     "add_rms_norm",
     "add_rms_norm_ref",
     "add_rms_norm_triton",
+    "ancestor_mask_ref",
     "logical_to_slots",
     "pack_tree_mask",
     "paged_tree_attention",
