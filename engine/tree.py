@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from ..kernels import accum_tree_ref, ancestor_mask_ref
+from ..kernels import accum_tree, ancestor_mask_ref
 
 ADAPTIVE_MIN_RATIO = 0.05  # adaptive: drop candidates under 5% of the depth's top-1 probability
 
@@ -57,8 +57,8 @@ def build_accum_logp(root: torch.Tensor, logp: torch.Tensor, budget: int, width:
     """Best-first tree: the `budget` nodes (root included) of highest cumulative log-prob.
 
     root: 0-d token id; logp: [D, V] fp32 log-probs for depths 1..D. One topk over the vocab,
-    then `accum_tree_ref` (~2 ops per depth), whose docstring defines the node order, ties
-    included.
+    then `accum_tree` (one Triton launch on CUDA; ~2 ops per depth elsewhere), whose docstring
+    (kernels/reference.py) defines the node order, ties included.
     """
     depth = logp.shape[0]
     width = min(width, logp.shape[1])
@@ -66,7 +66,7 @@ def build_accum_logp(root: torch.Tensor, logp: torch.Tensor, budget: int, width:
     if n == 1 or depth == 0:
         return root_only(root)
     top_lp, top_tok = logp.topk(width, dim=-1)  # [D, K], each row descending
-    tokens, parents, depths, scores, ancestors = accum_tree_ref(top_lp, top_tok, root, n)
+    tokens, parents, depths, scores, ancestors = accum_tree(top_lp, top_tok, root, n)
     return Tree(tokens=tokens, parents=parents, depths=depths, scores=scores, ancestors=ancestors, max_depth=depth)
 
 

@@ -29,9 +29,12 @@ from .tree_attention import (
     write_kv,
     write_kv_triton,
 )
+from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
+    "accum_tree",
     "accum_tree_ref",
+    "accum_tree_triton",
     "add_rms_norm",
     "add_rms_norm_ref",
     "add_rms_norm_triton",

@@ -4,18 +4,21 @@ draft graph), on the CPU: every dispatched aten op except views and allocations.
     python scripts/tree_ops.py                        # the installed engine/tree.py
     python scripts/tree_ops.py --module old_tree.py   # another copy, e.g. `git show REV:engine/tree.py`
 
-On CUDA most counted ops are one kernel; sort/topk are 1-3 (copy, index fill, sort).
+On CUDA most counted ops are one kernel; sort/topk are 1-3 (copy, index fill, sort), and
+a Triton kernel is one launch (counted as `triton:<name>` with --triton, which runs the path
+CUDA tensors take under TRITON_INTERPRET=1; "cpu ms" is then the interpreter's time).
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import importlib.util
+import os
 import sys
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 # Metadata-only ops: no kernel on any device.
 FREE = {
@@ -55,9 +58,18 @@ def main() -> None:
     p.add_argument("--width", type=int, default=8)
     p.add_argument("--depth", type=int, default=15)
     p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--triton", action="store_true", help="count the Triton path (needs TRITON_INTERPRET=1 on a CPU)")
     p.add_argument("--detail", action="store_true", help="print the per-op counts")
     args = p.parse_args()
     tree = load_tree_module(args.module)
+    launches = collections.Counter()
+    if args.triton:
+        if not os.environ.get("TRITON_INTERPRET"):
+            sys.exit("--triton on a CPU needs TRITON_INTERPRET=1")
+        from jetspec_chat.kernels import accum_tree_triton
+
+        tree.accum_tree = accum_tree_triton  # the path CUDA tensors take
+        count_triton_launches(launches)
     g = torch.Generator().manual_seed(0)
     logp = torch.log_softmax(torch.randn(args.depth, args.vocab, generator=g) * 3, dim=-1)
     root = torch.tensor(5)
@@ -67,9 +79,11 @@ def main() -> None:
             return tree.build_accum_logp(root, logp, budget, args.width)
 
         build()  # warm-up
+        launches.clear()
         with OpCounter() as c:
             t = build()
-        reps = 5
+        c.ops.update(launches)
+        reps = 1 if args.triton else 5
         t0 = time.perf_counter()
         for _ in range(reps):
             build()
@@ -79,6 +93,22 @@ def main() -> None:
         print(f"{budget:>6} {t.size:>5} {total:>5} {sorts:>9} {ms:>8.2f}")
         if args.detail:
             print("        " + ", ".join(f"{k} {v}" for k, v in c.ops.most_common()))
+
+
+def count_triton_launches(launches: collections.Counter) -> None:
+    """Count launches of the tree kernels (wraps their launcher)."""
+    from jetspec_chat.kernels import tree_build
+
+    for name in tree_build.KERNELS:
+        kernel = getattr(tree_build, name)
+        run = kernel.run
+
+        def counted(*a, _run=run, _name=name, **k):
+            launches[f"triton:{_name}"] += 1
+            with _disable_current_modes():  # the interpreter's own tensor copies are not launches
+                return _run(*a, **k)
+
+        kernel.run = counted
 
 
 if __name__ == "__main__":
