@@ -2,7 +2,8 @@
 
 On a CPU the kernel runs in Triton's interpreter (TRITON_INTERPRET=1, set by conftest.py),
 which is slow for the bitonic top-k: shapes stay small here; the engine's shapes (budgets up
-to 1024, width up to 64) and CUDA-graph capture run on a GPU.
+to 1024, width up to 64) and CUDA-graph capture run on a GPU (each shape class compiles once,
+seconds for the larger ones).
 """
 from __future__ import annotations
 
@@ -65,8 +66,8 @@ def test_kernel_equals_reference_engine_width():
 
 
 @gpu_only
-@pytest.mark.parametrize("budget,width,depth", [(64, 8, 15), (128, 8, 15), (256, 8, 15), (512, 8, 15),
-                                                (1024, 8, 15), (256, 64, 15), (1024, 64, 15), (256, 8, 31)])
+@pytest.mark.parametrize("budget,width,depth", [(64, 8, 15), (256, 8, 15), (1024, 8, 15), (1024, 64, 15),
+                                                (100, 8, 31)])
 @pytest.mark.parametrize("kind", ["random", "tied", "pruned"])
 def test_kernel_equals_reference_at_engine_sizes(budget, width, depth, kind):
     check(budget, width, depth, kind, vocab=151936)
