@@ -3,7 +3,8 @@
 Format (DESIGN §4): a directory with `config.json` and `model.safetensors`; weights without
 prefix (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`, `hidden_norm.weight`, `norm.weight`);
 no embedding or lm_head (the target's are used). Published heads also ship `dflash.py` for
-remote code: we never execute it.
+remote code: we never execute it. In memory q/k/v and gate/up are fused (layers.FusedLinear);
+load and save go through `hf_parameters`, i.e. the published names.
 
 Forward: ctx = hidden_norm(fc(concat of target taps)); per draft layer, Q from the block
 `[anchor, MASK x D]`, K/V from projections of [ctx ; block] (q/k RMSNorm, RoPE); context
@@ -22,7 +23,7 @@ from torch import nn
 from ..kernels import add_rms_norm, pack_tree_mask, paged_tree_attention, write_kv
 from .errors import DraftHeadError
 from .kv_cache import BLOCK_SIZE as KV_BLOCK
-from .layers import MLP, AttentionWeights, RMSNorm, Rotary, init_random_
+from .layers import MLP, AttentionWeights, RMSNorm, Rotary, hf_parameters, init_random_
 from .model_config import ModelConfig
 
 CAUSAL_KEYS = ("causal_head", "causal", "is_causal")  # JetSpec, vLLM, SGLang spellings
@@ -279,7 +280,8 @@ class DraftHead(nn.Module):
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        # Published names; fused weights are split into copies (safetensors refuses shared storage).
+        state = {k: v.detach().to("cpu", copy=True) for k, v in hf_parameters(self)}
         tmp = directory / "model.safetensors.tmp"
         save_file(state, str(tmp), metadata={"format": "pt"})
         tmp.replace(directory / "model.safetensors")
@@ -312,7 +314,7 @@ def load_head_dir(directory: Path, device: torch.device, dtype: torch.dtype) -> 
         raise DraftHeadError(f"draft head {directory} has no model.safetensors")
     cfg = DraftHeadConfig.from_json(raw)
     head = build_head(cfg, device, dtype)
-    params = dict(head.named_parameters())
+    params = dict(hf_parameters(head))  # published name -> parameter (or rows of a fused one)
     seen = set()
     with safe_open(str(weights), framework="pt", device="cpu") as st:
         for key in st.keys():

@@ -1,12 +1,63 @@
-"""Building blocks shared by the target model and the draft head (HF parameter names)."""
+"""Building blocks shared by the target model and the draft head.
+
+Projections that read the same input are fused into one weight (q/k/v -> `qkv_proj`,
+gate/up -> `gate_up_proj`): batch-1 decoding is launch- and GEMV-bound, so one wide GEMM beats
+two or three narrow ones. Checkpoints (transformers', the published draft heads') keep the
+separate names; `hf_parameters` maps each onto its rows of the fused weight.
+"""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import qk_norm_rope, rms_norm, silu_mul
+
+
+class FusedLinear(nn.Linear):
+    """One Linear holding several projections of the same input, stacked by output rows in
+    the order of `parts` (checkpoint name -> rows)."""
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool):
+        super().__init__(in_features, sum(parts.values()), bias=bias)
+        self.parts = dict(parts)
+
+    def rows(self, first: str, last: str | None = None) -> slice:
+        """Output rows of the parts first..last (consecutive in `parts`)."""
+        names = list(self.parts)
+        sizes = list(self.parts.values())
+        i, j = names.index(first), names.index(last or first)
+        return slice(sum(sizes[:i]), sum(sizes[: j + 1]))
+
+    def forward_parts(self, x: torch.Tensor, first: str, last: str | None = None) -> torch.Tensor:
+        """Only the parts first..last: one GEMM over those rows of the weight (a view)."""
+        r = self.rows(first, last)
+        return F.linear(x, self.weight[r], self.bias[r] if self.bias is not None else None)
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The parts of an output y [..., out] as views."""
+        return y.split(list(self.parts.values()), dim=-1)
+
+
+def hf_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(checkpoint name, tensor) for every parameter in the unfused transformers / published
+    layout: a FusedLinear yields one row slice (a view) of its weight and bias per part, named
+    as that part next to the fused module. The order is that of the unfused modules' own
+    registration (so random init draws the same numbers into the same weights)."""
+    for prefix, mod in module.named_modules():
+        if isinstance(mod, FusedLinear):
+            parent = prefix.rpartition(".")[0]
+            parent = parent + "." if parent else ""
+            for part in mod.parts:
+                r = mod.rows(part)
+                yield f"{parent}{part}.weight", mod.weight[r]
+                if mod.bias is not None:
+                    yield f"{parent}{part}.bias", mod.bias[r]
+            continue
+        yield from mod.named_parameters(prefix=prefix, recurse=False)
 
 
 def init_random_(module: nn.Module, seed: int, std: float = 0.02) -> None:
@@ -15,7 +66,7 @@ def init_random_(module: nn.Module, seed: int, std: float = 0.02) -> None:
     device = next(module.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
-        for name, p in module.named_parameters():
+        for name, p in hf_parameters(module):
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             else:
@@ -37,12 +88,12 @@ class RMSNorm(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.gate_up_proj = FusedLinear(hidden, {"gate_proj": intermediate, "up_proj": intermediate}, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        gate, up = self.gate_up_proj.split(self.gate_up_proj(x))  # strided views: silu_mul reads them in place
+        return self.down_proj(silu_mul(gate, up))
 
 
 class AttentionWeights(nn.Module):
@@ -51,9 +102,8 @@ class AttentionWeights(nn.Module):
     def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, bias: bool, qk_norm: bool, eps: float):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
-        self.q_proj = nn.Linear(hidden, n_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
+        parts = {"q_proj": n_heads * head_dim, "k_proj": n_kv * head_dim, "v_proj": n_kv * head_dim}
+        self.qkv_proj = FusedLinear(hidden, parts, bias=bias)
         self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=False)
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, eps)
@@ -64,33 +114,37 @@ class AttentionWeights(nn.Module):
     def qkv_rope(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v for tokens x: projections, then per-head q/k RMSNorm (Qwen3) and RoPE (one
-        fused kernel on the GPU)."""
+        """q, k, v for tokens x: one projection GEMM, then per-head q/k RMSNorm (Qwen3) and RoPE
+        (one fused kernel on the GPU, reading q and k as strided views of the GEMM's output)."""
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        q = q.view(t, self.n_heads, self.head_dim)
+        k = k.view(t, self.n_kv, self.head_dim)
+        v = v.view(t, self.n_kv, self.head_dim)
         q, k = qk_norm_rope(q, k, self._norm_weight(self.q_norm), self._norm_weight(self.k_norm), cos, sin, self.eps)
         return q, k, v
 
     def k_rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k (normed, RoPE'd) and v only: the draft head's context rows."""
-        t = x.shape[0]
-        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
+        k, v = self._kv(x)
         _, k = qk_norm_rope(None, k, None, self._norm_weight(self.k_norm), cos, sin, self.eps)
-        return k, self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        return k, v
+
+    def _kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # One GEMM over the k and v rows only (the q rows are most of the weight).
+        k, v = self.qkv_proj.forward_parts(x, "k_proj", "v_proj").split(self.n_kv * self.head_dim, dim=-1)
+        return k.view(-1, self.n_kv, self.head_dim), v.view(-1, self.n_kv, self.head_dim)
 
     @staticmethod
     def _norm_weight(norm: "RMSNorm | None") -> torch.Tensor | None:
         return norm.weight if norm is not None else None
 
     def project_q(self, x: torch.Tensor) -> torch.Tensor:
-        q = self.q_proj(x).view(-1, self.n_heads, self.head_dim)
+        q = self.qkv_proj.forward_parts(x, "q_proj").view(-1, self.n_heads, self.head_dim)
         return self.q_norm(q) if self.q_norm is not None else q
 
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k = self.k_proj(x).view(-1, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(-1, self.n_kv, self.head_dim)
+        k, v = self._kv(x)
         return (self.k_norm(k) if self.k_norm is not None else k), v
 
 

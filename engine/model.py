@@ -1,7 +1,9 @@
 """The target model: a compact Llama / Qwen2 / Qwen3 decoder over the paged KV cache.
 
-Parameter names mirror transformers' (`model.layers.0.self_attn.q_proj.weight`, ...), so HF
-safetensors load directly and our weights load into a transformers model for the parity oracle.
+Module names mirror transformers', except that q/k/v and gate/up are fused into one weight each
+(`qkv_proj`, `gate_up_proj`); `hf_parameters` gives the transformers names (row slices of the
+fused weights), so HF safetensors load directly and our weights load into a transformers model
+for the parity oracle.
 Every forward is "T new tokens after a committed prefix": a prefill chunk (causal mask), a
 draft tree (ancestor mask) or one AR step (T = 1) — one code path for all three.
 """
@@ -15,7 +17,7 @@ from torch import nn
 
 from ..kernels import add_rms_norm, pack_tree_mask, paged_tree_attention, write_kv
 from .kv_cache import PagedKVCache
-from .layers import MLP, AttentionWeights, RMSNorm, Rotary, init_random_
+from .layers import MLP, AttentionWeights, RMSNorm, Rotary, hf_parameters, init_random_
 from .model_config import ModelConfig
 
 
@@ -70,7 +72,7 @@ class TargetModel(nn.Module):
         from safetensors import safe_open
 
         files = sorted(Path(directory).glob("*.safetensors"))
-        params = dict(self.named_parameters())
+        params = dict(hf_parameters(self))  # checkpoint name -> parameter (or rows of a fused one)
         seen: set[str] = set()
         device = next(self.parameters()).device
         with torch.no_grad():
@@ -83,7 +85,11 @@ class TargetModel(nn.Module):
                             if "rotary_emb" in key:
                                 continue
                             raise ValueError(f"unexpected weight {key} in {f.name}")
-                        params[key].copy_(st.get_tensor(key).to(device=device, dtype=params[key].dtype))
+                        t = st.get_tensor(key)
+                        if t.shape != params[key].shape:
+                            raise ValueError(f"weight {key} in {f.name} has shape {tuple(t.shape)}, "
+                                             f"expected {tuple(params[key].shape)}")
+                        params[key].copy_(t.to(device=device, dtype=params[key].dtype))
                         seen.add(key)
         missing = set(params) - seen
         if missing:

@@ -5,6 +5,7 @@ import torch
 
 from .engine import SpecEngine
 from .events import GenerationResult
+from .layers import hf_parameters
 
 
 def transformers_model(engine: SpecEngine):
@@ -17,7 +18,7 @@ def transformers_model(engine: SpecEngine):
     else:  # random weights exist only in our model: copy them over
         cfg = transformers.AutoConfig.for_model(**source.hf_config)
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=engine.torch_dtype)
-        missing, unexpected = model.load_state_dict(engine.target.state_dict(), strict=False)
+        missing, unexpected = model.load_state_dict(dict(hf_parameters(engine.target)), strict=False)
         assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     return model.to(engine.torch_device).eval()
 

@@ -53,13 +53,13 @@ from torch.utils.checkpoint import checkpoint
 
 from .draft_head import DraftHead, DraftHeadConfig, build_head, default_target_layer_ids
 from .errors import ConfigError
-from .layers import Rotary
+from .layers import Rotary, hf_parameters
 
 LogFn = Callable[[str], None]
 
 STAGES = ("data", "train", "eval", "all")
 DATA_FORMAT = 1
-CKPT_FORMAT = 1
+CKPT_FORMAT = 2  # 2: fused qkv_proj / gate_up_proj in the head's state dict
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,7 +426,7 @@ def init_head(head: DraftHead, how: str, seed: int, hf_model=None) -> None:
     with torch.no_grad():
         for i, layer in enumerate(head.layers):
             src = dict(src_layers[first + i].named_parameters())
-            for name, p in layer.named_parameters():
+            for name, p in hf_parameters(layer):  # transformers names (fused weights: their rows)
                 if name in src and src[name].shape == p.shape:
                     p.copy_(src[name].float())
         head.norm.weight.copy_(hf_model.model.norm.weight.float())
@@ -723,6 +723,9 @@ class Trainer:
 
     def load(self) -> None:
         blob = torch.load(self.ckpt_path, map_location=self.ws.device, weights_only=True)
+        if blob.get("format") != CKPT_FORMAT:
+            raise ConfigError(f"{self.ckpt_path} is from an older version of the trainer (format {blob.get('format')}); "
+                              "start over with another --out")
         if blob["head_config"] != self.head.cfg.to_json():
             raise ConfigError(f"{self.ckpt_path} was trained with another head shape; use the same --draft-layers, "
                               "--block-size and --taps, or another --out")

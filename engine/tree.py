@@ -5,7 +5,8 @@ The draft head gives one distribution per depth (the same for every node at that
 child never scores above its parent, that set is prefix-closed, so per depth it suffices to
 keep the best M = budget - 1 candidates among the children of the previous depth's M, then
 take the global best M over all depths. Nodes come out best-first (stable sort, shallower
-first on ties), which is also a topological order: every parent precedes its children.
+first on ties), which is also a topological order: every parent precedes its children. The
+exact order, ties included, is defined by `kernels.reference.accum_tree_ref`.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from ..kernels import accum_tree, ancestor_mask_ref
 
 ADAPTIVE_MIN_RATIO = 0.05  # adaptive: drop candidates under 5% of the depth's top-1 probability
 
@@ -45,65 +48,26 @@ def static_tree_size(budget: int, width: int, depth: int) -> int:
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """[N, N] ancestor-or-self mask from parent pointers, in max_depth vectorized steps (fixed
-    shapes, no host values: safe inside a CUDA graph)."""
-    idx = torch.arange(parents.shape[0], device=parents.device)
-    mask = idx[:, None] == idx[None, :]
-    ptr = parents
-    for _ in range(max_depth):
-        mask = mask | (idx[None, :] == ptr[:, None])  # a pointer of -1 (past the root) matches nothing
-        ptr = torch.where(ptr >= 0, parents[ptr.clamp(min=0)], ptr)
-    return mask
+    """[N, N] ancestor-or-self mask from parent pointers, with fixed shapes and no host values
+    (safe inside a CUDA graph)."""
+    return ancestor_mask_ref(parents, max_depth)
 
 
 def build_accum_logp(root: torch.Tensor, logp: torch.Tensor, budget: int, width: int) -> Tree:
     """Best-first tree: the `budget` nodes (root included) of highest cumulative log-prob.
 
-    root: 0-d token id; logp: [D, V] fp32 log-probs for depths 1..D.
+    root: 0-d token id; logp: [D, V] fp32 log-probs for depths 1..D. One topk over the vocab,
+    then `accum_tree` (one Triton launch on CUDA; ~2 ops per depth elsewhere), whose docstring
+    (kernels/reference.py) defines the node order, ties included.
     """
-    device = logp.device
     depth = logp.shape[0]
+    width = min(width, logp.shape[1])
     n = static_tree_size(budget, width, depth)
-    m = budget - 1
     if n == 1 or depth == 0:
         return root_only(root)
-    width = min(width, logp.shape[1])
-    top_lp, top_tok = logp.topk(width, dim=-1)  # [D, K]
-    # Per depth, the best M candidates: (score, token, parent index into the flat list).
-    flat_scores, flat_tokens, flat_parents = [], [], []
-    prev_scores = torch.zeros(1, device=device)
-    prev_index = torch.full((1,), -1, device=device, dtype=torch.long)  # -1 = root
-    offset = 0
-    for d in range(depth):
-        cand = (prev_scores[:, None] + top_lp[d][None, :]).reshape(-1)  # [P * K]
-        keep = min(m, cand.shape[0])
-        scores, order = cand.topk(keep)  # sorted: descending
-        parent_slot = order // width
-        flat_scores.append(scores)
-        flat_tokens.append(top_tok[d][order % width])
-        flat_parents.append(prev_index[parent_slot])
-        prev_scores = scores
-        prev_index = torch.arange(offset, offset + keep, device=device)
-        offset += keep
-    scores = torch.cat(flat_scores)
-    tokens = torch.cat(flat_tokens)
-    parents_flat = torch.cat(flat_parents)
-    depths_flat = torch.cat([torch.full((s.shape[0],), d + 1, device=device) for d, s in enumerate(flat_scores)])
-    # Global best n-1 candidates; stable sort keeps shallower candidates first on ties.
-    _, order = torch.sort(scores, descending=True, stable=True)
-    chosen = order[: n - 1]
-    node_of_flat = torch.full((scores.shape[0],), -1, device=device, dtype=torch.long)
-    node_of_flat[chosen] = torch.arange(1, n, device=device)
-    p = parents_flat[chosen]
-    parents = torch.cat([torch.full((1,), -1, device=device, dtype=torch.long), torch.where(p < 0, 0, node_of_flat[p.clamp(min=0)])])
-    return Tree(
-        tokens=torch.cat([root.reshape(1).long(), tokens[chosen]]),
-        parents=parents,
-        depths=torch.cat([torch.zeros(1, device=device, dtype=torch.long), depths_flat[chosen].long()]),
-        scores=torch.cat([torch.zeros(1, device=device), scores[chosen]]),
-        ancestors=ancestor_mask(parents, depth),
-        max_depth=depth,
-    )
+    top_lp, top_tok = logp.topk(width, dim=-1)  # [D, K], each row descending
+    tokens, parents, depths, scores, ancestors = accum_tree(top_lp, top_tok, root, n)
+    return Tree(tokens=tokens, parents=parents, depths=depths, scores=scores, ancestors=ancestors, max_depth=depth)
 
 
 def build_chain(root: torch.Tensor, logp: torch.Tensor, budget: int, width: int) -> Tree:

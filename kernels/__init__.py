@@ -10,7 +10,9 @@ from .fused import (
     silu_mul_triton,
 )
 from .reference import (
+    accum_tree_ref,
     add_rms_norm_ref,
+    ancestor_mask_ref,
     logical_to_slots,
     paged_tree_attention_ref,
     qk_norm_rope_ref,
@@ -27,11 +29,16 @@ from .tree_attention import (
     write_kv,
     write_kv_triton,
 )
+from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
+    "accum_tree",
+    "accum_tree_ref",
+    "accum_tree_triton",
     "add_rms_norm",
     "add_rms_norm_ref",
     "add_rms_norm_triton",
+    "ancestor_mask_ref",
     "logical_to_slots",
     "pack_tree_mask",
     "paged_tree_attention",

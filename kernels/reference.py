@@ -123,3 +123,75 @@ def qk_norm_rope_ref(
             x = rms_norm_ref(x, w, eps)
         out.append(rope_ref(x, cos, sin))
     return out[0], out[1]
+
+
+def ancestor_mask_ref(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """[N, N] bool, [i, j] iff j is i or an ancestor of i, from parent pointers (-1 for a root)
+    of a forest at most max_depth deep. Pointer doubling: ceil(log2(max_depth + 1)) rounds of a
+    few ops with fixed shapes (no host values: safe in a CUDA graph)."""
+    n = parents.shape[0]
+    idx = torch.arange(n, device=parents.device)
+    jump = torch.where(parents >= 0, parents, idx)  # roots point at themselves: walks stop there
+    hops = idx[:, None]  # hops[:, t] = the t-th ancestor (or the root), t < hops.shape[1]
+    while hops.shape[1] < max_depth + 1:
+        hops = torch.cat([hops, jump[hops]], dim=1)  # jump = 2^r-th ancestor: doubles the columns
+        if hops.shape[1] < max_depth + 1:
+            jump = jump[jump]
+    mask = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
+    return mask.scatter_(1, hops, True)
+
+
+def accum_tree_ref(
+    top_lp: torch.Tensor, top_tok: torch.Tensor, root: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The best-first draft tree of n nodes: the root plus the n-1 best nodes by cumulative
+    log-prob, where a node at depth d extends its parent with one of depth d's top-K tokens.
+
+    top_lp [D, K] fp32 (each row sorted descending, as topk returns it), top_tok [D, K] int64,
+    root a 0-d int64 tensor, 2 <= n <= 1 + sum_d min(K^d, n-1) (static_tree_size).
+    Returns tokens, parents (-1 at the root), depths, scores (fp32, 0 at the root): [n] each,
+    and the [n, n] ancestor-or-self mask. Node 0 is the root; nodes follow in the order below,
+    which is best-first and topological.
+
+    Canonical order, reproduced bit for bit by the Triton kernel (kernels/tree_build.py):
+    - Frontier of depth d (M = n-1 entries): the first M of depth d's candidate grid, where
+      candidate (i, k) extends slot i of depth d-1's frontier with rank k, scores
+      prev[i] + lp[d, k] in fp32 (a plain left-to-right sum along the path), in the order
+      (score descending, i*K + k ascending), i.e. a stable sort. Depth 1's single parent is the
+      root: its frontier is top_lp[0] in rank order.
+    - Tree: the first n-1 of all frontier entries in the order (score descending, depth
+      ascending, slot ascending) (a stable sort of the [D, M] grid). A child never scores above
+      its parent and comes at a greater depth, so every parent precedes its children: the set is
+      prefix-closed and the order topological.
+    - Where fewer than M candidates exist (K^d < M), the frontier is padded with -inf entries
+      (in the same order, as if the root had M-1 more slots at -inf). They are valid nodes but
+      are only chosen if log-probs within the top-K are -inf.
+    A candidate (i, k) is preceded by the (i+1)(k+1)-1 candidates (i' <= i, k' <= k), so only
+    those with (i+1)(k+1) <= M can reach a frontier (the kernel enumerates just those).
+    """
+    depth, k = top_lp.shape
+    m = n - 1
+    device = top_lp.device
+    # Depth 1: grid entry j is (slot j // K, rank j % K); slots past 0 are the -inf padding.
+    front = top_lp[0, :m] if k >= m else torch.nn.functional.pad(top_lp[0], (0, m - k), value=float("-inf"))
+    fronts, picks = [front], [torch.arange(m, device=device)]
+    for d in range(1, depth):
+        cand = (front[:, None] + top_lp[d][None, :]).reshape(-1)  # flat index = slot * K + rank
+        front, pick = cand.sort(descending=True, stable=True)
+        front, pick = front[:m], pick[:m]
+        fronts.append(front)
+        picks.append(pick)
+    grid_scores, grid_picks = torch.stack(fronts), torch.stack(picks)  # [D, M]
+    scores, order = grid_scores.reshape(-1).sort(descending=True, stable=True)
+    chosen = order[:m]
+    # Node index of every grid entry (1-based, best-first), then of every entry's parent
+    # (row 0's parent is the root, node 0).
+    node_of = torch.empty_like(order).scatter_(0, order, torch.arange(1, order.numel() + 1, device=device))
+    node_of = torch.cat([torch.zeros(1, m, dtype=order.dtype, device=device), node_of.view(depth, m)[:-1]])
+    parent_grid = node_of.gather(1, grid_picks // k)
+    token_grid = top_tok.gather(1, grid_picks % k)
+    parents = torch.cat([torch.full((1,), -1, dtype=torch.long, device=device), parent_grid.view(-1)[chosen]])
+    tokens = torch.cat([root.reshape(1).long(), token_grid.view(-1)[chosen]])
+    depths = torch.cat([torch.zeros(1, dtype=torch.long, device=device), chosen // m + 1])
+    scores = torch.cat([torch.zeros(1, dtype=scores.dtype, device=device), scores[:m]])
+    return tokens, parents, depths, scores, ancestor_mask_ref(parents, depth)

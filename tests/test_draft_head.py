@@ -90,6 +90,28 @@ def test_save_load_round_trip_gives_identical_logits(tmp_path):
     assert json.loads((tmp_path / "saved" / "config.json").read_text())["dflash_config"]["causal_head"] is True
 
 
+def test_published_weights_land_in_the_fused_projections(tmp_path):
+    """q/k/v stack into qkv_proj and gate/up into gate_up_proj, in that row order; save writes
+    the published names again, each one a plain copy of its rows."""
+    from safetensors import safe_open
+
+    src = published_dir(tmp_path, "causal_head")
+    head = load_head_dir(src, CPU, torch.float32)
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        w = {k: f.get_tensor(k).float() for k in f.keys()}
+    for i, layer in enumerate(head.layers):
+        p = f"layers.{i}."
+        qkv = torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+        assert torch.equal(layer.self_attn.qkv_proj.weight, qkv)
+        assert torch.equal(layer.mlp.gate_up_proj.weight, gate_up)
+    head.save(tmp_path / "saved")
+    with safe_open(str(tmp_path / "saved" / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == set(w)
+        for k in f.keys():
+            assert torch.equal(f.get_tensor(k), w[k])
+
+
 def test_incremental_context_equals_one_shot():
     """Projecting context rows round by round gives the same draft as projecting them at once."""
     cfg = DraftHeadConfig.for_target(target_cfg(), num_layers=2, block_size=8)

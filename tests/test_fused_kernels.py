@@ -138,7 +138,7 @@ def test_silu_mul_ref_is_engine_mlp(dtype):
     torch.manual_seed(0)
     mlp = MLP(64, 160).to(dtype)
     x = randn(7, 64, seed=4, dtype=dtype, device="cpu")
-    gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+    gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)  # strided halves, as MLP.forward passes them
     assert torch.equal(mlp.down_proj(silu_mul_ref(gate, up)), mlp(x))
     assert torch.equal(silu_mul(gate, up), silu_mul_ref(gate, up))
 
@@ -159,8 +159,8 @@ def test_qk_norm_rope_ref_is_engine_attention(dtype, qk_norm):
     q_engine = Rotary.apply(attn.project_q(x), cos, sin)
     k_engine, _ = attn.project_kv(x)
     k_engine = Rotary.apply(k_engine, cos, sin)
-    q_raw = attn.q_proj(x).view(t, n_heads, d)
-    k_raw = attn.k_proj(x).view(t, n_kv, d)
+    q_raw, k_raw, _ = attn.qkv_proj(x).split([n_heads * d, n_kv * d, n_kv * d], dim=-1)  # strided views
+    q_raw, k_raw = q_raw.view(t, n_heads, d), k_raw.view(t, n_kv, d)
     qw = attn.q_norm.weight if qk_norm else None
     kw = attn.k_norm.weight if qk_norm else None
     for c, s in ((cos, sin), (cos[:, 0], sin[:, 0])):  # [T, 1, D] and [T, D]

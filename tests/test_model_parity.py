@@ -58,3 +58,35 @@ def test_tree_verify_logits_match_each_branch_run_alone(name):
                 j = parents[j]
             ref = hf_model(name)(torch.tensor([prefix + branch])).logits[0, -1].float()
             torch.testing.assert_close(ours[i], ref, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-qwen3"])
+def test_hf_checkpoint_loads_into_the_fused_projections(name, tmp_path):
+    """transformers' q/k/v (with Qwen2's biases) stack into qkv_proj and gate/up into
+    gate_up_proj, in that row order, and the loaded model gives the same logits."""
+    import json
+
+    from jetspec_chat.engine.model import build_target
+    from jetspec_chat.engine.model_config import ModelConfig
+
+    hf = hf_model(name)
+    hf.save_pretrained(tmp_path)
+    ours = build_target(ModelConfig.from_hf(json.loads((tmp_path / "config.json").read_text())),
+                        torch.device("cpu"), torch.float32)
+    ours.load_safetensors(tmp_path)
+    for src, dst in zip(hf.model.layers, ours.model.layers):
+        a, m = src.self_attn, src.mlp
+        assert torch.equal(dst.self_attn.qkv_proj.weight, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+        if a.q_proj.bias is not None:
+            assert torch.equal(dst.self_attn.qkv_proj.bias, torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
+        assert torch.equal(dst.mlp.gate_up_proj.weight, torch.cat([m.gate_proj.weight, m.up_proj.weight]))
+    engine = tiny_engine(name)
+    ids = random_prompt(3, 20)
+    with torch.inference_mode():
+        ref, _ = our_logits(engine, ids, [20])
+        engine.target, original = ours, engine.target
+        try:
+            got, _ = our_logits(engine, ids, [20])
+        finally:
+            engine.target = original
+    assert torch.equal(got, ref)

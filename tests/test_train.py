@@ -246,6 +246,22 @@ def test_export_then_load_gives_identical_logits(tmp_path):
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
 
 
+def test_target_init_copies_the_last_layers_into_the_fused_projections():
+    from jetspec_chat.engine.layers import hf_parameters
+    from jetspec_chat.engine.train import init_head
+
+    head = random_head(layers=2)
+    hf = workspace().hf
+    init_head(head, "target", 0, hf)
+    src_layers = hf.model.layers[-2:]
+    for layer, src in zip(head.layers, src_layers):
+        src_params = dict(src.named_parameters())
+        names = [name for name, _ in hf_parameters(layer)]
+        assert "self_attn.q_proj.weight" in names and "mlp.up_proj.weight" in names
+        for name, p in hf_parameters(layer):
+            assert torch.equal(p, src_params[name].float()), name
+
+
 def test_resume_continues_the_interrupted_run_exactly(data_dir, tmp_path, monkeypatch):
     ws = workspace()
     seqs = load_sequences(data_dir, 2048)[:24]

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from jetspec_chat.engine.tree import TREE_ALGOS, ancestor_mask, build_accum_logp, static_tree_size
+from jetspec_chat.kernels import accum_tree_ref
 
 
 def brute_force_best(logp: torch.Tensor, budget: int, width: int) -> list[float]:
@@ -20,6 +21,99 @@ def brute_force_best(logp: torch.Tensor, budget: int, width: int) -> list[float]
 def random_logp(depth, vocab, seed):
     g = torch.Generator().manual_seed(seed)
     return torch.log_softmax(torch.randn(depth, vocab, generator=g) * 3, dim=-1)
+
+
+def tied_logp(depth, vocab, seed):
+    """Log-probs with many exact ties: logits on a coarse grid (as bf16 logits are), and rows
+    where the top tokens share one value."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, 4, (depth, vocab), generator=g).float()
+    logits[::2, :6] = 5.0
+    return torch.log_softmax(logits, dim=-1)
+
+
+def slow_accum_logp(root, logp, budget, width):
+    """The depth-by-depth build the engine used before `accum_tree` (commit eb47e52), with its
+    per-depth topk made a stable sort so that ties have one defined order: the oracle that the
+    new build must match node for node."""
+    depth = logp.shape[0]
+    n = static_tree_size(budget, width, depth)
+    m = budget - 1
+    width = min(width, logp.shape[1])
+    top_lp, top_tok = logp.topk(width, dim=-1)
+    flat_scores, flat_tokens, flat_parents = [], [], []
+    prev_scores = torch.zeros(1)
+    prev_index = torch.full((1,), -1, dtype=torch.long)
+    offset = 0
+    for d in range(depth):
+        cand = (prev_scores[:, None] + top_lp[d][None, :]).reshape(-1)
+        keep = min(m, cand.shape[0])
+        scores, order = cand.sort(descending=True, stable=True)
+        scores, order = scores[:keep], order[:keep]
+        flat_scores.append(scores)
+        flat_tokens.append(top_tok[d][order % width])
+        flat_parents.append(prev_index[order // width])
+        prev_scores = scores
+        prev_index = torch.arange(offset, offset + keep)
+        offset += keep
+    scores = torch.cat(flat_scores)
+    tokens = torch.cat(flat_tokens)
+    parents_flat = torch.cat(flat_parents)
+    depths_flat = torch.cat([torch.full((s.shape[0],), d + 1) for d, s in enumerate(flat_scores)])
+    _, order = torch.sort(scores, descending=True, stable=True)
+    chosen = order[: n - 1]
+    node_of_flat = torch.full((scores.shape[0],), -1, dtype=torch.long)
+    node_of_flat[chosen] = torch.arange(1, n)
+    p = parents_flat[chosen]
+    parents = torch.cat([torch.tensor([-1]), torch.where(p < 0, 0, node_of_flat[p.clamp(min=0)])])
+    return (torch.cat([root.reshape(1).long(), tokens[chosen]]), parents,
+            torch.cat([torch.zeros(1, dtype=torch.long), depths_flat[chosen].long()]),
+            torch.cat([torch.zeros(1), scores[chosen]]))
+
+
+def slow_ancestor_mask(parents):
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = int(parents[j])
+    return mask
+
+
+SHAPES = [(2, 1, 1), (2, 8, 15), (3, 2, 3), (5, 3, 2), (16, 4, 3), (16, 8, 15), (30, 3, 4), (64, 8, 3),
+          (64, 8, 15), (40, 2, 6), (100, 64, 4), (128, 8, 15), (256, 8, 15), (1000, 2, 3), (7, 20, 5)]
+
+
+@pytest.mark.parametrize("budget,width,depth", SHAPES)
+@pytest.mark.parametrize("make_logp", [random_logp, tied_logp])
+def test_accum_logp_equals_the_depth_by_depth_build(budget, width, depth, make_logp):
+    """Same nodes, same order, same parents and bit-identical scores as the old build."""
+    for seed in range(3):
+        logp = make_logp(depth, 50, seed)
+        tree = build_accum_logp(torch.tensor(7), logp, budget, width)
+        tokens, parents, depths, scores = slow_accum_logp(torch.tensor(7), logp, budget, width)
+        assert torch.equal(tree.tokens, tokens)
+        assert torch.equal(tree.parents, parents)
+        assert torch.equal(tree.depths, depths)
+        assert torch.equal(tree.scores, scores)  # same fp32 sums, bit for bit
+        assert torch.equal(tree.ancestors, slow_ancestor_mask(parents))
+        assert tree.max_depth == depth
+
+
+def test_accum_tree_ref_pads_with_valid_minus_inf_nodes():
+    """With -inf inside the top-K and more nodes asked than finite ones exist, the padding nodes
+    come last, and every node still has a real parent that precedes it."""
+    logp = torch.full((3, 10), float("-inf"))
+    logp[:, 0] = 0.0
+    top_lp, top_tok = logp.topk(4, dim=-1)
+    _, parents, depths, scores, ancestors = accum_tree_ref(top_lp, top_tok, torch.tensor(1), 12)
+    assert scores[:4].tolist() == [0.0] * 4 and torch.isinf(scores[4:]).all()
+    assert parents[1:4].tolist() == [0, 1, 2]
+    assert (parents[1:] < torch.arange(1, 12)).all() and (parents[1:] >= 0).all()
+    assert torch.equal(depths[1:], depths[parents[1:]] + 1)
+    assert torch.equal(ancestors, slow_ancestor_mask(parents))
 
 
 @pytest.mark.parametrize("budget,width,depth", [(1, 4, 3), (2, 2, 3), (5, 3, 2), (16, 4, 3), (30, 3, 4), (64, 8, 3), (40, 2, 6)])
