@@ -35,10 +35,10 @@ measure)
   [ -f $gguf ] || { cat $STAGE/$model.gguf.part* > $gguf && rm -f $STAGE/$model.gguf.part*; }
   sha256sum $gguf | tee "$OUT/gguf.sha256"
   cd $APP
-  new="env PYTHONPATH=/root/newsite:/tmp/site python3 -m jetspec_chat"
-  old="env PYTHONPATH=/root/oldsite:/tmp/site python3 -m jetspec_chat"
+  new="env PYTHONPATH=/root/newsite:/tmp/site python3 -P -m jetspec_chat"
+  old="env PYTHONPATH=/root/oldsite:/tmp/site python3 -P -m jetspec_chat"
   for v in newsite oldsite; do PYTHONPATH=/root/$v python3 -c "import jetspec_chat.engine.engine as e; print(e.__file__)"; done
-  PYTHONPATH=/root/newsite:/tmp/site timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu.py \
+  PYTHONPATH=/root/newsite:/tmp/site timeout 240 python3 -P -m pytest -q -x -p no:cacheprovider tests/test_gpu.py \
     tests/test_fused_kernels.py $(ls tests/test_tree_build_kernel.py 2>/dev/null) 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
   e2e="bench $gguf --draft-head $OLDPWD/$head --budgets 16,64,256 --prompt-sets coding,chat --prompts-n 4 --max-new-tokens 128 --warmup 1 --reps 1"
   timeout 200 $new $e2e --modes ar,spec,hf --json-out "$OUT/e2e_new.json" 2>&1 | grep -v "^\[bench\]" | tee "$OUT/e2e_new.txt"

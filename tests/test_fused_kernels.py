@@ -102,11 +102,15 @@ def strided_rows(t, h, seed, dtype=torch.float32, pad=37):
 
 
 def bf16_close(out, ref, *, min_equal=0.98):
-    """Within two bf16 roundings and mostly bit-identical: a one-ulp difference in a norm's
-    output (fp32 sum order) can become two after RoPE's bf16 multiply-add (seen on an H100:
-    Qwen3-8B shapes, T=64, 0.0078 at 0.94)."""
+    """Within two bf16 roundings of the row's largest value, and mostly bit-identical. A one-ulp
+    difference in a norm's output (fp32 sum order) becomes two after RoPE's bf16 multiply-add,
+    and RoPE's x*cos - y*sin can cancel to a small result that keeps the operands' absolute error
+    (seen on an H100, Qwen3-8B shapes: 0.0078 at 0.94; at T=1024, 0.0078 on a result of 0.026)."""
     assert out.dtype == ref.dtype == torch.bfloat16 and out.shape == ref.shape
-    torch.testing.assert_close(out.float(), ref.float(), rtol=2**-6, atol=1e-5)
+    o, r = out.float(), ref.float()
+    scale = r.abs().amax(dim=-1, keepdim=True)
+    bad = (o - r).abs() > 2**-6 * r.abs() + 2**-7 * scale
+    assert not bad.any(), f"{int(bad.sum())} elements off by more than two roundings; max diff {(o - r).abs().max()}"
     assert (out == ref).float().mean().item() >= min_equal
 
 
