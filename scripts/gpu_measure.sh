@@ -7,7 +7,7 @@
 #                         Qwen3-8B shapes; end to end on MODEL with HEADDIR (ar, spec, hf) for this
 #                         checkout and the baseline; the greedy mismatch rate of spec vs AR (bf16)
 #                         on the coding, chat and math sets. Results in $OUT.
-# Keep the working tree under 64 MiB: move engine/heads/ out (to .stage/) and carry the head.
+# Keep the working tree under 64 MiB: scripts/heads_aside.sh out (and in afterwards); carry the head.
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site JETSPEC_CHAT_CACHE=/root/cache
