@@ -12,6 +12,7 @@ and the accepted set is a single path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -81,43 +82,51 @@ def accept(
 
 @dataclass
 class PackedRound:
-    """What finish_round leaves on the device: one int32 tensor for the round's single
-    device->host copy, and the accepted nodes' taps for the draft context (these stay on the
-    device)."""
+    """What finish_round leaves on the device for the round's single device->host copy."""
 
     ints: torch.Tensor  # [2 + P + 4N]: count, bonus, path[P], tokens[N], parents[N], depths[N], scores[N] (fp32 bits)
-    tap_rows: torch.Tensor | None  # [P, taps * hidden]: taps of path[0..P-1] (rows past count: the root's)
     path_len: int  # P
+
+
+# append(taps of the path's P nodes [P, taps * hidden], accepted count (0-d)): DraftHead.append_accepted
+# on the engine's draft cache.
+DraftAppend = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 def finish_round(
     tree: Tree,
     choices: torch.Tensor,
     kv: PagedKVCache,
-    base: int | torch.Tensor,
     taps: torch.Tensor | None,
     anchor: torch.Tensor,
+    draft_append: DraftAppend | None = None,
     size: int | torch.Tensor | None = None,
     path_len: int | None = None,
 ) -> PackedRound:
     """Everything after the target's choices at the tree nodes: accept, commit the accepted
-    nodes' K/V rows down to base.., pack the round's integers, and set the next round's anchor
-    (the bonus token). Fixed shapes and device ops only: the CUDA greedy path captures it in the
-    verify graph (on a bucket-padded tree, `size` real nodes); the eager paths call the same
+    nodes' K/V rows down to the committed length, append their taps to the draft context,
+    advance the committed length, pack the round's integers, and set the next round's anchor
+    (the bonus token). Fixed shapes and device ops only: the CUDA greedy path captures it in
+    the verify graph (on a bucket-padded tree, `size` real nodes); the eager paths call the same
     code on the exact tree.
 
-    base: committed length before the round (a 0-d device tensor in a graph); anchor: the 0-d
-    device scalar the next round's draft and root read.
+    The tree was verified after `kv.device_length` committed tokens; that length (and the draft
+    cache's, through `draft_append`) is advanced here on the device, and the host follows from
+    the packed count (TrackedLength.note_advance). anchor: the 0-d device scalar the next
+    round's draft and root read.
     """
     acc = accept(tree, choices, size, path_len)
     p = acc.path.shape[0]
+    base = kv.device_length
     # Rows past the path copy the root into positions past the new length: scratch.
     kv.move_rows(base + acc.path, base + torch.arange(p, device=choices.device))
+    if draft_append is not None:
+        draft_append(taps[acc.path], acc.count)  # rows past count: the root's taps, never read
     ints = torch.cat([acc.count[None], acc.bonus[None], acc.path, tree.tokens, tree.parents, tree.depths]).int()
     packed = torch.cat([ints, tree.scores.float().view(torch.int32)])
-    tap_rows = taps[acc.path] if taps is not None else None
+    kv.device_length.add_(acc.count)  # after every use of base (the same tensor)
     anchor.copy_(acc.bonus)  # last: a root-only tree's token is a view of the anchor
-    return PackedRound(packed, tap_rows, p)
+    return PackedRound(packed, p)
 
 
 @dataclass

@@ -718,8 +718,9 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int, warmup: int, reps:
 
 def _verify_forward(engine, tree, prefix: int):
     """A target forward over a tree's nodes, the way the engine runs it (its verify runner: the
-    bucket's forward graph on the GPU)."""
-    return engine.verify.forward(tree, prefix)
+    bucket's forward graph on the GPU), after the engine's committed length."""
+    assert engine.kv.length == prefix
+    return engine.verify.forward(tree)
 
 
 def _draft_forward(engine, anchor: torch.Tensor, depth: int) -> torch.Tensor:
@@ -744,18 +745,14 @@ def _random_tree(engine, nodes: int, width: int, gen: torch.Generator):
 
 
 class _State:
-    """A prepared engine state at a given context: KV and draft caches filled (random values),
-    one pending tap row (the previous round's accepted token, as in a real round), anchor set.
-    `restore()` puts it back after a round, so every timed round starts from the same state."""
+    """A prepared engine state at a given context: KV and draft caches filled (random values)
+    up to the context, anchor set. `restore()` puts it back after a round, so every timed round
+    starts from the same state."""
 
     def __init__(self, engine, context: int, gen: torch.Generator):
         self.engine, self.context = engine, context
         vocab = engine.target.cfg.vocab_size
         self.tokens = torch.randint(0, vocab, (context + 1,), generator=gen).tolist()
-        self.taps = None
-        if engine.head is not None:
-            width = engine.head.fc.in_features
-            self.taps = torch.randn(1, width, generator=gen).to(engine.torch_device, engine.torch_dtype)
 
     def restore(self) -> None:
         e, c = self.engine, self.context
@@ -764,8 +761,7 @@ class _State:
         e.tokens = list(self.tokens)
         e.anchor.fill_(self.tokens[-1])
         if e.draft_kv is not None:
-            e.draft_kv.length = c - 1
-            e._pending_taps = self.taps
+            e.draft_kv.length = c
 
 
 def _prepare_engine(engine, capacity: int, seed: int) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 from ..kernels import add_rms_norm, pack_tree_mask, paged_tree_attention, write_kv
 from .errors import DraftHeadError
 from .kv_cache import BLOCK_SIZE as KV_BLOCK
+from .kv_cache import TrackedLength
 from .layers import MLP, AttentionWeights, RMSNorm, Rotary, hf_parameters, init_random_
 from .model_config import ModelConfig
 
@@ -178,18 +179,23 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class DraftKVCache:
+class DraftKVCache(TrackedLength):
     """Per draft layer K/V of the projected context, [capacity, n_kv, head_dim]; rows append only.
+    The length lives on the host and on the device (TrackedLength): the verify step appends the
+    accepted rows and advances `device_length` inside its graph.
 
     Contiguous, but also viewed as a paged pool (identity block table) so the draft's
-    attention runs on the same paged tree kernel as the target's."""
+    attention runs on the same paged tree kernel as the target's. Rows past the length are
+    scratch: the draft block's own K/V and the fixed-size appends' surplus rows land there, so
+    the capacity must exceed the longest context by a block (block_size rows)."""
 
     def __init__(self, cfg: DraftHeadConfig, capacity: int, device: torch.device, dtype: torch.dtype):
         capacity = -(-capacity // KV_BLOCK) * KV_BLOCK
         self.k = torch.empty(cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim, device=device, dtype=dtype)
         self.v = torch.empty_like(self.k)
         self.block_table = torch.arange(capacity // KV_BLOCK, dtype=torch.int32, device=device)
-        self.length = 0
+        self.device_length = torch.zeros((), dtype=torch.long, device=device)
+        self._length = 0
 
     def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (-1, KV_BLOCK, *self.k.shape[2:])
@@ -221,17 +227,28 @@ class DraftHead(nn.Module):
         cos, sin = self.rotary.cos_sin(positions, ctx.dtype)
         return [layer.self_attn.k_rope(ctx, cos, sin) for layer in self.layers]
 
+    def _write_context(self, cache: DraftKVCache, taps: torch.Tensor, start: int | torch.Tensor) -> None:
+        """Project taps into cache rows start.. (positions start..)."""
+        rows = start + torch.arange(taps.shape[0], device=taps.device)
+        for i, (k, v) in enumerate(self.context_kv(taps, rows)):
+            write_kv(*cache.pools(i), rows, k, v)  # identity block table: rows are slots
+
     def append_context(self, cache: DraftKVCache, taps: torch.Tensor) -> None:
-        """Project newly committed tokens' taps into the cache (positions continue the cache)."""
+        """Project newly committed tokens' taps into the cache (positions continue the cache).
+        Any number of rows, eagerly: the prefill's path (once per chunk)."""
         n = taps.shape[0]
         if n == 0:
             return
-        start = cache.length
-        positions = torch.arange(start, start + n, device=taps.device)
-        for i, (k, v) in enumerate(self.context_kv(taps, positions)):
-            cache.k[i, start : start + n] = k
-            cache.v[i, start : start + n] = v
-        cache.length = start + n
+        self._write_context(cache, taps, cache.length)
+        cache.length = cache.length + n
+
+    def append_accepted(self, cache: DraftKVCache, taps: torch.Tensor, count: torch.Tensor) -> None:
+        """The round's append, with fixed shapes and no host values (inside the verify graph):
+        project all P rows of `taps` (the accepted path's, padded to the path's fixed length) at
+        the device length, then advance it by `count` (0-d, <= P). Rows past count are written
+        but never read (attention reads `length` rows; the next append overwrites them)."""
+        self._write_context(cache, taps, cache.device_length)
+        cache.device_length.add_(count)
 
     def draft_logits(
         self, cache: DraftKVCache, anchor: torch.Tensor, depth: int, embed: nn.Embedding, lm_head_weight: torch.Tensor,

@@ -5,14 +5,16 @@ Invariant between rounds: the target's KV cache holds every committed token exce
 the anchor (whose hidden state does not exist yet). The anchor also lives on the device
 (`SpecEngine.anchor`, a 0-d scalar): the prefill's choice seeds it and each round's verify step
 writes its bonus token there, so the next round's draft reads it without a host->device copy.
-The draft context mirrors the KV cache: draft_kv rows plus `pending taps` (features of tokens
-not yet projected, e.g. after AR steps) always equal kv.length.
+The draft context mirrors the KV cache: draft_kv.length == kv.length between rounds (the
+prefill appends its chunks' features eagerly; each round's verify step appends the accepted
+rows and advances both lengths on the device, and the host follows from the round's one copy).
 """
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Iterator
 
 import torch
@@ -104,7 +106,6 @@ class SpecEngine:
         # tokens[-1] on the device during an answer (graph input of the draft, set by the verify step).
         self.anchor = torch.zeros((), dtype=torch.long, device=self.torch_device)
         self._root = root_only(self.anchor)  # the AR round's tree; its token is a view of the anchor
-        self._pending_taps: torch.Tensor | None = None
         self._live_spec: SpecParams | None = None  # set by update_spec, taken at a round boundary
 
     # -- state -----------------------------------------------------------------------------
@@ -126,7 +127,7 @@ class SpecEngine:
         if tokens != self.max_context:
             self.max_context = tokens
             self.kv = self.draft_kv = self.verify = self.drafter = None
-            self.tokens, self._pending_taps = [], None
+            self.tokens = []
 
     def update_spec(self, spec: SpecParams) -> None:
         """Change the tree shape (budget, depth, width, algorithm, on/off) from the next round of
@@ -149,11 +150,20 @@ class SpecEngine:
                 cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.max_context + SCRATCH_ROWS,
                 self.torch_device, self.torch_dtype,
             )
-            self.verify = VerifyRunner(self.target, self.kv, self.tap_layers, self.anchor, self.max_depth or 0)
+            append = None
             if self.head is not None:
+                # kv.capacity leaves SCRATCH_ROWS (>= block_size) past the context limit: room for
+                # the draft block's rows and a fixed-size append's surplus rows (DraftKVCache).
+                assert self.head.cfg.block_size <= SCRATCH_ROWS
                 self.draft_kv = DraftKVCache(self.head.cfg, self.kv.capacity, self.torch_device, self.torch_dtype)
+                append = partial(self.head.append_accepted, self.draft_kv)
+            self.verify = VerifyRunner(
+                self.target, self.kv, self.tap_layers, self.anchor, self.max_depth or 0, self.draft_kv, append
+            )
+            if self.head is not None:
                 self.drafter = DraftRunner(
-                    self.head, self.draft_kv, self.target.model.embed_tokens, self.target.lm_head_weight(), self.anchor
+                    self.head, self.draft_kv, self.target.model.embed_tokens, self.target.lm_head_weight(), self.anchor,
+                    self.verify,
                 )
         except torch.OutOfMemoryError:
             self.kv = self.draft_kv = self.verify = self.drafter = None
@@ -166,16 +176,7 @@ class SpecEngine:
         self.kv.truncate(length)
         if self.draft_kv is not None:
             self.draft_kv.length = min(self.draft_kv.length, length)
-            keep = length - self.draft_kv.length
-            self._pending_taps = self._pending_taps[:keep] if self._pending_taps is not None else None
         self.tokens = self.tokens[: length + 1]
-
-    def _add_pending_taps(self, taps: torch.Tensor | None) -> None:
-        if taps is None:
-            return
-        # A copy either way: `taps` may be a graph output, which the next replay of that graph (or
-        # of another graph in its memory pool) overwrites before the draft context takes it.
-        self._pending_taps = taps.clone() if self._pending_taps is None else torch.cat([self._pending_taps, taps])
 
     # -- timing ----------------------------------------------------------------------------
     def _now(self) -> float:
@@ -208,7 +209,8 @@ class SpecEngine:
             )
             hidden, taps = self.target(batch, self.kv, self.tap_layers)
             self.kv.length = start + t
-            self._add_pending_taps(taps)
+            if self.head is not None:  # variable size, once per chunk: eagerly
+                self.head.append_context(self.draft_kv, taps)
             start += t
             logits = self.target.logits(hidden[-1:])
         return logits, lcp
@@ -217,29 +219,30 @@ class SpecEngine:
     def _round(self, params: GenerationParams, generator: torch.Generator | None) -> RoundOutput:
         """draft -> tree -> verify -> accept -> commit, enqueued without host syncs and started
         from the device anchor; then the round's one device->host copy (the packed integers
-        with the tree's scores)."""
+        with the tree's scores). Greedy with a fixed-shape tree on CUDA: the draft graph (which
+        writes the tree into the verify bucket), the verify graph (which commits, appends the
+        draft context and advances the lengths on the device), the copy; nothing in between."""
         spec, sampling = params.spec, params.sampling
         base = self.kv.length
         clock = _PhaseClock(self.torch_device)
         positions_left = self.target.cfg.max_position_embeddings - 1 - base
         if spec.enabled and spec.budget > 1 and self.head is not None and positions_left > 0:
-            if self._pending_taps is not None and self._pending_taps.shape[0]:
-                self.head.append_context(self.draft_kv, self._pending_taps)
-                self._pending_taps = None
             # A tree of `budget` nodes is at most budget - 1 deep: draft no further than that.
             depth = min(spec.depth or self.head.cfg.max_depth, positions_left, max(spec.budget - 1, 1))
-            tree = self.drafter.tree(self.anchor, depth, spec.tree_algo, spec.budget, spec.width, clock.mark)
+            tree, staged = self.drafter.tree(self.anchor, depth, spec.tree_algo, spec.budget, spec.width, clock.mark)
         else:
-            tree = self._root
+            tree, staged = self._root, True  # bucket 1 holds the root-only tree; its token is the anchor
         # On CUDA with greedy decoding one graph runs the forward and finish_round (accept, KV
-        # commit, packing, next anchor): verify_ms is that graph and accept_ms only the copy and
-        # the host's unpacking. Elsewhere verify_ms ends at the target's choices.
-        packed = self.verify.round(tree, base, sampling, generator, clock.mark)
+        # commit, draft-context append, lengths, packing, next anchor): verify_ms is that graph
+        # and accept_ms only the copy and the host's unpacking. Elsewhere verify_ms ends at the
+        # target's choices.
+        packed = self.verify.round(tree, staged, sampling, generator, clock.mark)
         r = unpack_round(packed.ints.cpu(), packed.path_len, tree.size)  # the round's only device->host copy
         clock.mark("accept_ms")
-        self.kv.length = base + r.count
-        if packed.tap_rows is not None:
-            self._add_pending_taps(packed.tap_rows[: r.count])
+        # finish_round advanced the device lengths by the count: the host copies follow.
+        self.kv.note_advance(r.count)
+        if self.draft_kv is not None:
+            self.draft_kv.note_advance(r.count)
         return RoundOutput(
             tree_tokens=r.tokens,
             tree_parents=r.parents,

@@ -6,6 +6,11 @@ DraftRunner: the draft head's block forward (through lm_head and log-softmax) an
 built from it, per depth and tree shape. Each bucket is captured once and replayed; lengths are read from device
 scalars, so one graph serves every context length, turn and budget mapping to the bucket.
 Elsewhere (CPU) the same functions run eagerly on exact sizes.
+
+A greedy round with a fixed-shape tree on CUDA is two graph replays and one copy: the draft
+graph (draft forward, tree build, and the tree written straight into the verify bucket's static
+inputs) and the verify graph (target forward, accept, KV commit, draft-context append, lengths
+and anchor advanced on the device, packing); then the packed integers go to the host.
 """
 from __future__ import annotations
 
@@ -13,12 +18,12 @@ from typing import Callable
 
 import torch
 
-from .accept import PackedRound, finish_round, target_choices
+from .accept import DraftAppend, PackedRound, finish_round, target_choices
 from .draft_head import DraftHead, DraftKVCache
 from .kv_cache import PagedKVCache
 from .model import ForwardBatch, TargetModel
 from .params import SamplingParams
-from .tree import FIXED_SHAPE_ALGOS, TREE_ALGOS, Tree
+from .tree import FIXED_SHAPE_ALGOS, TREE_ALGOS, Tree, fixed_tree_size
 
 TREE_BUCKETS = (1, 16, 32, 64, 128, 256, 512, 1024)
 SCRATCH_ROWS = TREE_BUCKETS[-1]  # KV rows past the context limit reserved for one padded tree
@@ -29,13 +34,24 @@ def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
     return next(b for b in buckets if b >= n)
 
 
-def capture(fn: Callable[[], object], device: torch.device, pool) -> tuple[torch.cuda.CUDAGraph, object]:
-    """Warm fn up on a side stream (Triton compiles, the allocator settles), then capture it."""
+def capture(
+    fn: Callable[[], object], device: torch.device, pool, keep: tuple[torch.Tensor, ...] = ()
+) -> tuple[torch.cuda.CUDAGraph, object]:
+    """Warm fn up on a side stream (Triton compiles, the allocator settles), then capture it.
+    `keep`: state fn advances (lengths, the anchor), put back after each warm-up run, so the
+    warm-ups neither run past the caches' scratch rows nor leave the state a round ahead."""
+    saved = [t.clone() for t in keep]
+
+    def restore():
+        for t, v in zip(keep, saved):
+            t.copy_(v)
+
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         for _ in range(2):
             fn()
+            restore()
     torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
@@ -50,7 +66,7 @@ class _TreeBucket:
 
     def __init__(self, size: int, path_len: int, device: torch.device):
         self.tokens = torch.zeros(size, dtype=torch.long, device=device)
-        # Initial values are a root-only tree, which bucket 1 keeps (see VerifyRunner._stage).
+        # Initial values are a root-only tree, which bucket 1 keeps (see load).
         self.parents = torch.full((size,), -1, dtype=torch.long, device=device)
         self.depths = torch.zeros(size, dtype=torch.long, device=device)
         self.scores = torch.zeros(size, dtype=torch.float32, device=device)
@@ -64,47 +80,64 @@ class _TreeBucket:
         self.round_graph: torch.cuda.CUDAGraph | None = None
         self.round_out: PackedRound | None = None
 
+    def load(self, tree: Tree) -> None:
+        """Write a tree into the static inputs (device to device; inside the draft graph for
+        fixed-shape trees, else the eager staging)."""
+        n = tree.size
+        self.tokens[:n].copy_(tree.tokens)
+        if n > 1:  # a one-node tree is the root: parent, depth, score and mask are bucket 1's initial values
+            self.parents[:n].copy_(tree.parents)
+            self.depths[:n].copy_(tree.depths)
+            self.scores[:n].copy_(tree.scores)
+            self.ancestors[:n, :n].copy_(tree.ancestors)
+            self.n.fill_(n)
+
 
 class VerifyRunner:
     """The target forward over a tree (K/V written after the committed prefix). On CUDA, trees
     are padded to a bucket whose padding nodes see only themselves (and the prefix), write K/V
     into scratch rows and are never accepted; per bucket one graph for the forward alone and,
     for greedy decoding, one for the whole verify step: forward, logits, argmax and
-    finish_round (accept, KV commit, packing, the next anchor), so a greedy round needs no
-    launches after the replay but its one device->host copy.
+    finish_round (accept, KV commit, draft-context append, lengths, packing, the next anchor),
+    so a greedy round needs no launches after the replay but its one device->host copy.
 
-    `anchor` is the engine's 0-d device scalar for the next round's root, which finish_round
-    sets to the bonus token. The graphs read a tree's root token from the staged tree, never
-    from the anchor: capture warms the step up twice, and each run rewrites the anchor."""
+    The committed length is read from `kv.device_length` (advanced by finish_round), and a
+    tree's positions are computed from it inside the graphs. `anchor` is the engine's 0-d
+    device scalar for the next round's root, which finish_round sets to the bonus token; the
+    greedy graph reads the root token from it (capture puts it back after the warm-ups).
+
+    The draft-context append of the accepted rows (finish_round's `draft_append`) sits at the
+    end of this graph rather than at the start of the draft graph: the path and the taps are
+    made here (each bucket's graph has its own taps buffer, which a draft graph would have to
+    pick by the last round's bucket), every round passes here (AR rounds too, so no pending
+    context builds up), and the sampling path runs the same finish_round eagerly."""
 
     def __init__(
-        self, target: TargetModel, kv: PagedKVCache, tap_layers: tuple[int, ...], anchor: torch.Tensor, max_depth: int
+        self, target: TargetModel, kv: PagedKVCache, tap_layers: tuple[int, ...], anchor: torch.Tensor, max_depth: int,
+        draft_kv: DraftKVCache | None = None, draft_append: DraftAppend | None = None,
     ):
         self.target, self.kv, self.tap_layers, self.anchor = target, kv, tap_layers, anchor
+        self.draft_kv, self.draft_append = draft_kv, draft_append
         self.max_path = max_depth + 1  # no tree is deeper than the draft head drafts
         self.device = kv.pool.device
         self.use_graphs = self.device.type == "cuda"
-        self.prefix = torch.zeros((), dtype=torch.long, device=self.device)
         self._buckets: dict[int, _TreeBucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
-    def _stage(self, tree: Tree, prefix_len: int) -> _TreeBucket:
-        """Copy the tree into its bucket's static inputs (device to device, no host value
-        besides the two scalars)."""
-        n = tree.size
+    def bucket(self, n: int) -> _TreeBucket:
+        """The static inputs for trees of n nodes (created on first use)."""
         size = bucket_for(n, TREE_BUCKETS)
         b = self._buckets.get(size)
         if b is None:
             # A tree of n <= size nodes is at most size - 1 deep: its path fits in min(size, max_path).
             b = self._buckets[size] = _TreeBucket(size, min(size, self.max_path), self.device)
-        b.tokens[:n].copy_(tree.tokens)
-        if n > 1:  # a one-node tree is the root: parent, depth, score and mask are bucket 1's initial values
-            b.parents[:n].copy_(tree.parents)
-            b.depths[:n].copy_(tree.depths)
-            b.scores[:n].copy_(tree.scores)
-            b.ancestors[:n, :n].copy_(tree.ancestors)
-            b.n.fill_(n)
-        self.prefix.fill_(prefix_len)
+        return b
+
+    def _stage(self, tree: Tree) -> _TreeBucket:
+        """Copy the tree into its bucket's static inputs (eager launches: trees the draft graph
+        did not write, i.e. non-fixed-shape algorithms and the bench's)."""
+        b = self.bucket(tree.size)
+        b.load(tree)
         return b
 
     def _padded_forward(self, b: _TreeBucket) -> tuple[Tree, torch.Tensor, torch.Tensor | None]:
@@ -112,23 +145,27 @@ class VerifyRunner:
         valid = b.index < b.n
         ancestors = (b.ancestors & valid[:, None] & valid[None, :]) | b.eye  # padding sees only itself
         tree = Tree(b.tokens, b.parents, b.depths, b.scores, ancestors, b.path_len - 1)
-        batch = ForwardBatch(b.tokens, self.prefix + b.depths, ancestors, self.prefix)
+        prefix = self.kv.device_length
+        batch = ForwardBatch(b.tokens, prefix + b.depths, ancestors, prefix)
         hidden, taps = self.target(batch, self.kv, self.tap_layers)
         return tree, hidden, taps
 
     def _greedy_round(self, b: _TreeBucket) -> PackedRound:
+        # The root is the anchor: the AR round's tree (bucket 1) gets its token here, in the graph.
+        b.tokens[:1].copy_(self.anchor)
         tree, hidden, taps = self._padded_forward(b)
         choices = target_choices(self.target.logits(hidden), GREEDY, None)
-        return finish_round(tree, choices, self.kv, self.prefix, taps, self.anchor, b.n, b.path_len)
+        return finish_round(tree, choices, self.kv, taps, self.anchor, self.draft_append, b.n, b.path_len)
 
-    def forward(self, tree: Tree, prefix_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Forward the tree's nodes after `prefix_len` committed tokens; node i's K/V land at
-        prefix_len + i. Returns (final hidden [n, H], taps [n, taps*H] or None)."""
+    def forward(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Forward the tree's nodes after the kv.length committed tokens; node i's K/V land at
+        kv.length + i. Returns (final hidden [n, H], taps [n, taps*H] or None)."""
         if not self.use_graphs:
+            prefix_len = self.kv.length
             batch = ForwardBatch(tree.tokens, prefix_len + tree.depths, tree.ancestors, prefix_len)
             return self.target(batch, self.kv, self.tap_layers)
         n = tree.size
-        b = self._stage(tree, prefix_len)
+        b = self._stage(tree)
         if b.forward_graph is None:
             b.forward_graph, b.forward_out = capture(lambda: self._padded_forward(b)[1:], self.device, self._pool)
         b.forward_graph.replay()
@@ -136,41 +173,46 @@ class VerifyRunner:
         return hidden[:n], (taps[:n] if taps is not None else None)
 
     def round(
-        self, tree: Tree, prefix_len: int, sampling: SamplingParams, generator: torch.Generator | None, mark
+        self, tree: Tree, staged: bool, sampling: SamplingParams, generator: torch.Generator | None, mark
     ) -> PackedRound:
-        """Verify the tree and finish the round (finish_round): accept, commit the K/V rows, pack
-        the integers, set the anchor. `mark(phase)` closes the verify phase: after the graph on
-        the CUDA greedy path (which holds the acceptance too), else after the target's choices."""
+        """Verify the tree and finish the round (finish_round). `staged`: the tree is already in
+        its bucket's inputs (the draft graph wrote it, or it is the root-only tree, whose token
+        the greedy graph reads from the anchor). `mark(phase)` closes the verify phase: after the
+        graph on the CUDA greedy path (which holds the acceptance too), else after the target's
+        choices."""
         if self.use_graphs and sampling.greedy:
-            b = self._stage(tree, prefix_len)
+            b = self.bucket(tree.size) if staged else self._stage(tree)
             if b.round_graph is None:
-                b.round_graph, b.round_out = capture(lambda: self._greedy_round(b), self.device, self._pool)
+                keep = (self.anchor, self.kv.device_length) + ((self.draft_kv.device_length,) if self.draft_kv else ())
+                b.round_graph, b.round_out = capture(lambda: self._greedy_round(b), self.device, self._pool, keep)
             b.round_graph.replay()
             mark("verify_ms")
             return b.round_out
         # Sampling draws from a torch.Generator on the host side of the graph; the CPU has no graphs.
-        hidden, taps = self.forward(tree, prefix_len)
+        hidden, taps = self.forward(tree)
         choices = target_choices(self.target.logits(hidden), sampling, generator)
         mark("verify_ms")
-        return finish_round(tree, choices, self.kv, prefix_len, taps, self.anchor)
+        return finish_round(tree, choices, self.kv, taps, self.anchor, self.draft_append)
 
 
 class DraftRunner:
     """The draft forward, and (for fixed-shape tree algorithms) the tree built from it, in one
-    graph per (depth, tree shape): the context length is a device scalar and the draft's
-    attention kernel reads only the rows it needs, so no graph depends on the context."""
+    graph per (depth, tree shape) that also writes the tree into the verify bucket's static
+    inputs: the context length is the draft cache's device scalar (advanced by the verify
+    step) and the draft's attention kernel reads only the rows it needs, so no graph depends on
+    the context and a round launches nothing between the draft and verify replays."""
 
     def __init__(
         self, head: DraftHead, cache: DraftKVCache, embed: torch.nn.Embedding, lm_head_weight: torch.Tensor,
-        anchor: torch.Tensor,
+        anchor: torch.Tensor, verify: VerifyRunner,
     ):
         self.head, self.cache, self.embed, self.lm_head_weight = head, cache, embed, lm_head_weight
+        self.verify = verify
         self.device = cache.k.device
         self.use_graphs = self.device.type == "cuda"
         # The graphs' anchor input is the engine's device anchor, which the verify step sets:
         # a round's draft starts without any copy.
         self.anchor = anchor
-        self.length = torch.zeros((), dtype=torch.long, device=self.device)
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
@@ -181,7 +223,6 @@ class DraftRunner:
     def _replay(self, key: tuple, fn: Callable[[], object], anchor: torch.Tensor):
         if anchor is not self.anchor:  # another root (the bench's)
             self.anchor.copy_(anchor)
-        self.length.fill_(self.cache.length)
         if key not in self._graphs:
             self._graphs[key] = capture(fn, self.device, self._pool)
         graph, out = self._graphs[key]
@@ -192,20 +233,30 @@ class DraftRunner:
         """Draft log-probs [depth, vocab] (fp32) for the block after `anchor`."""
         if not self.use_graphs:
             return self._logp(anchor, depth, self.cache.length)
-        return self._replay(("logp", depth), lambda: self._logp(self.anchor, depth, self.length), anchor)
+        return self._replay(("logp", depth), lambda: self._logp(self.anchor, depth, self.cache.device_length), anchor)
 
-    def tree(self, anchor: torch.Tensor, depth: int, algo: str, budget: int, width: int, mark) -> Tree:
-        """The draft tree for the block after `anchor`; graphed together with the draft when the
-        algorithm has fixed shapes (then the tree phase reads 0 ms: it is inside the draft's).
+    def tree(self, anchor: torch.Tensor, depth: int, algo: str, budget: int, width: int, mark) -> tuple[Tree, bool]:
+        """The draft tree for the block after `anchor`, and whether it is already staged in its
+        verify bucket. Graphed together with the draft when the algorithm has fixed shapes (then
+        the tree phase reads 0 ms: it is inside the draft's), and then the same graph writes it
+        into the bucket: the key fixes the tree's size, hence its bucket, at capture time.
         `mark(phase)` closes a timing phase."""
         build = TREE_ALGOS[algo]
         if not self.use_graphs or algo not in FIXED_SHAPE_ALGOS:
             logp = self.logp(anchor, depth)
             mark("draft_ms")
-            tree = build(anchor, logp, budget, width)
+            tree, staged = build(anchor, logp, budget, width), False
         else:
-            fn = lambda: build(self.anchor, self._logp(self.anchor, depth, self.length), budget, width)  # noqa: E731
-            tree = self._replay(("tree", depth, algo, budget, width), fn, anchor)
+            size = fixed_tree_size(algo, budget, width, depth, self.lm_head_weight.shape[0])
+            b = self.verify.bucket(size)  # created here, outside the capture's side stream
+
+            def fn() -> Tree:
+                t = build(self.anchor, self._logp(self.anchor, depth, self.cache.device_length), budget, width)
+                assert t.size == size
+                b.load(t)
+                return t
+
+            tree, staged = self._replay(("tree", depth, algo, budget, width), fn, anchor), True
             mark("draft_ms")
         mark("tree_ms")
-        return tree
+        return tree, staged

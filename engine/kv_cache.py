@@ -14,7 +14,31 @@ from ..kernels.reference import logical_to_slots
 BLOCK_SIZE = 16
 
 
-class PagedKVCache:
+class TrackedLength:
+    """A cache's length, twice: `length` on the host and `device_length` (a 0-d device tensor)
+    that the CUDA graphs read and advance themselves (finish_round), so a round fills nothing.
+    Setting `length` is for lengths the host decides (prefill, rollback, outside rounds): it
+    writes the device copy too. After a round the host follows with `note_advance(count)`."""
+
+    device_length: torch.Tensor
+    _length: int
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @length.setter
+    def length(self, n: int) -> None:
+        self._length = n
+        self.device_length.fill_(n)
+
+    def note_advance(self, count: int) -> None:
+        """The round already advanced `device_length` by `count` (read back in the round's one
+        device->host copy): the host copy follows without touching the device."""
+        self._length += count
+
+
+class PagedKVCache(TrackedLength):
     def __init__(
         self,
         num_layers: int,
@@ -36,7 +60,8 @@ class PagedKVCache:
         # to share blocks with, and CUDA graphs need a fixed table: every block is mapped up
         # front (in order; the kernels accept any permutation, and the tests use one).
         self.block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)
-        self.length = 0  # committed tokens
+        self.device_length = torch.zeros((), dtype=torch.long, device=device)
+        self._length = 0
 
     @property
     def nbytes(self) -> int:

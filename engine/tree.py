@@ -47,6 +47,14 @@ def static_tree_size(budget: int, width: int, depth: int) -> int:
     return total
 
 
+def fixed_tree_size(algo: str, budget: int, width: int, depth: int, vocab: int) -> int:
+    """Node count of the tree a FIXED_SHAPE_ALGOS builder returns for these arguments (known
+    before building it: the draft graph picks its verify bucket from it)."""
+    if algo == "chain":
+        width = 1
+    return static_tree_size(budget, min(width, vocab), depth) if depth > 0 else 1
+
+
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """[N, N] ancestor-or-self mask from parent pointers, with fixed shapes and no host values
     (safe inside a CUDA graph)."""

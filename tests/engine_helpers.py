@@ -10,7 +10,7 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from jetspec_chat.engine import FinishEvent, GenerationParams, SamplingParams, SpecParams, load_engine
+from jetspec_chat.engine import FinishEvent, GenerationParams, RoundEvent, SamplingParams, SpecParams, load_engine
 from jetspec_chat.engine import graphs
 from jetspec_chat.kernels import paged_tree_attention_ref
 from jetspec_chat.engine.oracle import transformers_model
@@ -158,14 +158,22 @@ def _copy_into(dst, src) -> None:
     # ints and None are fixed by the capture
 
 
-def _emulated_capture(fn, device, pool):
+def _emulated_capture(fn, device, pool, keep=()):
+    saved = [t.clone() for t in keep]
+
+    def restore():  # as graphs.capture: the state the runs advance is put back after each
+        for t, v in zip(keep, saved):
+            t.copy_(v)
+
     for _ in range(2):  # the warm-up runs, with their side effects
         fn()
+        restore()
     graph = _EmulatedGraph(fn)
     # On the CPU the attention reference reads the prefix length on the host (Triton reads it
     # on the device) and the tests' oracle draft reads the anchor: neither is in a CUDA graph.
     with NoHostReads(exempt=(paged_tree_attention_ref, OracleDraft.__call__)):  # what a capture rejects
         graph.out = fn()
+    restore()  # a real capture records without running
     return graph, graph.out
 
 
@@ -189,3 +197,79 @@ def emulated_graphs(engine):
         engine.verify._buckets.clear()
         if engine.drafter is not None:
             engine.drafter._graphs.clear()
+
+
+class RoundLaunches(TorchDispatchMode):
+    """What the host issues around the graphs: counts graph replays (real CUDA graphs or the
+    emulated ones) and records every tensor op dispatched outside a replay, except views and
+    conjugation bookkeeping (no kernel). On CUDA, ops inside a replay are not dispatched at
+    all; on the CPU, the emulated replay's own ops are skipped. `host_ops` then lists the eager
+    launches (and the device->host copy, an `aten.to` / `aten._to_copy`)."""
+
+    FREE = frozenset({"aten.resolve_conj.default", "aten.resolve_neg.default"})
+
+    def __init__(self):
+        super().__init__()
+        self.replays = 0
+        self.host_ops: list[str] = []
+        self._inside = 0
+
+    def _wrap(self, cls):
+        original = cls.replay
+
+        def replay(graph):
+            self.replays += 1
+            self._inside += 1
+            try:
+                original(graph)
+            finally:
+                self._inside -= 1
+
+        cls.replay = replay
+        return original
+
+    def __enter__(self):
+        classes = [_EmulatedGraph] + ([torch.cuda.CUDAGraph] if torch.cuda.is_available() else [])
+        self._saved = [(cls, self._wrap(cls)) for cls in classes]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for cls, original in self._saved:
+            cls.replay = original
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        # aten.to is schema-wise an alias (a no-op on the same device), but the copy to the host.
+        if not self._inside and (self._is_copy(name) or not func.is_view and name not in self.FREE):
+            self.host_ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+    @staticmethod
+    def _is_copy(name: str) -> bool:
+        return name.startswith(("aten.to.", "aten._to_copy."))
+
+    @property
+    def copies_to_host(self) -> int:
+        return sum(map(self._is_copy, self.host_ops))
+
+    @property
+    def launches(self) -> list[str]:
+        """Host ops other than the copies."""
+        return [op for op in self.host_ops if not self._is_copy(op)]
+
+
+def round_launches(engine, prompt, params) -> list[tuple[int, int, list[str]]]:
+    """Per round of one answer, after a first answer captured its graphs: (graph replays,
+    device->host copies, other host ops)."""
+    list(engine.generate(prompt, params))
+    engine.reset()
+    events = engine.generate(prompt, params)
+    next(events)  # the prefill
+    out = []
+    while True:
+        with RoundLaunches() as rec:
+            event = next(events)
+        if not isinstance(event, RoundEvent):
+            return out
+        out.append((rec.replays, rec.copies_to_host, rec.launches))

@@ -152,9 +152,14 @@ def test_finish_round_equals_the_step_by_step_round(algo, pad):
         kv.block_table = kv.block_table[torch.randperm(kv.block_table.shape[0])].int()  # any block order
         kv.pool.normal_()
         base = rng.randint(1, 100)
+        kv.length = base
         before = logical_rows(kv, base + n)
         taps = torch.randn(n, 6)
         anchor = torch.tensor(-1)
+        appended = []
+
+        def append(rows, count, appended=appended):  # records the draft-context append
+            appended.append((rows.clone(), count.clone()))
         if pad:
             size = bucket_for(n, TREE_BUCKETS)
             path_len = min(size, rng.choice([tree.max_depth + 1, 16]))  # as a bucket's (>= any real depth + 1)
@@ -163,9 +168,9 @@ def test_finish_round_equals_the_step_by_step_round(algo, pad):
             big_choices = torch.cat([choices, big.tokens[n:]])  # the padding "matches" its own tokens
             big_taps = torch.cat([taps, torch.randn(size - n, 6)])
             with NoHostReads():
-                out = finish_round(big, big_choices, kv, torch.tensor(base), big_taps, anchor, torch.tensor(n), path_len)
+                out = finish_round(big, big_choices, kv, big_taps, anchor, append, torch.tensor(n), path_len)
         else:
-            out = finish_round(tree, choices, kv, base, taps, anchor)
+            out = finish_round(tree, choices, kv, taps, anchor, append)
             path_len = tree.max_depth + 1
         assert out.path_len == path_len
         r = unpack_round(out.ints, out.path_len, n)
@@ -173,7 +178,10 @@ def test_finish_round_equals_the_step_by_step_round(algo, pad):
         assert r.tokens == tree.tokens.tolist() and r.parents == tree.parents.tolist()
         assert r.depths == tree.depths.tolist() and r.scores == tree.scores.tolist()
         assert int(anchor) == bonus
-        assert torch.equal(out.tap_rows[: r.count], taps[path])
+        (rows, count), = appended
+        assert rows.shape[0] == path_len and int(count) == r.count  # fixed-size rows, the count to advance by
+        assert torch.equal(rows[: r.count], taps[path])
+        assert int(kv.device_length) == base + r.count and kv.length == base  # the host follows from the count
         after = logical_rows(kv, base + len(path))
         assert torch.equal(after[:, :, :base], before[:, :, :base])  # the committed prefix is untouched
         assert torch.equal(after[:, :, base:], before[:, :, [base + i for i in path]])  # the path moved down
@@ -183,7 +191,8 @@ def test_finish_round_reads_a_root_only_tree_before_setting_the_anchor():
     """The AR round's tree is a view of the anchor, which finish_round overwrites with the bonus."""
     anchor = torch.tensor(7)
     kv = PagedKVCache(1, 1, 2, 32, torch.device("cpu"), torch.float32)
-    out = finish_round(root_only(anchor), torch.tensor([3]), kv, 4, None, anchor)
+    kv.length = 4
+    out = finish_round(root_only(anchor), torch.tensor([3]), kv, None, anchor)
     r = unpack_round(out.ints, out.path_len, 1)
     assert (r.tokens, r.path, r.bonus, r.count, int(anchor)) == ([7], [0], 3, 1, 3)
-    assert out.tap_rows is None
+    assert int(kv.device_length) == 5

@@ -1,7 +1,10 @@
 """The CUDA-graph code path (trees padded to buckets, static buffers, the greedy verify graph
 that also accepts, commits and sets the device anchor) run on the CPU with emulated graphs:
 the same Python the GPU captures, checked against transformers and against the eager path."""
+import itertools
+
 import pytest
+import torch
 from engine_helpers import (
     OracleDraft,
     emulated_graphs,
@@ -9,6 +12,7 @@ from engine_helpers import (
     hf_greedy,
     hf_model,
     random_prompt,
+    round_launches,
     run,
     tiny_engine,
 )
@@ -71,3 +75,53 @@ def test_graph_path_rounds_equal_the_eager_rounds_across_spec_changes():
         assert (g.tree_tokens, g.tree_parents, g.tree_depths, g.accepted_nodes, g.new_tokens) == (
             e.tree_tokens, e.tree_parents, e.tree_depths, e.accepted_nodes, e.new_tokens), g.index
         assert g.tree_scores == pytest.approx(e.tree_scores, abs=1e-4)
+
+
+@pytest.mark.parametrize("spec,replays", [(SpecParams(budget=16, width=4), 2), (SpecParams(budget=32, tree_algo="chain"), 2),
+                                          (SpecParams(budget=200, width=8), 2), (SpecParams(enabled=False), 1)])
+def test_a_greedy_round_is_the_graph_replays_and_one_copy(spec, replays):
+    """Fixed-shape greedy rounds: the draft graph writes the tree into the verify bucket and the
+    verify graph appends the draft context and advances the lengths, so the host issues nothing
+    but the replays (draft + verify, or verify alone for an AR round) and the one copy."""
+    engine = tiny_engine("tiny-qwen3")
+    with emulated_graphs(engine):
+        rounds = round_launches(engine, random_prompt(302, 10), GenerationParams(max_new_tokens=24, spec=spec))
+    assert rounds and all(r == (replays, 1, []) for r in rounds), rounds
+
+
+def _draft_context_reference(engine, tokens):
+    """The draft cache rows of `tokens`, projected in one eager prefill (chunks' append_context)."""
+    engine.reset()
+    with torch.inference_mode():
+        engine._prefill(tokens)
+    d = engine.draft_kv
+    return d.k[:, : d.length].clone(), d.v[:, : d.length].clone()
+
+
+@pytest.mark.parametrize("budget,width,algo", [(64, 8, "accum_logp"), (16, 1, "chain"), (64, 8, "adaptive")])
+def test_graph_rounds_append_the_accepted_rows_to_the_draft_context(budget, width, algo):
+    """After graphed rounds (long accepted paths from the oracle draft, AR rounds in between),
+    the draft cache holds exactly the committed tokens' projected features, at their positions,
+    and the host and device lengths agree: the fixed-size append inside the verify graph wrote
+    the accepted rows (not the padding, the rejected nodes or the root twice) and advanced the
+    device length by the accepted count."""
+    engine = tiny_engine("tiny-qwen3")
+    prompt = random_prompt(303, 13)
+    params = GenerationParams(max_new_tokens=40, spec=SpecParams(budget=budget, width=width, tree_algo=algo))
+    lengths = []
+    with emulated_graphs(engine), OracleDraft(engine, hf_model("tiny-qwen3"), error_rate=0.3, seed=budget):
+        for ev in engine.generate(prompt, params):
+            if isinstance(ev, RoundEvent):
+                kv, d = engine.kv, engine.draft_kv
+                lengths.append((kv.length, int(kv.device_length), d.length, int(d.device_length)))
+                if ev.index == 3:
+                    engine.update_spec(SpecParams(enabled=False))
+                if ev.index == 5:
+                    engine.update_spec(params.spec)
+        tokens = list(engine.tokens[: engine.kv.length])
+        k, v = engine.draft_kv.k[:, : len(tokens)].clone(), engine.draft_kv.v[:, : len(tokens)].clone()
+    assert all(len(set(x)) == 1 for x in lengths), lengths
+    assert max(b - a for (a, *_), (b, *_) in itertools.pairwise(lengths)) > 3  # long paths were appended
+    ref_k, ref_v = _draft_context_reference(engine, tokens)
+    torch.testing.assert_close(k, ref_k, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(v, ref_v, rtol=1e-4, atol=1e-4)

@@ -4,6 +4,7 @@ import warnings
 
 import pytest
 import torch
+from engine_helpers import round_launches
 
 from jetspec_chat.engine import ChatSession, GenerationParams, RoundEvent, SamplingParams, SpecParams, load_engine
 from jetspec_chat.engine.oracle import check_lossless
@@ -94,6 +95,21 @@ def test_a_graphed_greedy_round_syncs_once(engine, spec):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert syncs and all(n == 1 for n in syncs), syncs
+
+
+@pytest.mark.parametrize("spec,replays", [(SpecParams(budget=64, width=8), 2), (SpecParams(budget=16, tree_algo="chain"), 2),
+                                          (SpecParams(enabled=False), 1)])
+def test_a_graphed_greedy_round_launches_only_its_graphs_and_one_copy(engine, spec, replays):
+    """After capture, a greedy fixed-shape round is the draft graph's replay (which writes the
+    tree into the verify bucket), the verify graph's (which appends the draft context and
+    advances the lengths on the device), and the packed device->host copy: no aten op is
+    dispatched outside the replays but that copy (eager fills, staging copies, the context
+    append would all show). (An eager Triton launch with no aten op around it would not: none
+    is left on this path.)"""
+    params = GenerationParams(max_new_tokens=40, spec=spec)
+    engine.reset()
+    rounds = round_launches(engine, PROMPT, params)
+    assert rounds and all(r == (replays, 1, []) for r in rounds), rounds
 
 
 def test_sampling_stays_on_the_eager_acceptance_and_is_reproducible(engine):
