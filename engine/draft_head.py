@@ -24,7 +24,7 @@ from ..kernels import add_rms_norm, pack_tree_mask, paged_tree_attention, write_
 from .errors import DraftHeadError
 from .kv_cache import BLOCK_SIZE as KV_BLOCK
 from .kv_cache import TrackedLength
-from .layers import MLP, AttentionWeights, RMSNorm, Rotary, hf_parameters, init_random_
+from .layers import MLP, AttentionWeights, Linear, RMSNorm, Rotary, hf_parameters, init_random_, linear
 from .model_config import ModelConfig
 
 CAUSAL_KEYS = ("causal_head", "causal", "is_causal")  # JetSpec, vLLM, SGLang spellings
@@ -215,7 +215,7 @@ class DraftHead(nn.Module):
         super().__init__()
         self.cfg = cfg
         n_taps = len(cfg.target_layer_ids)
-        self.fc = nn.Linear(n_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.fc = Linear(n_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -285,7 +285,7 @@ class DraftHead(nn.Module):
             x, h = add_rms_norm(attn.o_proj(o.reshape(b, -1)), h, layer.post_attention_layernorm.weight, eps)
             next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             x, h = add_rms_norm(layer.mlp(x), h, next_norm.weight, eps)
-        return (x[1 : depth + 1] @ lm_head_weight.t()).float()  # x is the final-normed block
+        return linear(x[1 : depth + 1], lm_head_weight).float()  # x is the final-normed block
 
     # -- weights ---------------------------------------------------------------------------
     def init_random(self, seed: int, std: float = 0.02) -> None:

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..kernels import add_rms_norm, pack_tree_mask, paged_tree_attention, write_kv
 from .kv_cache import PagedKVCache
-from .layers import MLP, AttentionWeights, RMSNorm, Rotary, hf_parameters, init_random_
+from .layers import MLP, AttentionWeights, Linear, RMSNorm, Rotary, hf_parameters, init_random_, linear
 from .model_config import ModelConfig
 
 
@@ -57,7 +57,7 @@ class TargetModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = Backbone(cfg)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.scale = cfg.head_dim**-0.5
 
@@ -132,7 +132,7 @@ class TargetModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits (argmax and sampling always happen in fp32)."""
-        return (hidden @ self.lm_head_weight().t()).float()
+        return linear(hidden, self.lm_head_weight()).float()
 
 
 def build_target(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> TargetModel:
