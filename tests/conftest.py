@@ -18,3 +18,16 @@ def embedded_cache(tmp_path_factory) -> Path:
     Point JETSPEC_TEST_CACHE at a directory that survives between runs to pay it once."""
     configured = os.environ.get("JETSPEC_TEST_CACHE")
     return Path(configured) if configured else tmp_path_factory.mktemp("jetspec-cache")
+
+
+@pytest.fixture
+def poisoned_alloc(monkeypatch):
+    """Every float tensor torch.empty/empty_like hands out starts as NaN (kernel outputs, partials):
+    a kernel that leaves any output element unwritten shows NaN."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poison(x):
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_empty_like(*a, **k)))

@@ -45,18 +45,6 @@ F32_TOL = dict(rtol=1e-6, atol=0.0)
 
 
 @pytest.fixture
-def poisoned_alloc(monkeypatch):
-    """Every float tensor torch.empty/empty_like hands out starts as NaN (kernel outputs)."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def poison(x):
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_empty_like(*a, **k)))
-
-
-@pytest.fixture
 def rtne_bf16(monkeypatch):
     """Make the interpreter's fp32 -> bf16 cast round to nearest even, as the GPU's cvt.rn does
     (the interpreter truncates). Only the interpreter's conversion helper is replaced."""
