@@ -2,9 +2,9 @@
 
 Stages, all under one output directory DIR (each resumable):
   prompts  DIR/prompts.jsonl         train/dev prompts (built-in generators or --prompts FILE)
-  data     DIR/data/shard-*.pt       the target's own answers through the chat template (batched
-                                     transformers generate, left padding, greedy or low temperature,
-                                     Qwen3 thinking off): token ids + prompt length per sequence
+  data     DIR/data/shard-*.pt       the target's own answers through the chat template (our batched
+                                     decoder, batch_decode.py: left padding, CUDA-graphed steps, greedy
+                                     or low temperature, Qwen3 thinking off): ids + prompt length
   train    DIR/ckpt.pt               head (fp32 master) + AdamW state + step; periodic τ evaluation
   export   DIR/head/                 the published format (config.json + model.safetensors)
   eval     DIR/eval.json             τ of the REAL tree decoder on held-out dev prompts and the
@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .batch_decode import BatchDecoder
 from .draft_head import DraftHead, DraftHeadConfig, build_head, default_target_layer_ids
 from .errors import ConfigError
 from .layers import Rotary, hf_parameters
@@ -87,7 +88,7 @@ class TrainConfig:
     max_new_tokens: int = 256
     max_prompt_tokens: int = 1024
     temperature: float = 0.0
-    gen_batch_size: int | None = None  # default: 128 on CUDA, 8 on CPU
+    gen_batch_size: int | None = None  # default: 256 on CUDA, 8 on CPU
     # optimization
     steps: int | None = None  # default: from --epochs
     epochs: float = 3.0
@@ -548,34 +549,6 @@ def done_prompts(out: Path) -> set[str]:
     return done
 
 
-@torch.no_grad()
-def generate_batch(ws: Workspace, prompt_ids: list[list[int]], cfg: TrainConfig) -> list[tuple[list[int], str]]:
-    """Batched transformers generate with left padding; returns (answer ids, finish) per prompt.
-    The answer keeps its stop token (the head should learn to draft it)."""
-    from transformers import GenerationConfig
-
-    stops = sorted(ws.engine.stop_token_ids)
-    width = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), width), ws.pad_id, dtype=torch.long)
-    att = torch.zeros_like(ids)
-    for i, p in enumerate(prompt_ids):
-        ids[i, width - len(p):] = torch.tensor(p)
-        att[i, width - len(p):] = 1
-    sample = cfg.temperature > 0
-    # A fresh config: the model's own (repetition penalty, top-k, ...) would change the answers.
-    ws.hf.generation_config = GenerationConfig(eos_token_id=stops or None, pad_token_id=ws.pad_id)
-    out = ws.hf.generate(
-        input_ids=ids.to(ws.device), attention_mask=att.to(ws.device), max_new_tokens=cfg.max_new_tokens,
-        do_sample=sample, temperature=cfg.temperature if sample else None, top_p=None, top_k=None,
-        eos_token_id=stops or None, pad_token_id=ws.pad_id,
-    )
-    results = []
-    for row in out[:, width:].tolist():
-        end = next((i for i, t in enumerate(row) if t in ws.engine.stop_token_ids), None)
-        results.append((row[: end + 1], "eos") if end is not None else (row, "length"))
-    return results
-
-
 def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[str], deadline: float | None,
                   log: LogFn) -> dict:
     """Answer every training prompt not answered yet; one shard per generation batch."""
@@ -603,7 +576,8 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[str], dea
         todo.append((p, ids))
     if skipped:
         log(f"skipped {skipped} prompts longer than --max-prompt-tokens {cfg.max_prompt_tokens}")
-    bs = cfg.gen_batch_size or (128 if ws.device.type == "cuda" else 8)
+    bs = cfg.gen_batch_size or (256 if ws.device.type == "cuda" else 8)
+    bs = max(1, min(bs, len(todo)))
     # Similar lengths per batch (little padding); batches in a seeded random order, so a
     # time-bounded run still covers all prompt kinds and lengths.
     todo.sort(key=lambda x: len(x[1]))
@@ -613,6 +587,11 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[str], dea
     stats = {"sequences": 0, "answer_tokens": 0, "finished_eos": 0, "stopped_by_time": False, "skipped": skipped}
     t0 = time.perf_counter()
     bar = _bar(cfg, total=len(todo), desc="data", unit="prompt")
+    decoder = None
+    if todo:
+        decoder = BatchDecoder(ws.engine.target, bs, max(len(ids) for _, ids in todo), cfg.max_new_tokens,
+                               ws.engine.stop_token_ids, ws.pad_id, cfg.temperature)
+        log(f"data: batches of {bs}, KV cache {decoder.cache_bytes / 2**30:.2f} GiB")
     try:
         for bi in order:
             if deadline is not None and time.time() > deadline:
@@ -620,7 +599,7 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[str], dea
                 log("data: time budget reached, keeping what is done")
                 break
             batch = batches[bi]
-            answers = generate_batch(ws, [ids for _, ids in batch], cfg)
+            answers = decoder.decode([ids for _, ids in batch])
             shard = {"ids": [], "prompt_len": [], "prompt_sha": [], "finish": []}
             for (p, ids), (ans, finish) in zip(batch, answers):
                 shard["ids"].append(torch.tensor(ids + ans, dtype=torch.int32))
@@ -638,6 +617,9 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[str], dea
             bar.set_postfix(tok_s=f"{stats['answer_tokens'] / (time.perf_counter() - t0):.0f}")
     finally:
         bar.close()
+        del decoder  # its KV cache: training needs the memory
+        if ws.device.type == "cuda":
+            torch.cuda.empty_cache()
     stats["seconds"] = round(time.perf_counter() - t0, 2)
     stats["total_sequences"] = len(done) + stats["sequences"]
     return stats

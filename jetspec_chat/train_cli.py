@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy answers")
     g.add_argument("--gen-batch-size", type=int, default=None,
-                   help="prompts per generate call (default 128 on GPU, 8 on CPU)")
+                   help="prompts decoded together (default 256 on GPU, 8 on CPU)")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (default: from --epochs)")
     g.add_argument("--epochs", type=float, default=3.0)
