@@ -628,6 +628,7 @@ class GpuIdle:
     trailing_ms: float  # profiled: last kernel -> round end (host work after the last copy)
     gaps_over_threshold: int  # profiled gaps >= GAP_US per round (median)
     largest_gaps: list[dict]  # the median round's largest gaps: {"us", "before": the activity after the gap}
+    top_kernels: list[dict] = field(default_factory=list)  # where a round's device time goes (kernel_table)
 
 
 @dataclass
@@ -878,6 +879,27 @@ def idle_from_trace(events: list[dict], label: str = ROUND_LABEL, min_gap_us: fl
     return out
 
 
+def kernel_table(events: list[dict], label: str = ROUND_LABEL, top: int = 25) -> list[dict]:
+    """Device activity inside the profiled rounds grouped by name, largest total first: per round
+    the time (us) and the count of each kernel, so a phase's cost can be traced to its kernels."""
+    rounds = [(e["ts"], e["ts"] + e["dur"]) for e in events
+              if e.get("ph") == "X" and e.get("name") == label and e.get("cat") == "user_annotation"]
+    if not rounds:
+        return []
+    total: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in GPU_TRACE_CATS:
+            continue
+        if any(w0 <= e["ts"] < w1 for w0, w1 in rounds):
+            t = total.setdefault(str(e.get("name", ""))[:120], [0.0, 0])
+            t[0] += e["dur"]
+            t[1] += 1
+    n = len(rounds)
+    rows = sorted(total.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"name": name, "us_per_round": round(us / n, 2), "count_per_round": round(c / n, 2)}
+            for name, (us, c) in rows]
+
+
 def measure_gpu_idle(engine, opts: EngineOnlyOptions, round_ms: Stat, gen: torch.Generator) -> GpuIdle | None:
     """Profile a few rounds at the headline context and compare kernel busy time with the
     unprofiled round time. CUDA only (on the CPU there is no separate device to idle)."""
@@ -924,6 +946,7 @@ def measure_gpu_idle(engine, opts: EngineOnlyOptions, round_ms: Stat, gen: torch
         trailing_ms=statistics.median(s["trailing_us"] for s in samples) / 1e3,
         gaps_over_threshold=int(statistics.median(len(s["gaps"]) for s in samples)),
         largest_gaps=[{"us": round(g["us"], 1), "before": g["before"]} for g in mid["gaps"][:8]],
+        top_kernels=kernel_table(events),
     )
 
 

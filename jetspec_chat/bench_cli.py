@@ -219,6 +219,8 @@ def print_engine_only(report, console) -> None:
                          f"(busy {g.busy_ms:.3f} ms; profiled: leading {g.leading_ms:.3f}, between kernels "
                          f"{g.between_ms:.3f}, trailing {g.trailing_ms:.3f} ms, {g.gaps_over_threshold} gaps ≥5 µs)")
             lines += [f"  gap {gap['us']:.0f} µs before {gap['before']}" for gap in g.largest_gaps[:3]]
+            lines += [f"  kernel {k['us_per_round']:8.1f} µs ×{k['count_per_round']:g}  {k['name'][:90]}"
+                      for k in g.top_kernels[:12]]
         else:
             lines.append("GPU idle: n/a (CPU run, no draft head, or no kernel events)")
         lines.append(f"peak memory {_gib(m.peak_memory_bytes)} GiB")

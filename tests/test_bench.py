@@ -114,6 +114,10 @@ def test_idle_from_trace_splits_leading_between_trailing():
     assert r["span_us"] == 100.0 and r["busy_us"] == 25.0 + 20.0 + 18.0
     assert (r["leading_us"], r["between_us"], r["trailing_us"]) == (10.0, 27.0, 0.0)
     assert r["gaps"] == [{"us": 25.0, "before": "c"}]
+    # Per-kernel time inside the rounds only (the one round here), largest first.
+    table = bench.kernel_table(events)
+    assert [(k["name"], k["us_per_round"], k["count_per_round"]) for k in table] == [
+        ("d", 40.0, 1), ("a", 20.0, 1), ("c", 20.0, 1), ("b", 10.0, 1)]
 
 
 def test_prompt_sets_and_jsonl_errors(tmp_path):
