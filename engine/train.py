@@ -81,7 +81,7 @@ class TrainConfig:
     block_size: int = 16
     taps: tuple[int, ...] | None = None  # target layer ids; default: default_target_layer_ids
     mask_token_id: int | None = None  # default: the last vocabulary row (as for_target does)
-    init: str = "random"  # "random" (std 0.02) or "target" (copy the target's last layers)
+    init: str = "random"  # "random" (std 0.02), "target" (copy its last layers), or a head DIR to continue
     # prompts and data
     prompts_file: str | None = None
     num_prompts: int = 4000
@@ -128,8 +128,8 @@ class TrainConfig:
             raise ConfigError("--intermediate-size must be at least 1")
         if self.loss not in ("kl", "ce"):
             raise ConfigError(f"--loss must be kl or ce, got {self.loss!r}")
-        if self.init not in ("random", "target"):
-            raise ConfigError(f"--init must be random or target, got {self.init!r}")
+        if self.init not in ("random", "target") and not (Path(self.init) / "config.json").is_file():
+            raise ConfigError(f"--init must be random, target or a head directory (with config.json), got {self.init!r}")
         if not 0 <= self.temperature <= 2:
             raise ConfigError("--temperature must be in [0, 2]")
         for name in ("num_prompts", "max_new_tokens", "batch_size", "anchors_per_seq", "max_seq_len", "loss_chunk"):
@@ -418,8 +418,23 @@ def pick_mask_token(embed: torch.Tensor, default: int, fallback: int) -> int:
 
 
 def init_head(head: DraftHead, how: str, seed: int, hf_model=None) -> None:
+    """random; target (the target's last layers into the draft layers); or a trained head's
+    directory (published format) to continue training it with fresh data and a new schedule.
+    A directory must hold a head of exactly this shape (layers, widths, block, taps, MASK)."""
     head.init_random(seed)
+    if how == "random":
+        return
     if how != "target":
+        from .draft_head import load_head_dir
+
+        trained = load_head_dir(Path(how), next(head.parameters()).device, torch.float32)
+        want, got = head.cfg.to_json(), trained.cfg.to_json()
+        diff = sorted(k for k in set(want) | set(got) if not _same(want.get(k), got.get(k)))
+        if diff:
+            raise ConfigError(f"--init {how} holds a head of another shape ({', '.join(diff)} differ); "
+                              "pass the same --draft-layers, --intermediate-size, --block-size and --taps")
+        with torch.no_grad():
+            head.load_state_dict(trained.state_dict())
         return
     # Copy the target's last layers (same widths by construction); fc stays random.
     src_layers = hf_model.model.layers
@@ -431,6 +446,13 @@ def init_head(head: DraftHead, how: str, seed: int, hf_model=None) -> None:
                 if name in src and src[name].shape == p.shape:
                     p.copy_(src[name].float())
         head.norm.weight.copy_(hf_model.model.norm.weight.float())
+
+
+def _same(a, b) -> bool:
+    """Config values equal (floats up to fp32 rounding: a saved rms_norm_eps comes back as 9.99e-07)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6)
+    return a == b
 
 
 def export_head(head: DraftHead, directory: Path, dtype: torch.dtype, info: dict | None = None) -> Path:

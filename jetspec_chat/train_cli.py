@@ -43,8 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--taps", type=_ints, default=None, help="target layer ids, e.g. 1,7,13,19,25 "
                                                             "(default: up to 5 evenly spaced, as published heads)")
     g.add_argument("--mask-token-id", type=int, default=None, help="default: the last vocabulary row")
-    g.add_argument("--init", default="random", choices=("random", "target"),
-                   help="random (std 0.02) or copy the target's last layers into the draft layers")
+    g.add_argument("--init", default="random", metavar="random|target|DIR",
+                   help="random (std 0.02), target (copy the target's last layers into the draft layers), "
+                        "or a trained head's directory to continue from (same shape)")
     g.add_argument("--export-dtype", default="bfloat16", help="dtype of the exported weights")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", dest="prompts_file", default=None,

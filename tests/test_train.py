@@ -262,6 +262,21 @@ def test_target_init_copies_the_last_layers_into_the_fused_projections():
             assert torch.equal(p, src_params[name].float()), name
 
 
+def test_init_from_a_trained_head_directory_continues_it(tmp_path):
+    from jetspec_chat.engine.train import init_head
+
+    trained = random_head(layers=1, seed=11)
+    export_head(trained, tmp_path / "h", torch.float32)
+    fresh = random_head(layers=1, seed=12)
+    init_head(fresh, str(tmp_path / "h"), 0)
+    for (name, a), b in zip(trained.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ConfigError, match="another shape.*num_hidden_layers"):
+        init_head(random_head(layers=2), str(tmp_path / "h"), 0)
+    with pytest.raises(ConfigError, match="--init must be"):
+        tiny_cfg(tmp_path, init=str(tmp_path / "missing")).validate()
+
+
 def test_resume_continues_the_interrupted_run_exactly(data_dir, tmp_path, monkeypatch):
     ws = workspace()
     seqs = load_sequences(data_dir, 2048)[:24]
