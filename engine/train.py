@@ -22,10 +22,11 @@ final hidden state there times lm_head. Positions past the sequence end carry no
 the anchor slot.
 
 Loss: forward KL(target || head) over the FULL vocabulary (`--loss kl`, default) or CE against the
-target's argmax (`--loss ce`). Both are computed in row chunks under activation checkpointing:
-per chunk the head's and the target's [rows, vocab] logits are formed, reduced to one number and
-dropped, and recomputed in backward. So memory is O(chunk x vocab), never O(rows x vocab), and
-no top-k approximation is needed. Depth weights w_k = exp(-(k-1)/depth_decay) (0 = uniform).
+target's argmax (`--loss ce`). The target's logits are formed once per teacher position (a
+position teaches every block covering it) and kept in the target's dtype; the head's are formed in
+row chunks under activation checkpointing: per chunk reduced to one number and dropped, and
+recomputed in backward. So the head side is O(chunk x vocab), never O(rows x vocab), and no top-k
+approximation is needed. Depth weights w_k = exp(-(k-1)/depth_decay) (0 = uniform).
 
 The forward reuses the head's own modules (fc, hidden_norm, project_q/project_kv, rotary, norms,
 MLP) in the same order as `DraftHead.context_kv` + `DraftHead.block_hidden`, so the trained
@@ -279,11 +280,14 @@ def depth_weights(depth: int, decay: float, device: torch.device) -> torch.Tenso
     return torch.exp(-k / decay) if decay > 0 else torch.ones(depth, device=device)
 
 
-def _chunk_loss(h: torch.Tensor, t: torch.Tensor, w: torch.Tensor, lm_head: torch.Tensor, kind: str):
-    """Weighted loss sum and top-1 agreement of one row chunk (recomputed in backward)."""
+def _chunk_loss(h: torch.Tensor, teacher_logits: torch.Tensor, rows: torch.Tensor, w: torch.Tensor,
+                lm_head: torch.Tensor, kind: str):
+    """Weighted loss sum and top-1 agreement of one chunk of block rows (recomputed in backward).
+    teacher_logits [U, vocab] holds the target's logits once per teacher position; `rows` picks
+    each block row's (a gather inside the checkpoint, so no per-chunk copy is kept for backward)."""
     logits = (h @ lm_head.t()).float()
     with torch.no_grad():
-        teacher = (t @ lm_head.t()).float()
+        teacher = teacher_logits[rows].float()
         best = teacher.argmax(-1)
     logq = torch.log_softmax(logits, dim=-1)
     if kind == "kl":
@@ -301,6 +305,20 @@ class LossOut:
     valid: torch.Tensor  # [B, M, D] bool
 
 
+@torch.no_grad()
+def teacher_logits_once(target_hidden: torch.Tensor, positions: torch.Tensor, lm_head: torch.Tensor,
+                        chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's logits at each distinct teacher position, in the lm_head's dtype: a position
+    teaches every block that covers it (~anchors x depth / answer length blocks, ~4 in the
+    shipped recipe), so computing them per position rather than per block row saves that many
+    lm_head GEMMs, and checkpointing no longer recomputes them. positions [R] index rows of
+    target_hidden [N, H]; returns (logits [U, vocab], row of each position in them [R])."""
+    uniq, inverse = torch.unique(positions, return_inverse=True)
+    parts = [target_hidden[uniq[s : s + chunk]] @ lm_head.t() for s in range(0, uniq.shape[0], chunk)]
+    logits = torch.cat(parts) if parts else target_hidden.new_zeros(0, lm_head.shape[0])
+    return logits, inverse
+
+
 def distill_loss(
     hidden: torch.Tensor, target_hidden: torch.Tensor, batch: TrainBatch, lm_head: torch.Tensor,
     kind: str = "kl", decay: float = 8.0, chunk: int = 1024,
@@ -309,18 +327,19 @@ def distill_loss(
     bsz, m = batch.anchors.shape
     block = hidden.shape[1] // m
     d = block - 1
+    t_len = target_hidden.shape[1]
     h = hidden.view(bsz, m, block, -1)[:, :, 1:]  # the anchor slot carries no loss
     predicted = batch.anchors[:, :, None] + torch.arange(1, block, device=hidden.device)  # token positions
     valid = batch.anchor_valid[:, :, None] & (predicted < batch.lengths[:, None, None])
-    src = (predicted - 1).clamp(max=target_hidden.shape[1] - 1).view(bsz, m * d, 1)
-    teacher_h = target_hidden.gather(1, src.expand(-1, -1, target_hidden.shape[-1])).view(bsz, m, d, -1)
+    src = (predicted - 1).clamp(max=t_len - 1) + torch.arange(bsz, device=hidden.device)[:, None, None] * t_len
     w = depth_weights(d, decay, hidden.device)[None, None].expand(bsz, m, d)
-    hv, tv, wv = h[valid], teacher_h[valid], w[valid]
+    hv, wv = h[valid], w[valid]
+    teacher, rows = teacher_logits_once(target_hidden.reshape(bsz * t_len, -1), src[valid], lm_head, chunk)
     total = hidden.new_zeros((), dtype=torch.float32)
     agree = []
     for s in range(0, hv.shape[0], chunk):
-        part, ok = checkpoint(_chunk_loss, hv[s : s + chunk], tv[s : s + chunk], wv[s : s + chunk], lm_head, kind,
-                              use_reentrant=False)
+        part, ok = checkpoint(_chunk_loss, hv[s : s + chunk], teacher, rows[s : s + chunk], wv[s : s + chunk],
+                              lm_head, kind, use_reentrant=False)
         total = total + part
         agree.append(ok)
     correct = torch.zeros_like(valid)

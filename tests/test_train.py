@@ -194,6 +194,42 @@ def test_anchor_sampling_bounds_and_loss_validity():
     assert torch.equal(out.valid, expected) and out.valid.shape[-1] == 3
 
 
+@pytest.mark.parametrize("kind", ["kl", "ce"])
+def test_distill_loss_equals_the_dense_per_row_formula(kind):
+    """Teacher logits are formed once per position and shared by the block rows it teaches; the
+    loss, its gradient and the agreement equal the plain per-row computation."""
+    gen = torch.Generator().manual_seed(1)
+    seqs = [Sequence(torch.randint(0, 50, (n,), generator=gen), p) for n, p in ((24, 5), (17, 9))]
+    batch = make_batch(seqs, 6, gen)
+    block, vocab, dim = 5, 50, 16
+    hidden = torch.randn(2, batch.anchors.shape[1] * block, dim, generator=gen, requires_grad=True)
+    final = torch.randn(2, 24, dim, generator=gen)
+    lm_head = torch.randn(vocab, dim, generator=gen)
+    out = distill_loss(hidden, final, batch, lm_head, kind=kind, decay=3.0, chunk=7)
+    out.loss.backward()
+    grad = hidden.grad.clone()
+    hidden.grad = None
+    # The reference: for each valid block row (b, j, k), the teacher is the target at a+k-1.
+    total, weight, correct = 0.0, 0.0, []
+    for b in range(2):
+        for j in range(batch.anchors.shape[1]):
+            for k in range(1, block):
+                a = int(batch.anchors[b, j])
+                if not batch.anchor_valid[b, j] or a + k >= int(batch.lengths[b]):
+                    continue
+                w = torch.exp(torch.tensor(-(k - 1) / 3.0))
+                logq = torch.log_softmax(hidden[b, j * block + k] @ lm_head.t(), -1)
+                logp = torch.log_softmax(final[b, a + k - 1] @ lm_head.t(), -1)
+                row = (logp.exp() * (logp - logq)).sum() if kind == "kl" else -logq[logp.argmax()]
+                total, weight = total + w * row, weight + w
+                correct.append(bool(logq.argmax() == logp.argmax()))
+    ref = total / weight
+    ref.backward()
+    assert float(out.loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-5)
+    assert torch.allclose(grad, hidden.grad, atol=1e-6)
+    assert out.correct[out.valid].tolist() == correct
+
+
 # -- optimization -------------------------------------------------------------------------------
 
 
