@@ -370,6 +370,56 @@ class PromptGenerator:
             yield self.rng.choices(kinds, weights)[0]()
 
 
+# Prompts the target proposes itself (`train-head --self-prompts`): it is asked for one user
+# request at a time, sampled, and its answers (cleaned) become training prompts. This reaches
+# phrasings and subjects our templates never produce, which matters most for general chat.
+PROPOSE_TEMPLATES = (
+    "Write one question a curious person might ask an AI assistant about {topic}. Reply with the question only.",
+    "Write one realistic request a user could send to a helpful assistant about {thing}. Reply with the request only.",
+    "Invent one everyday question someone might ask a chatbot, about anything. Reply with the question only.",
+    "Write one message a {person} might send to an AI assistant to get help with their work. Reply with the message only.",
+    "Write one request for a short piece of writing (an email, a story, a list, advice) that a user might ask "
+    "an assistant for. Reply with the request only.",
+    "Write one question a student might ask about {topic}, as they would type it. Reply with the question only.",
+)
+_LEADS = ("question:", "request:", "message:", "user:", "prompt:")
+_PREAMBLES = ("sure", "certainly", "of course", "here is", "here's", "here are")
+
+
+def propose_requests(n: int, seed: int = 0) -> list[str]:
+    """n instructions asking the target for one user request each (deterministic)."""
+    rng = random.Random(seed * 7919 + 17)
+    return [rng.choice(PROPOSE_TEMPLATES).format(topic=rng.choice(TOPICS), thing=rng.choice(THINGS),
+                                                 person=rng.choice(PEOPLE)) for _ in range(n)]
+
+
+def clean_proposal(text: str) -> str | None:
+    """The request in a proposal, or None: the first paragraph after any "Sure, here is one:"
+    preamble, without a "Question:" style lead or quotes, 12-400 printable characters, mostly
+    letters, and not itself an instruction to propose."""
+    line = ""
+    for para in (p.strip() for p in text.strip().split("\n\n")):
+        low = para.lower()
+        if low.startswith(_PREAMBLES):
+            para = para.partition(":")[2].strip()
+            if not para:
+                continue  # a preamble on its own: the request follows
+        elif low.startswith(_LEADS):
+            para = para.partition(":")[2].strip()
+        line = para
+        break
+    line = line.strip().strip('"\'“”*').strip()
+    if not 12 <= len(line) <= 400 or "reply with" in line.lower():
+        return None
+    # Text, not bytes: printable (no control characters), no decoding errors, mostly letters.
+    visible = [ch for ch in line if not ch.isspace()]
+    if "\ufffd" in line or not all(part.isprintable() for part in line.split("\n")):
+        return None
+    if sum(ch.isalpha() for ch in visible) < max(8, 0.6 * len(visible)):
+        return None
+    return line
+
+
 def is_dev(prompt: str, per_mille: int = DEV_PER_MILLE) -> bool:
     """The train/dev split: a pure function of the prompt text, so it never changes between runs."""
     return int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) % 1000 < per_mille

@@ -1,7 +1,8 @@
 """Train a JetSpec draft head for a target by self-distillation (DESIGN §5).
 
 Stages, all under one output directory DIR (each resumable):
-  prompts  DIR/prompts.jsonl         train/dev prompts (built-in generators or --prompts FILE)
+  prompts  DIR/prompts.jsonl         train/dev prompts (built-in generators, a --self-prompts share of
+                                     them proposed by the target itself, or --prompts FILE)
   data     DIR/data/shard-*.pt       the target's own answers through the chat template (our batched
                                      decoder, batch_decode.py: left padding, CUDA-graphed steps, greedy
                                      or low temperature, Qwen3 thinking off): ids + prompt length
@@ -86,6 +87,7 @@ class TrainConfig:
     # prompts and data
     prompts_file: str | None = None
     num_prompts: int = 4000
+    self_prompts: float = 0.15  # share of built-in training prompts the target proposes itself
     max_new_tokens: int = 256
     max_prompt_tokens: int = 1024
     temperature: float = 0.0
@@ -131,6 +133,8 @@ class TrainConfig:
             raise ConfigError(f"--loss must be kl or ce, got {self.loss!r}")
         if self.init not in ("random", "target") and not (Path(self.init) / "config.json").is_file():
             raise ConfigError(f"--init must be random, target or a head directory (with config.json), got {self.init!r}")
+        if not 0 <= self.self_prompts <= 0.9:
+            raise ConfigError("--self-prompts must be a fraction in [0, 0.9]")
         if not 0 <= self.temperature <= 2:
             raise ConfigError("--temperature must be in [0, 2]")
         for name in ("num_prompts", "max_new_tokens", "batch_size", "anchors_per_seq", "max_seq_len", "loss_chunk"):
@@ -526,13 +530,17 @@ class Workspace:
 # Stage 1: prompts
 
 
-def prepare_prompts(cfg: TrainConfig, log: LogFn) -> tuple[list[str], list[str]]:
-    """(train, dev) prompts; written once to DIR/prompts.jsonl and reused while settings match."""
+def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None) -> tuple[list[str], list[str]]:
+    """(train, dev) prompts; written once to DIR/prompts.jsonl and reused while settings match.
+    Built-in prompts: --self-prompts of the training ones are proposed by the target (needs ws);
+    the dev prompts are always built-in ones, so dev τ stays comparable across runs."""
     from . import prompts as P
 
     path = cfg.out / "prompts.jsonl"
     num_dev = max(cfg.eval_prompts, 16)
-    key = {"file": cfg.prompts_file, "num_prompts": cfg.num_prompts, "num_dev": num_dev, "seed": cfg.seed}
+    n_self = round(cfg.num_prompts * cfg.self_prompts) if ws is not None and not cfg.prompts_file else 0
+    key = {"file": cfg.prompts_file, "num_prompts": cfg.num_prompts, "num_dev": num_dev, "seed": cfg.seed,
+           "self_prompts": n_self}
     meta = cfg.out / "prompts.meta.json"
     if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -548,14 +556,61 @@ def prepare_prompts(cfg: TrainConfig, log: LogFn) -> tuple[list[str], list[str]]
             dev += P.builtin_prompts(0, num_dev - len(dev), seed=cfg.seed)[1]
         dev = dev[:num_dev]
     else:
-        log(f"generating {cfg.num_prompts} training prompts (+{num_dev} held out)")
-        train, dev = P.builtin_prompts(cfg.num_prompts, num_dev, seed=cfg.seed)
+        log(f"generating {cfg.num_prompts - n_self} training prompts (+{num_dev} held out)")
+        train, dev = P.builtin_prompts(cfg.num_prompts - n_self, num_dev, seed=cfg.seed)
+        if n_self:
+            exclude = set(train) | set(dev) | set(P.eval_prompts("coding")) | set(P.eval_prompts("chat"))
+            train += propose_prompts(ws, cfg, n_self, exclude, log)
     cfg.out.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"prompt": p, "split": "train"}) for p in train]
     lines += [json.dumps({"prompt": p, "split": "dev"}) for p in dev]
     _atomic_write(path, "\n".join(lines) + "\n")
     _atomic_write(meta, json.dumps(key) + "\n")
     return train, dev
+
+
+def collect_proposals(texts: list[str], n: int, exclude: set[str]) -> list[str]:
+    """Up to n distinct cleaned proposals, none in `exclude` and none on the dev side of the split."""
+    from . import prompts as P
+
+    out: list[str] = []
+    seen = set(exclude)
+    for text in texts:
+        q = P.clean_proposal(text)
+        if q is None or q in seen or P.is_dev(q):
+            continue
+        seen.add(q)
+        out.append(q)
+        if len(out) == n:
+            break
+    return out
+
+
+@torch.no_grad()
+def propose_prompts(ws: "Workspace", cfg: TrainConfig, n: int, exclude: set[str], log: LogFn) -> list[str]:
+    """n training prompts the target writes itself: it answers `propose_requests` (sampled at
+    temperature 0.8 with our batched decoder) and `collect_proposals` keeps the usable ones.
+    Twice as many requests as needed are made, since some answers are rejected or repeat."""
+    from . import prompts as P
+
+    requests = P.propose_requests(2 * n, cfg.seed)
+    ids = [ws.prompt_ids(r) for r in requests]
+    bs = max(1, min(cfg.gen_batch_size or (256 if ws.device.type == "cuda" else 8), len(ids)))
+    torch.manual_seed(cfg.seed)
+    decoder = BatchDecoder(ws.engine.target, bs, max(len(i) for i in ids), 96, ws.engine.stop_token_ids,
+                           ws.pad_id, temperature=0.8)
+    stops = ws.engine.stop_token_ids
+    texts: list[str] = []
+    t0 = time.perf_counter()
+    for i in range(0, len(ids), bs):
+        for answer, _ in decoder.decode(ids[i : i + bs]):
+            texts.append(ws.tokenizer.decode([t for t in answer if t not in stops], skip_special_tokens=True))
+        kept = collect_proposals(texts, n, exclude)
+        if len(kept) == n:
+            break
+    del decoder
+    log(f"the target proposed {len(kept)} prompts ({len(texts)} asked, {time.perf_counter() - t0:.0f} s)")
+    return kept
 
 
 # ---------------------------------------------------------------------------------------------
@@ -979,7 +1034,7 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
     _atomic_write(cfg.out / "run_config.json",
                   json.dumps({k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()},
                              indent=2) + "\n")
-    train_prompts, dev_prompts = prepare_prompts(cfg, log)
+    train_prompts, dev_prompts = prepare_prompts(cfg, log, ws)
     summary["prompts"] = {"train": len(train_prompts), "dev": len(dev_prompts)}
 
     if cfg.stage in ("data", "all"):

@@ -54,6 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-new-tokens", type=int, default=256, help="answer length for the data")
     g.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy answers")
+    g.add_argument("--self-prompts", type=float, default=0.15, metavar="FRACTION",
+                   help="share of the built-in training prompts the target proposes itself (default 0.15; 0 = none)")
     g.add_argument("--gen-batch-size", type=int, default=None,
                    help="prompts decoded together (default 256 on GPU, 8 on CPU)")
     g = p.add_argument_group("training")
@@ -92,7 +94,8 @@ def config_from_args(args: argparse.Namespace):
         block_size=args.block_size, taps=args.taps, mask_token_id=args.mask_token_id,
         init=args.init, prompts_file=args.prompts_file, num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
-        gen_batch_size=args.gen_batch_size, steps=args.steps, epochs=args.epochs, lr=args.lr, warmup=args.warmup,
+        gen_batch_size=args.gen_batch_size, self_prompts=args.self_prompts, steps=args.steps, epochs=args.epochs,
+        lr=args.lr, warmup=args.warmup,
         weight_decay=args.weight_decay, batch_size=args.batch_size, anchors_per_seq=args.anchors_per_seq,
         max_seq_len=args.max_seq_len, loss=args.loss, depth_decay=args.depth_decay, grad_clip=args.grad_clip,
         loss_chunk=args.loss_chunk, save_every=args.save_every, log_every=args.log_every, resume=args.resume,

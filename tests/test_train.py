@@ -415,6 +415,56 @@ def test_builtin_prompts_deterministic_distinct_and_split():
     assert all(v > 20 for v in kinds.values()), kinds  # every generator contributes
 
 
+def test_clean_proposal_keeps_the_request_only():
+    assert P.clean_proposal('Question: "How do I keep basil alive indoors?"\n\nThis is a good one.') == \
+        "How do I keep basil alive indoors?"
+    assert P.clean_proposal("Here is a question: What makes a good code review?") == "What makes a good code review?"
+    assert P.clean_proposal("Here's a realistic request about a telescope:\n\nHow do I align my telescope?") == \
+        "How do I align my telescope?"
+    assert P.clean_proposal("Sure, you might ask about maps") is None
+    assert P.clean_proposal("**Can you help me plan a birthday dinner for six?**") == \
+        "Can you help me plan a birthday dinner for six?"
+    assert P.clean_proposal("¿Cómo funciona la fotosíntesis en las plantas?") is not None
+    for bad in ("", "Why?", "1234567890 1234 !!", "x" * 401, "Write one question. Reply with the question only.",
+                "Q\ufffdf\ufffd\ufffdb7 what is this text", "NCFk\x13y\tVC about the \x1d things here"):
+        assert P.clean_proposal(bad) is None, bad
+    reqs = P.propose_requests(50, seed=3)
+    assert reqs == P.propose_requests(50, seed=3) and len(set(reqs)) > 20 and all("{" not in r for r in reqs)
+
+
+def test_collect_proposals_dedupes_and_skips_excluded_and_dev_prompts():
+    from jetspec_chat.engine.train import collect_proposals
+
+    texts = ["How do tides work on other planets?", "How do tides work on other planets?", "no",
+             "What is a good first programming language?", "Explain the rules of chess briefly, please."]
+    dev = next(f"What is the capital of country number {i}?" for i in range(10_000)
+               if P.is_dev(f"What is the capital of country number {i}?"))
+    got = collect_proposals(texts + [dev], 10, exclude={"What is a good first programming language?"})
+    assert got == ["How do tides work on other planets?", "Explain the rules of chess briefly, please."]
+    assert collect_proposals(texts, 1, set()) == ["How do tides work on other planets?"]
+
+
+def test_self_prompts_come_from_the_target_and_are_recorded(tmp_path):
+    """The tiny random target writes random bytes, which the cleaning rejects (so on it the
+    proposals add nothing); the path still runs end to end: the target is asked, whatever
+    survives is training-only and distinct, the dev prompts are the built-in ones (the same as
+    without --self-prompts), and the result is cached."""
+    calls = []
+    ws = workspace()
+    cfg = tiny_cfg(tmp_path / "a", num_prompts=40, self_prompts=0.25, gen_batch_size=10)
+    train_p, dev_p = prepare_prompts(cfg, calls.append, ws)
+    assert any("the target proposed" in c for c in calls)
+    builtin_train, builtin_dev = P.builtin_prompts(30, max(cfg.eval_prompts, 16), seed=cfg.seed)
+    assert dev_p == builtin_dev and train_p[:30] == builtin_train
+    extra = train_p[30:]
+    assert len(extra) <= 10 and len(set(train_p)) == len(train_p)
+    assert all(P.clean_proposal(q) == q and not P.is_dev(q) for q in extra)
+    # Cached: the same settings read the file back.
+    assert prepare_prompts(cfg, quiet, ws) == (train_p, dev_p)
+    with pytest.raises(ConfigError, match="--self-prompts"):
+        tiny_cfg(tmp_path, self_prompts=1.5).validate()
+
+
 def test_eval_sets_and_prompts_file(tmp_path):
     for kind in ("coding", "chat"):
         s = P.eval_prompts(kind)
