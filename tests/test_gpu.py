@@ -144,3 +144,25 @@ def test_graphed_batch_decoding_equals_eager_and_greedy(dtype):
     assert captured == 1 and graphed == eager and graphed_rev == eager_rev
     if dtype == "float32":
         assert [ids for ids, _ in graphed] == [reference_greedy(eng, p, 32) for p in ps]
+
+
+def test_graphed_batch_sampling_runs_inside_the_graph():
+    """--self-prompts samples in the captured decode step (Gumbel noise from the default CUDA
+    generator): it must capture, and a near-zero temperature must give the greedy answers."""
+    from jetspec_chat.engine.batch_decode import BatchDecoder
+
+    eng = load_engine("random:tiny-qwen3", "none", device="cuda", dtype="float32", max_context=512)
+    gen = torch.Generator().manual_seed(7)
+    ps = [torch.randint(3, eng.target.cfg.vocab_size, (n,), generator=gen).tolist() for n in (5, 9, 3)]
+
+    def run(temperature):
+        torch.manual_seed(0)
+        d = BatchDecoder(eng.target, batch_size=4, max_prompt=16, max_new_tokens=24, stop_ids=eng.stop_token_ids,
+                         pad_id=0, temperature=temperature)
+        return [ids for ids, _ in d.decode(ps)], len(d._graphs)
+
+    greedy, _ = run(0.0)
+    cold, captured = run(1e-4)
+    hot, _ = run(1.0)
+    assert captured == 1 and cold == greedy
+    assert hot != greedy and all(0 <= t < eng.target.cfg.vocab_size for row in hot for t in row)
