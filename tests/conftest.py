@@ -20,6 +20,16 @@ def embedded_cache(tmp_path_factory) -> Path:
     return Path(configured) if configured else tmp_path_factory.mktemp("jetspec-cache")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread is fastest, and far more robust on a busy 2-core runner.
+    A module opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def poisoned_alloc(monkeypatch):
     """Every float tensor torch.empty/empty_like hands out starts as NaN (kernel outputs, partials):

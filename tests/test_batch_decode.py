@@ -12,12 +12,7 @@ from jetspec_chat.engine.loader import load_engine
 from jetspec_chat.engine.oracle import reference_greedy
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache

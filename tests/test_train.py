@@ -46,13 +46,7 @@ def tiny_cfg(out: Path, **kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread is fastest, and far more robust on a busy 2-core runner."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache
