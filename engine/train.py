@@ -47,7 +47,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -569,8 +569,9 @@ def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None)
     return train, dev
 
 
-def collect_proposals(texts: list[str], n: int, exclude: set[str]) -> list[str]:
-    """Up to n distinct cleaned proposals, none in `exclude` and none on the dev side of the split."""
+def collect_proposals(texts: Iterable[str], n: int, exclude: set[str]) -> list[str]:
+    """Up to n distinct cleaned proposals, none in `exclude` and none on the dev side of the split.
+    Stops reading `texts` at the n-th (so a lazy source makes no more than it needs)."""
     from . import prompts as P
 
     out: list[str] = []
@@ -595,22 +596,29 @@ def propose_prompts(ws: "Workspace", cfg: TrainConfig, n: int, exclude: set[str]
 
     requests = P.propose_requests(2 * n, cfg.seed)
     ids = [ws.prompt_ids(r) for r in requests]
-    bs = max(1, min(cfg.gen_batch_size or (256 if ws.device.type == "cuda" else 8), len(ids)))
+    bs = gen_batch_size(ws, cfg, len(ids))
     torch.manual_seed(cfg.seed)
     decoder = BatchDecoder(ws.engine.target, bs, max(len(i) for i in ids), 96, ws.engine.stop_token_ids,
                            ws.pad_id, temperature=0.8)
     stops = ws.engine.stop_token_ids
-    texts: list[str] = []
+    asked = 0
+
+    def answers() -> Iterator[str]:  # one batch at a time, only as far as collect_proposals reads
+        nonlocal asked
+        for i in range(0, len(ids), bs):
+            for answer, _ in decoder.decode(ids[i : i + bs]):
+                asked += 1
+                yield ws.tokenizer.decode([t for t in answer if t not in stops], skip_special_tokens=True)
+
     t0 = time.perf_counter()
-    for i in range(0, len(ids), bs):
-        for answer, _ in decoder.decode(ids[i : i + bs]):
-            texts.append(ws.tokenizer.decode([t for t in answer if t not in stops], skip_special_tokens=True))
-        kept = collect_proposals(texts, n, exclude)
-        if len(kept) == n:
-            break
-    del decoder
-    log(f"the target proposed {len(kept)} prompts ({len(texts)} asked, {time.perf_counter() - t0:.0f} s)")
+    kept = collect_proposals(answers(), n, exclude)  # the decoder's cache goes with this function
+    log(f"the target proposed {len(kept)} prompts ({asked} asked, {time.perf_counter() - t0:.0f} s)")
     return kept
+
+
+def gen_batch_size(ws: "Workspace", cfg: TrainConfig, prompts: int) -> int:
+    """Prompts decoded together: --gen-batch-size (default 256 on CUDA, 8 on CPU), at most `prompts`."""
+    return max(1, min(cfg.gen_batch_size or (256 if ws.device.type == "cuda" else 8), prompts))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -672,8 +680,7 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[str], dea
         todo.append((p, ids))
     if skipped:
         log(f"skipped {skipped} prompts longer than --max-prompt-tokens {cfg.max_prompt_tokens}")
-    bs = cfg.gen_batch_size or (256 if ws.device.type == "cuda" else 8)
-    bs = max(1, min(bs, len(todo)))
+    bs = gen_batch_size(ws, cfg, len(todo))
     # Similar lengths per batch (little padding); batches in a seeded random order, so a
     # time-bounded run still covers all prompt kinds and lengths.
     todo.sort(key=lambda x: len(x[1]))
