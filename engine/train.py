@@ -25,9 +25,10 @@ the anchor slot.
 Loss: forward KL(target || head) over the FULL vocabulary (`--loss kl`, default) or CE against the
 target's argmax (`--loss ce`). The target's logits are formed once per teacher position (a
 position teaches every block covering it) and kept in the target's dtype; the head's are formed in
-row chunks under activation checkpointing: per chunk reduced to one number and dropped, and
-recomputed in backward. So the head side is O(chunk x vocab), never O(rows x vocab), and no top-k
-approximation is needed. Depth weights w_k = exp(-(k-1)/depth_decay) (0 = uniform).
+row chunks (`LinearDistill`): per chunk, one kernel (kernels/distill.py) turns them into the
+loss's gradient in place, which is multiplied into the lm_head at once and the chunk dropped. So
+the head side is O(chunk x vocab), never O(rows x vocab), nothing is recomputed in backward, and no
+top-k approximation is needed. Depth weights w_k = exp(-(k-1)/depth_decay) (0 = uniform).
 
 The forward reuses the head's own modules (fc, hidden_norm, project_q/project_kv, rotary, norms,
 MLP) in the same order as `DraftHead.context_kv` + `DraftHead.block_hidden`, so the trained
@@ -51,8 +52,8 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
+from ..kernels import distill_rows
 from .batch_decode import BatchDecoder
 from .draft_head import DraftHead, DraftHeadConfig, build_head, default_target_layer_ids
 from .errors import ConfigError
@@ -80,6 +81,7 @@ class TrainConfig:
     # head shape
     draft_layers: int = 1
     intermediate_size: int | None = None  # the draft layers' MLP width; default: the target's
+    attention_heads: int | None = None  # the draft layers' query heads; default: the target's
     block_size: int = 16
     taps: tuple[int, ...] | None = None  # target layer ids; default: default_target_layer_ids
     mask_token_id: int | None = None  # default: the last vocabulary row (as for_target does)
@@ -104,7 +106,7 @@ class TrainConfig:
     loss: str = "kl"  # "kl" (full-vocab forward KL) or "ce" (CE against the target's argmax)
     depth_decay: float = 8.0  # w_k = exp(-(k-1)/depth_decay); 0 = uniform
     grad_clip: float = 1.0
-    loss_chunk: int = 1024  # rows per checkpointed lm_head chunk
+    loss_chunk: int = 1024  # rows per lm_head chunk of the loss
     save_every: int = 200
     log_every: int = 10
     resume: bool = False
@@ -129,6 +131,8 @@ class TrainConfig:
             raise ConfigError("--draft-layers must be at least 1")
         if self.intermediate_size is not None and self.intermediate_size < 1:
             raise ConfigError("--intermediate-size must be at least 1")
+        if self.attention_heads is not None and self.attention_heads < 1:
+            raise ConfigError("--attention-heads must be at least 1")
         if self.loss not in ("kl", "ce"):
             raise ConfigError(f"--loss must be kl or ce, got {self.loss!r}")
         if self.init not in ("random", "target") and not (Path(self.init) / "config.json").is_file():
@@ -284,22 +288,35 @@ def depth_weights(depth: int, decay: float, device: torch.device) -> torch.Tenso
     return torch.exp(-k / decay) if decay > 0 else torch.ones(depth, device=device)
 
 
-def _chunk_loss(h: torch.Tensor, teacher_logits: torch.Tensor, rows: torch.Tensor, w: torch.Tensor,
-                lm_head: torch.Tensor, kind: str):
-    """Weighted loss sum and top-1 agreement of one chunk of block rows (recomputed in backward).
-    teacher_logits [U, vocab] holds the target's logits once per teacher position; `rows` picks
-    each block row's (a gather inside the checkpoint, so no per-chunk copy is kept for backward)."""
-    logits = (h @ lm_head.t()).float()
-    with torch.no_grad():
-        teacher = teacher_logits[rows].float()
-        best = teacher.argmax(-1)
-    logq = torch.log_softmax(logits, dim=-1)
-    if kind == "kl":
-        logp = torch.log_softmax(teacher, dim=-1)
-        per_row = (logp.exp() * (logp - logq)).sum(-1)
-    else:
-        per_row = -logq.gather(1, best[:, None])[:, 0]
-    return (per_row * w).sum(), logits.detach().argmax(-1) == best
+class LinearDistill(torch.autograd.Function):
+    """Weighted distillation loss of the head's normed hidden rows through the (frozen) lm_head,
+    in chunks of rows. Forward computes each chunk's logits, lets `distill_rows` turn them into
+    the loss's gradient in place, and multiplies that into the lm_head at once, so only
+    d(loss)/d(h) [R, H] is kept for backward: no [R, vocab] tensor outlives its chunk and
+    nothing is recomputed. Returns (loss sum, top-1 agreement [R] bool)."""
+
+    @staticmethod
+    def forward(ctx, h, lm_head, teacher, rows, weight, kind: str, chunk: int):
+        grad_h = torch.empty(h.shape, device=h.device, dtype=torch.float32)
+        total = torch.zeros((), device=h.device, dtype=torch.float32)
+        agree = []
+        with torch.autocast(h.device.type, enabled=False):
+            for s in range(0, h.shape[0], chunk):
+                logits = h[s : s + chunk].to(lm_head.dtype) @ lm_head.t()
+                loss, ok = distill_rows(logits, teacher, rows[s : s + chunk], weight[s : s + chunk], kind)
+                grad_h[s : s + chunk] = logits @ lm_head
+                total = total + loss.sum()
+                agree.append(ok)
+        agree = torch.cat(agree) if agree else torch.zeros(0, device=h.device, dtype=torch.bool)
+        ctx.save_for_backward(grad_h)
+        ctx.h_dtype = h.dtype
+        ctx.mark_non_differentiable(agree)
+        return total, agree
+
+    @staticmethod
+    def backward(ctx, grad_total, _grad_agree):
+        (grad_h,) = ctx.saved_tensors
+        return (grad_h * grad_total).to(ctx.h_dtype), None, None, None, None, None, None
 
 
 @dataclass
@@ -315,8 +332,8 @@ def teacher_logits_once(target_hidden: torch.Tensor, positions: torch.Tensor, lm
     """The target's logits at each distinct teacher position, in the lm_head's dtype: a position
     teaches every block that covers it (~anchors x depth / answer length blocks, ~4 in the
     shipped recipe), so computing them per position rather than per block row saves that many
-    lm_head GEMMs, and checkpointing no longer recomputes them. positions [R] index rows of
-    target_hidden [N, H]; returns (logits [U, vocab], row of each position in them [R])."""
+    lm_head GEMMs. positions [R] index rows of target_hidden [N, H]; returns (logits [U, vocab],
+    row of each position in them [R])."""
     uniq, inverse = torch.unique(positions, return_inverse=True)
     parts = [target_hidden[uniq[s : s + chunk]] @ lm_head.t() for s in range(0, uniq.shape[0], chunk)]
     logits = torch.cat(parts) if parts else target_hidden.new_zeros(0, lm_head.shape[0])
@@ -339,16 +356,9 @@ def distill_loss(
     w = depth_weights(d, decay, hidden.device)[None, None].expand(bsz, m, d)
     hv, wv = h[valid], w[valid]
     teacher, rows = teacher_logits_once(target_hidden.reshape(bsz * t_len, -1), src[valid], lm_head, chunk)
-    total = hidden.new_zeros((), dtype=torch.float32)
-    agree = []
-    for s in range(0, hv.shape[0], chunk):
-        part, ok = checkpoint(_chunk_loss, hv[s : s + chunk], teacher, rows[s : s + chunk], wv[s : s + chunk],
-                              lm_head, kind, use_reentrant=False)
-        total = total + part
-        agree.append(ok)
+    total, agree = LinearDistill.apply(hv, lm_head, teacher, rows, wv, kind, chunk)
     correct = torch.zeros_like(valid)
-    if agree:
-        correct[valid] = torch.cat(agree)
+    correct[valid] = agree
     return LossOut(total / wv.sum().clamp(min=1e-6), correct, valid)
 
 
@@ -426,6 +436,11 @@ def head_config_for(target_cfg, cfg: TrainConfig, vocab_embed: torch.Tensor | No
     head_cfg = dataclasses.replace(head_cfg, target_layer_ids=tuple(taps))
     if cfg.intermediate_size is not None:
         head_cfg = dataclasses.replace(head_cfg, intermediate_size=cfg.intermediate_size)
+    if cfg.attention_heads is not None:
+        if cfg.attention_heads % head_cfg.num_kv_heads:
+            raise ConfigError(f"--attention-heads must be a multiple of the target's {head_cfg.num_kv_heads} KV heads, "
+                              f"got {cfg.attention_heads}")
+        head_cfg = dataclasses.replace(head_cfg, num_heads=cfg.attention_heads)
     if cfg.mask_token_id is None and vocab_embed is not None and fallback_mask is not None:
         head_cfg = dataclasses.replace(head_cfg, mask_token_id=pick_mask_token(vocab_embed, head_cfg.mask_token_id,
                                                                                fallback_mask))
@@ -455,7 +470,7 @@ def init_head(head: DraftHead, how: str, seed: int, hf_model=None) -> None:
         diff = sorted(k for k in set(want) | set(got) if not _same(want.get(k), got.get(k)))
         if diff:
             raise ConfigError(f"--init {how} holds a head of another shape ({', '.join(diff)} differ); "
-                              "pass the same --draft-layers, --intermediate-size, --block-size and --taps")
+                              "pass the same --draft-layers, --intermediate-size, --attention-heads, --block-size and --taps")
         with torch.no_grad():
             head.load_state_dict(trained.state_dict())
         return
@@ -538,13 +553,17 @@ def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None)
 
     path = cfg.out / "prompts.jsonl"
     num_dev = max(cfg.eval_prompts, 16)
-    n_self = round(cfg.num_prompts * cfg.self_prompts) if ws is not None and not cfg.prompts_file else 0
+    # Evaluation alone needs only dev prompts: no proposals, and an earlier stage's file as it is.
+    proposing = ws is not None and not cfg.prompts_file and cfg.stage != "eval"
+    n_self = round(cfg.num_prompts * cfg.self_prompts) if proposing else 0
     key = {"file": cfg.prompts_file, "num_prompts": cfg.num_prompts, "num_dev": num_dev, "seed": cfg.seed,
            "self_prompts": n_self}
     meta = cfg.out / "prompts.meta.json"
-    if path.is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
+    if path.is_file() and meta.is_file():
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        return [r["prompt"] for r in rows if r["split"] == "train"], [r["prompt"] for r in rows if r["split"] == "dev"]
+        train, dev = [r["prompt"] for r in rows if r["split"] == "train"], [r["prompt"] for r in rows if r["split"] == "dev"]
+        if json.loads(meta.read_text()) == key or (cfg.stage == "eval" and len(dev) >= num_dev):
+            return train, dev
     if cfg.prompts_file:
         try:
             given = P.load_prompts_file(cfg.prompts_file)
@@ -753,20 +772,40 @@ def lr_at(frac: float, lr: float, warmup: float) -> float:
 
 class Sampler:
     """Stateless epoch shuffling: the batch of step s depends only on (seed, s), so a resumed
-    run sees exactly the batches an uninterrupted one would."""
+    run sees exactly the batches an uninterrupted one would.
 
-    def __init__(self, n: int, batch_size: int, seed: int):
-        self.n, self.bs, self.seed = n, batch_size, seed
-        self._epoch, self._perm = -1, None
+    With `lengths`, batches are length-bucketed: each run of BUCKET_BATCHES batches of the
+    shuffled order is sorted by length, cut into batches, and those batches shuffled. The target's
+    forward runs on right-padded batches, so mixing a 900-token sequence with 150-token ones
+    would make most of that forward padding; every sequence still comes once per epoch."""
+
+    BUCKET_BATCHES = 8
+
+    def __init__(self, n: int, batch_size: int, seed: int, lengths: list[int] | None = None):
+        self.n, self.bs, self.seed, self.lengths = n, batch_size, seed, lengths
+        self._epoch, self._order = -1, None
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(self.n, generator=gen).tolist()
+        if self.lengths is None:
+            return order
+        out: list[int] = []
+        span = self.bs * self.BUCKET_BATCHES
+        for c in range(0, self.n, span):
+            chunk = sorted(order[c : c + span], key=lambda i: self.lengths[i])
+            batches = [chunk[b : b + self.bs] for b in range(0, len(chunk), self.bs)]
+            for j in torch.randperm(len(batches), generator=gen).tolist():
+                out += batches[j]
+        return out
 
     def indices(self, step: int) -> list[int]:
         out = []
         for g in range(step * self.bs, (step + 1) * self.bs):
             epoch = g // self.n
             if epoch != self._epoch:
-                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-                self._epoch, self._perm = epoch, torch.randperm(self.n, generator=gen).tolist()
-            out.append(self._perm[g % self.n])
+                self._epoch, self._order = epoch, self.epoch_order(epoch)
+            out.append(self._order[g % self.n])
         return out
 
 
@@ -841,7 +880,7 @@ def train(ws: Workspace, cfg: TrainConfig, trainer: Trainer, seqs: list[Sequence
         st.total_steps = cfg.steps
     elif st.total_steps == 0:
         st.total_steps = math.ceil(cfg.epochs * len(seqs) / cfg.batch_size)
-    sampler = Sampler(len(seqs), cfg.batch_size, cfg.seed)
+    sampler = Sampler(len(seqs), cfg.batch_size, cfg.seed, [len(q.ids) for q in seqs])
     # With a deadline, progress is max(step fraction, time fraction): the cosine schedule
     # still completes when time, not steps, ends the run.
     time_total = (deadline - time.time() + st.seconds) if deadline is not None else None

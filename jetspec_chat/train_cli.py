@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--intermediate-size", type=int, default=None,
                    help="MLP width of the draft layers (default: the target's); smaller heads draft faster "
                         "and ship smaller")
+    g.add_argument("--attention-heads", type=int, default=None,
+                   help="query heads of the draft layers (default: the target's; a multiple of its KV heads): "
+                        "fewer heads leave room for more layers in the same size")
     g.add_argument("--block-size", type=int, default=16, help="anchor + drafted tokens (depth = block - 1)")
     g.add_argument("--taps", type=_ints, default=None, help="target layer ids, e.g. 1,7,13,19,25 "
                                                             "(default: up to 5 evenly spaced, as published heads)")
@@ -90,7 +93,7 @@ def config_from_args(args: argparse.Namespace):
 
     return TrainConfig(
         target=args.target, out=args.out, stage=args.stage, device=args.device, dtype=args.dtype, seed=args.seed,
-        draft_layers=args.draft_layers, intermediate_size=args.intermediate_size,
+        draft_layers=args.draft_layers, intermediate_size=args.intermediate_size, attention_heads=args.attention_heads,
         block_size=args.block_size, taps=args.taps, mask_token_id=args.mask_token_id,
         init=args.init, prompts_file=args.prompts_file, num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,

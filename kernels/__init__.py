@@ -1,4 +1,5 @@
 """Kernels: Triton on CUDA tensors, plain-torch references (reference.py) everywhere else."""
+from .distill import distill_rows, distill_rows_ref, distill_rows_triton
 from .fused import (
     add_rms_norm,
     add_rms_norm_triton,
@@ -39,6 +40,9 @@ __all__ = [
     "add_rms_norm_ref",
     "add_rms_norm_triton",
     "ancestor_mask_ref",
+    "distill_rows",
+    "distill_rows_ref",
+    "distill_rows_triton",
     "logical_to_slots",
     "pack_tree_mask",
     "paged_tree_attention",

@@ -13,7 +13,7 @@ from jetspec_chat.engine import prompts as P
 from jetspec_chat.engine.draft_head import DraftHead, DraftKVCache, load_head_dir
 from jetspec_chat.engine.errors import ConfigError
 from jetspec_chat.engine.train import (
-    Evaluator, Sequence, TrainConfig, Trainer, Workspace, anchor_range, block_attention_mask, block_ids,
+    Evaluator, Sampler, Sequence, TrainConfig, Trainer, Workspace, anchor_range, block_attention_mask, block_ids,
     context_len, distill_loss, export_head, generate_data, head_forward, load_sequences, make_batch,
     prepare_prompts, run_training, sample_anchors, target_features, train, training_step_loss,
 )
@@ -224,6 +224,24 @@ def test_distill_loss_equals_the_dense_per_row_formula(kind):
     assert out.correct[out.valid].tolist() == correct
 
 
+def test_length_buckets_cover_each_epoch_once_and_cut_padding():
+    gen = torch.Generator().manual_seed(3)
+    lengths = torch.randint(20, 1000, (203,), generator=gen).tolist()
+    bs, steps = 8, 203 // 8
+    bucketed, plain = Sampler(203, bs, 5, lengths), Sampler(203, bs, 5)
+    seen = [i for s in range(steps) for i in bucketed.indices(s)]
+    assert len(set(seen)) == len(seen) == steps * bs  # no repeats inside an epoch
+
+    def padded(sampler):  # target-forward tokens: every batch padded to its longest sequence
+        return sum(bs * max(lengths[i] for i in sampler.indices(s)) for s in range(steps))
+
+    assert padded(bucketed) < 0.75 * padded(plain)
+    # Stateless: a fresh sampler (a resumed run) gives the same batch for the same step,
+    # also across the epoch boundary.
+    assert Sampler(203, bs, 5, lengths).indices(30) == bucketed.indices(30)
+    assert Sampler(203, bs, 5, lengths).indices(7) == Sampler(203, bs, 5, lengths).indices(7)
+
+
 # -- optimization -------------------------------------------------------------------------------
 
 
@@ -305,6 +323,8 @@ def test_init_from_a_trained_head_directory_continues_it(tmp_path):
         init_head(random_head(layers=2), str(tmp_path / "h"), 0)
     with pytest.raises(ConfigError, match="--init must be"):
         tiny_cfg(tmp_path, init=str(tmp_path / "missing")).validate()
+    with pytest.raises(ConfigError, match="--attention-heads must be a multiple of the target's 2 KV heads"):
+        workspace().head_config(tiny_cfg(tmp_path, attention_heads=3))
 
 
 def test_resume_continues_the_interrupted_run_exactly(data_dir, tmp_path, monkeypatch):
@@ -357,7 +377,8 @@ def test_train_head_cli_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
     code = train_head_main([
         TINY, "--out", str(out), "--prompts", str(prompts), "--num-prompts", "24", "--max-new-tokens", "32",
-        "--steps", "20", "--block-size", "8", "--intermediate-size", "24", "--batch-size", "4", "--anchors-per-seq", "16", "--lr", "3e-3",
+        "--steps", "20", "--block-size", "8", "--intermediate-size", "24", "--attention-heads", "2",
+        "--batch-size", "4", "--anchors-per-seq", "16", "--lr", "3e-3",
         "--eval-budgets", "8,16", "--eval-prompts", "2", "--eval-max-new-tokens", "16", "--eval-sets", "chat",
         "--device", "cpu", "--quiet", "--time-budget-min", "10",
     ])
@@ -367,6 +388,7 @@ def test_train_head_cli_end_to_end(tmp_path, capsys):
     head.cfg.check_against(workspace().engine.target.cfg, "trained")
     assert head.cfg.block_size == 8 and (out / "head" / "training.json").is_file()
     assert head.cfg.intermediate_size == 24 != workspace().engine.target.cfg.intermediate_size
+    assert head.cfg.num_heads == 2 != workspace().engine.target.cfg.num_heads  # evaluated by the real decoder below
     report = json.loads((out / "eval.json").read_text())
     assert [r["budget"] for r in report["dev"]] == [8, 16] and all(r["tau"] >= 1.0 for r in report["dev"])
     assert report["sets"]["chat"]["prompts"] >= 1
@@ -398,8 +420,9 @@ def test_builtin_prompts_deterministic_distinct_and_split():
     assert len(set(train_a)) == 1500 and len(set(dev_a)) == 20
     assert not set(train_a) & set(dev_a)
     assert not any(P.is_dev(p) for p in train_a) and all(P.is_dev(p) for p in dev_a)
-    other, _ = P.builtin_prompts(300, 0, seed=1)
+    other, other_dev = P.builtin_prompts(300, 20, seed=1)
     assert other != train_a[:300]
+    assert other_dev == dev_a  # one held-out set whatever the seed: τ stays comparable across runs
     evals = set(P.eval_prompts("coding")) | set(P.eval_prompts("chat"))
     assert not evals & set(train_a)
     kinds = {"reimplements": 0, "```python": 0, "Write a": 0, "Explain": 0}
@@ -455,6 +478,13 @@ def test_self_prompts_come_from_the_target_and_are_recorded(tmp_path):
     assert all(P.clean_proposal(q) == q and not P.is_dev(q) for q in extra)
     # Cached: the same settings read the file back.
     assert prepare_prompts(cfg, quiet, ws) == (train_p, dev_p)
+    # Evaluation alone proposes nothing and takes the dev prompts of the file that is there.
+    calls.clear()
+    eval_cfg = tiny_cfg(tmp_path / "a", num_prompts=40, self_prompts=0.25, stage="eval")
+    assert prepare_prompts(eval_cfg, calls.append, ws)[1] == dev_p and not calls
+    fresh = tiny_cfg(tmp_path / "b", num_prompts=40, self_prompts=0.25, stage="eval")
+    assert prepare_prompts(fresh, calls.append, ws)[1] == dev_p
+    assert not any("the target proposed" in c for c in calls)
     with pytest.raises(ConfigError, match="--self-prompts"):
         tiny_cfg(tmp_path, self_prompts=1.5).validate()
 
