@@ -15,6 +15,7 @@ disjoint from the generators' output; `eval_prompts(kind)` exposes them (bench r
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 DEV_PER_MILLE = 20  # ~2% of generated prompts are held out for evaluation
+DEV_SEED = 0  # the dev prompts come from this stream whatever the run's seed
 
 # Standard-library modules with rich, stable, pure-Python APIs.
 STDLIB_MODULES = (
@@ -260,7 +262,8 @@ def _defined_in(obj, module: str) -> bool:
     return where.lstrip("_").split(".")[0] == module.split(".")[0]
 
 
-def _api_items() -> list[tuple[str, str]]:
+@functools.cache  # every PromptGenerator (train and dev streams) reads the same stdlib
+def _api_items() -> tuple[tuple[str, str], ...]:
     """(qualified name, first doc paragraph) for public callables of the stdlib modules."""
     items = []
     for name in STDLIB_MODULES:
@@ -276,10 +279,11 @@ def _api_items() -> list[tuple[str, str]]:
             doc = _doc_line(obj)
             if doc:
                 items.append((f"{name}.{attr}", doc))
-    return items
+    return tuple(items)
 
 
-def _snippets() -> list[str]:
+@functools.cache  # ~1 s of inspect.getsource; the same for every PromptGenerator
+def _snippets() -> tuple[str, ...]:
     """Source of small pure-Python functions and methods of the stdlib modules (5-40 lines)."""
     out = []
     for name in STDLIB_MODULES:
@@ -300,7 +304,7 @@ def _snippets() -> list[str]:
             lines = src.rstrip().splitlines()
             if 5 <= len(lines) <= 40 and len(src) <= 1600 and not lines[0].lstrip().startswith("@"):
                 out.append(src.rstrip())
-    return out
+    return tuple(out)
 
 
 def _inject_bug(src: str, rng: random.Random) -> str | None:
@@ -433,24 +437,24 @@ def split_prompts(prompts: list[str], per_mille: int = DEV_PER_MILLE) -> tuple[l
 
 def builtin_prompts(num_train: int, num_dev: int, seed: int = 0, per_mille: int = DEV_PER_MILLE,
                     max_tries_factor: int = 50) -> tuple[list[str], list[str]]:
-    """`num_train` distinct training prompts and up to `num_dev` distinct dev prompts."""
+    """`num_train` distinct training prompts from the stream of `seed`, and up to `num_dev`
+    distinct dev prompts, always from the stream of DEV_SEED: runs with other seeds report τ on
+    the same held-out prompts (is_dev keeps them out of every run's training side)."""
     held_out = set(eval_prompts("coding")) | set(eval_prompts("chat"))
-    seen: set[str] = set()
-    train: list[str] = []
-    dev: list[str] = []
-    limit = max_tries_factor * max(num_train + num_dev, 100)
-    for tries, p in enumerate(PromptGenerator(seed)):
-        if (len(train) >= num_train and len(dev) >= num_dev) or tries >= limit:
-            break
-        if p in seen or p in held_out:
-            continue
-        seen.add(p)
-        if is_dev(p, per_mille):
-            if len(dev) < num_dev:
-                dev.append(p)
-        elif len(train) < num_train:
-            train.append(p)
-    return train, dev
+
+    def take(stream_seed: int, n: int, want_dev: bool) -> list[str]:
+        out: list[str] = []
+        seen: set[str] = set()
+        limit = max_tries_factor * max(n, 100) * (1000 // per_mille if want_dev else 1)
+        for tries, p in enumerate(PromptGenerator(stream_seed)):
+            if len(out) >= n or tries >= limit:
+                break
+            if p not in seen and p not in held_out and is_dev(p, per_mille) == want_dev:
+                seen.add(p)
+                out.append(p)
+        return out
+
+    return take(seed, num_train, False), take(DEV_SEED, num_dev, True)
 
 
 def load_prompts_file(path: str | Path) -> list[str]:
