@@ -61,7 +61,7 @@ from .layers import Rotary, hf_parameters
 
 LogFn = Callable[[str], None]
 
-STAGES = ("data", "train", "eval", "all")
+STAGES = ("data", "train", "eval", "replay", "all")
 DATA_FORMAT = 1
 CKPT_FORMAT = 2  # 2: fused qkv_proj / gate_up_proj in the head's state dict
 
@@ -554,7 +554,8 @@ def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None)
     path = cfg.out / "prompts.jsonl"
     num_dev = max(cfg.eval_prompts, 16)
     # Evaluation alone needs only dev prompts: no proposals, and an earlier stage's file as it is.
-    proposing = ws is not None and not cfg.prompts_file and cfg.stage != "eval"
+    evaluating = cfg.stage in ("eval", "replay")
+    proposing = ws is not None and not cfg.prompts_file and not evaluating
     n_self = round(cfg.num_prompts * cfg.self_prompts) if proposing else 0
     key = {"file": cfg.prompts_file, "num_prompts": cfg.num_prompts, "num_dev": num_dev, "seed": cfg.seed,
            "self_prompts": n_self}
@@ -562,7 +563,7 @@ def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None)
     if path.is_file() and meta.is_file():
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         train, dev = [r["prompt"] for r in rows if r["split"] == "train"], [r["prompt"] for r in rows if r["split"] == "dev"]
-        if json.loads(meta.read_text()) == key or (cfg.stage == "eval" and len(dev) >= num_dev):
+        if json.loads(meta.read_text()) == key or (evaluating and len(dev) >= num_dev):
             return train, dev
     if cfg.prompts_file:
         try:
@@ -1087,6 +1088,12 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
         summary["data"] = generate_data(ws, cfg, train_prompts, deadlines.data, log)
         log(f"data: {summary['data']['total_sequences']} sequences in {cfg.out / 'data'}")
 
+    if cfg.stage == "replay":
+        summary["replay"] = replay_stage(ws, cfg, dev_prompts, log)
+        summary["seconds"] = round(time.time() - start, 1)
+        _atomic_write(cfg.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        return summary
+
     evaluate = cfg.eval_prompts > 0  # 0: no τ at all (e.g. to time training alone)
     evaluator = Evaluator(ws, cfg, head_cfg, dev_prompts, log) if cfg.stage != "data" and evaluate else None
     head_dir = cfg.out / "head"
@@ -1112,12 +1119,7 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
 
     if cfg.stage in ("eval", "all") and evaluate:
         if final_head is None:
-            from .draft_head import load_head_dir
-
-            if not (head_dir / "config.json").is_file():
-                raise ConfigError(f"no trained head in {head_dir}; run the train stage first")
-            final_head = load_head_dir(head_dir, ws.device, torch.float32)
-            final_head.cfg.check_against(ws.engine.target.cfg, str(head_dir))
+            final_head = load_trained_head(ws, head_dir)
             evaluator = Evaluator(ws, cfg, final_head.cfg, dev_prompts, log)
         summary["eval"] = evaluator.final(final_head, deadlines.eval)
         _atomic_write(cfg.out / "eval.json", json.dumps(summary["eval"], indent=2) + "\n")
@@ -1128,6 +1130,30 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
     summary["seconds"] = round(time.time() - start, 1)
     _atomic_write(cfg.out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def load_trained_head(ws: Workspace, head_dir: Path) -> DraftHead:
+    """OUT/head, checked against the target (for the stages that only evaluate it)."""
+    from .draft_head import load_head_dir
+
+    if not (head_dir / "config.json").is_file():
+        raise ConfigError(f"no trained head in {head_dir}; run the train stage first")
+    head = load_head_dir(head_dir, ws.device, torch.float32)
+    head.cfg.check_against(ws.engine.target.cfg, str(head_dir))
+    return head
+
+
+def replay_stage(ws: Workspace, cfg: TrainConfig, dev_prompts: list[str], log: LogFn) -> dict:
+    """--stage replay: where OUT/head loses τ, on the dev prompts and the eval sets (replay.py)."""
+    from .prompts import eval_prompts
+    from .replay import replay_report
+
+    head = load_trained_head(ws, cfg.out / "head")
+    sets = {"dev": dev_prompts[: max(cfg.eval_prompts, 1)], **{name: eval_prompts(name) for name in cfg.eval_sets}}
+    report = replay_report(ws, head, sets, cfg.eval_budgets, cfg.eval_width, cfg.eval_max_new_tokens,
+                           gen_batch_size(ws, cfg, max(len(p) for p in sets.values())), log)
+    _atomic_write(cfg.out / "replay.json", json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -24,8 +24,10 @@ def _names(text: str) -> tuple[str, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", help="the target model: embedded alias, hub id, local dir, .gguf or random:NAME")
     p.add_argument("--out", required=True, type=Path, help="working and output directory (the head lands in OUT/head)")
-    p.add_argument("--stage", default="all", choices=("data", "train", "eval", "all"),
-                   help="data: prompts + target answers; train: train + export; eval: τ of OUT/head; all (default)")
+    p.add_argument("--stage", default="all", choices=("data", "train", "eval", "replay", "all"),
+                   help="data: prompts + target answers; train: train + export; eval: τ of OUT/head (the real "
+                        "decoder); replay: where OUT/head loses τ (per-depth top-1/top-K, τ per budget and width, "
+                        "replayed on greedy answers without verify forwards); all (default: data, train, eval)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="the frozen target's dtype: auto (bf16 on GPU, fp32 on CPU), "
                                                    "bfloat16, float32; the head trains in fp32 (+ bf16 autocast)")
@@ -120,6 +122,12 @@ def print_summary(summary: dict) -> None:
         for h in t["history"]:
             tau = f"{h['tau']:.3f}" if h["tau"] is not None else f"n/a ({h.get('error')})"
             print(f"  step {h['step']:>6}: tau {tau} (budget {h['budget']})", file=out)
+    if "replay" in summary:
+        from .engine.replay import format_report
+
+        print("replayed on the target's greedy answers (held-out prompts):", file=out)
+        for line in format_report(summary["replay"]):
+            print(line, file=out)
     if "eval" in summary:
         print("tau on held-out dev prompts (real tree decoder):", file=out)
         for r in summary["eval"]["dev"]:

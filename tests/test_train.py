@@ -260,9 +260,11 @@ def test_one_step_lowers_the_loss(data_dir):
     assert after < before
 
 
-def test_short_run_raises_tau_with_the_real_decoder(data_dir, tmp_path):
+@pytest.fixture(scope="module")
+def short_run(data_dir, tmp_path_factory):
+    """150 steps on the tiny target's answers: (trainer, state, evaluator on the dev prompts)."""
     ws = workspace()
-    cfg = tiny_cfg(tmp_path, steps=150, eval_prompts=8)
+    cfg = tiny_cfg(tmp_path_factory.mktemp("short-run"), steps=150, eval_prompts=8)
     _, dev = prepare_prompts(tiny_cfg(data_dir, prompts_file=str(data_dir / "prompts-in.jsonl"), num_prompts=1000),
                              quiet)
     seqs = load_sequences(data_dir, cfg.max_seq_len)
@@ -270,11 +272,40 @@ def test_short_run_raises_tau_with_the_real_decoder(data_dir, tmp_path):
     trainer = Trainer(ws, cfg, head_cfg, quiet)
     evaluator = Evaluator(ws, cfg, head_cfg, dev, quiet)
     state = train(ws, cfg, trainer, seqs, evaluator, None, quiet)
-    before = state.history[0]["tau"]
     evaluator._load(trainer.head)
+    return trainer, state, evaluator
+
+
+def test_short_run_raises_tau_with_the_real_decoder(short_run):
+    _, state, evaluator = short_run
+    before = state.history[0]["tau"]
     after = evaluator.tau(evaluator.dev, 16).tau
     assert state.step == 150
     assert after > before + 0.2, (before, after)
+
+
+@pytest.mark.parametrize("budget,width", [(16, 8), (5, 2), (1, 8)])
+def test_replay_equals_the_real_decoder_round_by_round(short_run, budget, width):
+    """replay.py on the engine's own greedy answer gives the engine's accept lengths, round by round."""
+    from jetspec_chat.engine.events import FinishEvent
+    from jetspec_chat.engine.params import GenerationParams, SpecParams
+    from jetspec_chat.engine.replay import TreeSetting, draft_all, replay
+    from jetspec_chat.engine.session import ChatSession
+
+    ws = workspace()
+    _, _, evaluator = short_run
+    params = GenerationParams(max_new_tokens=48, spec=SpecParams(budget=budget, width=width))
+    longer = 0
+    for prompt in evaluator.dev:
+        result = [e for e in ChatSession(evaluator.engine, thinking=False).send(prompt, params)
+                  if isinstance(e, FinishEvent)][0].result
+        prompt_ids = ws.prompt_ids(prompt)
+        stop = [result.stop_token] if result.stop_token is not None else []
+        ids = torch.tensor(prompt_ids + list(result.token_ids) + stop)
+        drafts = draft_all(evaluator.head, ws.hf, ids, len(prompt_ids), top_k=8)
+        assert replay(drafts, TreeSetting(budget, width)) == list(result.accept_lengths), prompt
+        longer += max(result.accept_lengths) > 1
+    assert longer >= (len(evaluator.dev) // 2 if budget > 1 else 0)  # the trees accept something
 
 
 def test_export_then_load_gives_identical_logits(tmp_path):
@@ -401,6 +432,20 @@ def test_train_head_cli_end_to_end(tmp_path, capsys):
                             "--eval-sets", "", "--device", "cpu", "--quiet"])
     assert code == 0
     assert [r["budget"] for r in json.loads((out / "eval.json").read_text())["dev"]] == [16]
+    # The replay stage reports where the head loses τ, on the dev prompts and the eval sets.
+    capsys.readouterr()
+    code = train_head_main([TINY, "--out", str(out), "--stage", "replay", "--prompts", str(prompts), "--num-prompts",
+                            "24", "--eval-budgets", "1,4,16", "--eval-width", "2", "--eval-prompts", "2",
+                            "--eval-max-new-tokens", "12", "--eval-sets", "chat", "--device", "cpu", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    replayed = json.loads((out / "replay.json").read_text())
+    assert replayed["widths"] == [2, 4, 8] and set(replayed["sets"]) == {"dev", "chat"}
+    dev = replayed["sets"]["dev"]
+    assert dev["prompts"] == 2 and dev["anchors"] > 0 and len(dev["top1"]) == 7
+    assert all(a <= b <= c for a, b, c in zip(dev["in_top"]["2"], dev["in_top"]["4"], dev["in_top"]["8"]))
+    assert all(dev["tau"][w]["1"] == 1.0 and dev["tau"][w]["16"] >= 1.0 for w in ("2", "4", "8"))
+    assert "top-1 %" in err and "width 8" in err
 
 
 def test_train_head_cli_errors(tmp_path, capsys):
