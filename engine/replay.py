@@ -184,6 +184,7 @@ def replay_report(ws, head: DraftHead, sets: dict[str, list[str]], budgets: tupl
     report: dict = {"widths": list(widths), "budgets": list(budgets), "sets": {}}
     for name, prompts in sets.items():
         t0 = time.perf_counter()
+        log(f"replay {name}: answering {len(prompts)} prompts, then drafting at every answer token")
         answers = greedy_answers(ws, prompts, max_new_tokens, batch_size)
         drafts = [draft_all(head, ws.hf, torch.tensor(p + a), len(p), max(widths)) for p, a in answers]
         row: dict = {"prompts": len(prompts), "answer_tokens": sum(len(a) for _, a in answers)}
@@ -198,7 +199,7 @@ def replay_report(ws, head: DraftHead, sets: dict[str, list[str]], budgets: tupl
                 kept = [k for d in drafts for k in replay(d, TreeSetting(b, w))]
                 row["tau"][str(w)][str(b)] = round(sum(kept) / len(kept), 4) if kept else 0.0
         row["seconds"] = round(time.perf_counter() - t0, 1)
-        log(f"replay {name}: {len(prompts)} prompts, {reach.anchors} anchors, {row['seconds']} s")
+        log(f"replay {name}: done, {reach.anchors} anchors in {row['seconds']} s")
         report["sets"][name] = row
     return report
 
