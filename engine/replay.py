@@ -97,12 +97,12 @@ def accepted_depth(tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.
     return int(depths[accepted].max())
 
 
-def replay(d: Drafts, s: TreeSetting, max_depth: int | None = None) -> list[int]:
+def replay(d: Drafts, s: TreeSetting) -> list[int]:
     """Tokens each round adds to the answer (the engine's accept_lengths) when decoding d.ids
     with tree setting s: round 0 anchors at the answer's first token (the prefill's), each round
     keeps its accepted path plus the target's token after it."""
     end = len(d.ids) - 1  # the last token never anchors a round
-    depth = min(d.logits.shape[1], max(s.budget - 1, 1), max_depth or d.logits.shape[1])
+    depth = min(d.logits.shape[1], max(s.budget - 1, 1))  # as the engine: no deeper than budget - 1
     width = min(s.width, d.logits.shape[2])
     n = static_tree_size(s.budget, width, depth)
     pad = torch.full((depth + 1,), -1, dtype=torch.long)
@@ -134,7 +134,7 @@ class TopKReach:
 
 
 def top_k_reach(drafts: list[Drafts], width: int) -> TopKReach:
-    hits1, hitsk, count = None, None, 0
+    hits1 = hitsk = count = 0  # become [D] tensors at the first answer with an anchor
     for d in drafts:
         a_n, depth, _ = d.logits.shape
         if a_n == 0:
@@ -142,16 +142,13 @@ def top_k_reach(drafts: list[Drafts], width: int) -> TopKReach:
         idx = d.first_anchor + torch.arange(a_n)[:, None] + torch.arange(1, depth + 1)[None, :]  # [A, D]
         valid = idx < len(d.ids)
         truth = d.ids.long()[idx.clamp(max=len(d.ids) - 1)]
-        h1 = ((d.tokens[:, :, 0] == truth) & valid).sum(0).double()
-        hk = ((d.tokens[:, :, :width] == truth[:, :, None]).any(-1) & valid).sum(0).double()
-        n = valid.sum(0).double()
-        hits1 = h1 if hits1 is None else hits1 + h1
-        hitsk = hk if hitsk is None else hitsk + hk
-        count = n if isinstance(count, int) else count + n
-    if hits1 is None:
+        hits1 = hits1 + ((d.tokens[:, :, 0] == truth) & valid).sum(0).double()
+        hitsk = hitsk + ((d.tokens[:, :, :width] == truth[:, :, None]).any(-1) & valid).sum(0).double()
+        count = count + valid.sum(0).double()
+    if isinstance(count, int):
         return TopKReach([], [], 0)
-    count = count.clamp(min=1)
-    return TopKReach((hits1 / count).tolist(), (hitsk / count).tolist(), int(count[0]))
+    n = count.clamp(min=1)
+    return TopKReach((hits1 / n).tolist(), (hitsk / n).tolist(), int(count[0]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,10 +185,10 @@ def replay_report(ws, head: DraftHead, sets: dict[str, list[str]], budgets: tupl
         answers = greedy_answers(ws, prompts, max_new_tokens, batch_size)
         drafts = [draft_all(head, ws.hf, torch.tensor(p + a), len(p), max(widths)) for p, a in answers]
         row: dict = {"prompts": len(prompts), "answer_tokens": sum(len(a) for _, a in answers)}
-        reach = top_k_reach(drafts, widths[0])
-        row["anchors"] = reach.anchors
-        row["top1"] = [round(x, 4) for x in reach.top1]
-        row["in_top"] = {str(w): [round(x, 4) for x in top_k_reach(drafts, w).in_top_k] for w in widths}
+        reach = {w: top_k_reach(drafts, w) for w in widths}
+        row["anchors"] = reach[widths[0]].anchors
+        row["top1"] = [round(x, 4) for x in reach[widths[0]].top1]
+        row["in_top"] = {str(w): [round(x, 4) for x in r.in_top_k] for w, r in reach.items()}
         row["tau"] = {}
         for w in widths:
             row["tau"][str(w)] = {}
@@ -199,7 +196,7 @@ def replay_report(ws, head: DraftHead, sets: dict[str, list[str]], budgets: tupl
                 kept = [k for d in drafts for k in replay(d, TreeSetting(b, w))]
                 row["tau"][str(w)][str(b)] = round(sum(kept) / len(kept), 4) if kept else 0.0
         row["seconds"] = round(time.perf_counter() - t0, 1)
-        log(f"replay {name}: done, {reach.anchors} anchors in {row['seconds']} s")
+        log(f"replay {name}: done, {row['anchors']} anchors in {row['seconds']} s")
         report["sets"][name] = row
     return report
 

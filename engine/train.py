@@ -1090,12 +1090,10 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
 
     if cfg.stage == "replay":
         summary["replay"] = replay_stage(ws, cfg, dev_prompts, log)
-        summary["seconds"] = round(time.time() - start, 1)
-        _atomic_write(cfg.out / "summary.json", json.dumps(summary, indent=2) + "\n")
-        return summary
 
     evaluate = cfg.eval_prompts > 0  # 0: no τ at all (e.g. to time training alone)
-    evaluator = Evaluator(ws, cfg, head_cfg, dev_prompts, log) if cfg.stage != "data" and evaluate else None
+    needs_evaluator = cfg.stage in ("train", "eval", "all") and evaluate
+    evaluator = Evaluator(ws, cfg, head_cfg, dev_prompts, log) if needs_evaluator else None
     head_dir = cfg.out / "head"
     if cfg.stage in ("train", "all"):
         seqs = load_sequences(cfg.out, cfg.max_seq_len)
