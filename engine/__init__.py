@@ -16,7 +16,7 @@ from .tree import TREE_ALGOS
 
 def load_engine(*args, **kwargs) -> SpecEngine:
     """See loader.load_engine. Imported on first use: model resolution pulls in transformers."""
-    from .loader import load_engine as _load_engine
+    from .models.loader import load_engine as _load_engine
 
     return _load_engine(*args, **kwargs)
 

@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _prompt_sets(args) -> dict[str, list[str]]:
-    from .engine.bench import PROMPT_SETS, load_prompts_jsonl, prompt_set
+    from .engine.bench.bench import PROMPT_SETS, load_prompts_jsonl, prompt_set
     from .engine.errors import ConfigError
 
     names = args.prompt_sets if args.prompt_sets is not None else (() if args.prompts else PROMPT_SETS)
@@ -97,7 +97,7 @@ def _prompt_sets(args) -> dict[str, list[str]]:
 
 
 def end_to_end_options(args):
-    from .engine.bench import EndToEndOptions
+    from .engine.bench.bench import EndToEndOptions
 
     return EndToEndOptions(
         models=list(args.models) or [None], prompt_sets=_prompt_sets(args), modes=tuple(args.modes),
@@ -110,7 +110,7 @@ def end_to_end_options(args):
 
 
 def engine_only_options(args):
-    from .engine.bench import EngineOnlyOptions
+    from .engine.bench.bench import EngineOnlyOptions
     from .engine.errors import ConfigError
 
     if args.bar_context is not None and len(args.bar_context) != 1:
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark the options describe; tables to stdout, progress to stderr."""
     from rich.console import Console
 
-    from .engine import bench
+    from .engine.bench import bench
     from .engine.errors import EngineError
 
     err = Console(stderr=True)

@@ -128,7 +128,7 @@ def run_generate(argv: list[str]) -> int:
     if result.message:
         out["message"] = result.message
     if args.check_lossless:
-        from .engine.oracle import check_lossless
+        from .engine.models.oracle import check_lossless
 
         out.update(check_lossless(engine, prompt_ids, result, args.max_new_tokens))
     if args.json:

@@ -91,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from .engine.train import TrainConfig
+    from .engine.training.train import TrainConfig
 
     return TrainConfig(
         target=args.target, out=args.out, stage=args.stage, device=args.device, dtype=args.dtype, seed=args.seed,
@@ -123,7 +123,7 @@ def print_summary(summary: dict) -> None:
             tau = f"{h['tau']:.3f}" if h["tau"] is not None else f"n/a ({h.get('error')})"
             print(f"  step {h['step']:>6}: tau {tau} (budget {h['budget']})", file=out)
     if "replay" in summary:
-        from .engine.replay import format_report
+        from .engine.training.replay import format_report
 
         print("replayed on the target's greedy answers (held-out prompts):", file=out)
         for line in format_report(summary["replay"]):
@@ -139,7 +139,7 @@ def print_summary(summary: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .engine.errors import EngineError
-    from .engine.train import run_training
+    from .engine.training.train import run_training
 
     try:
         summary = run_training(config_from_args(args))

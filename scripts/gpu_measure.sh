@@ -41,8 +41,8 @@ assemble)
   fi
   cd $APP
   for v in newsite oldsite; do PYTHONPATH=/root/$v python3 -c "import jetspec_chat.engine.engine as e; print(e.__file__)"; done
-  PYTHONPATH=/root/newsite:/tmp/site timeout 400 python3 -P -m pytest -q -x -p no:cacheprovider tests/test_gpu.py \
-    tests/test_fused_kernels.py tests/test_tree_build_kernel.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
+  PYTHONPATH=/root/newsite:/tmp/site timeout 400 python3 -P -m pytest -q -x -p no:cacheprovider tests/engine/test_gpu.py \
+    tests/kernels/test_fused_kernels.py tests/kernels/test_tree_build_kernel.py 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
   ;;
 e2e)
   model=${1:?model} head=$PWD/${2:?head dir}; gguf=/root/models/$model.gguf

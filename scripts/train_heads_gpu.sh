@@ -67,8 +67,8 @@ setup)
   cp .stage/c*/* $STAGE/ 2>/dev/null
   ls $STAGE
   # the kernels the run depends on, on this GPU (the fused loss; sampling inside the decode graph)
-  (cd $APP && timeout 150 python3 -P -m pytest -q -x -p no:cacheprovider tests/test_distill_kernel.py \
-    tests/test_gpu.py::test_graphed_batch_sampling_runs_inside_the_graph 2>&1 | tail -3)
+  (cd $APP && timeout 150 python3 -P -m pytest -q -x -p no:cacheprovider tests/kernels/test_distill_kernel.py \
+    tests/engine/test_gpu.py::test_graphed_batch_sampling_runs_inside_the_graph 2>&1 | tail -3)
   ;;
 stage)
   cp .stage/c*/* $STAGE/ && ls $STAGE | wc -l

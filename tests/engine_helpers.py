@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from jetspec_chat.engine import FinishEvent, GenerationParams, RoundEvent, SamplingParams, SpecParams, load_engine
 from jetspec_chat.engine import graphs
 from jetspec_chat.kernels import paged_tree_attention_ref
-from jetspec_chat.engine.oracle import transformers_model
+from jetspec_chat.engine.models.oracle import transformers_model
 
 
 @functools.cache

@@ -15,9 +15,9 @@ def test_wheel_layout(tmp_path):
     tops = {n.split("/")[0] for n in names}
     assert not {"engine", "kernels", "themes", "tests"} & tops, tops
     for module in ("jetspec_chat/engine/engine.py", "jetspec_chat/kernels/reference.py", "jetspec_chat/cli.py",
-                   "jetspec_chat/engine/configs/tiny-qwen3.json",
-                   "jetspec_chat/engine/heads/qwen2.5-coder-1.5b/model.safetensors",
-                   "jetspec_chat/engine/heads/qwen2.5-coder-0.5b/config.json"):
+                   "jetspec_chat/engine/models/configs/tiny-qwen3.json",
+                   "jetspec_chat/engine/models/heads/qwen2.5-coder-1.5b/model.safetensors",
+                   "jetspec_chat/engine/models/heads/qwen2.5-coder-0.5b/config.json"):
         assert module in names, module
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "jetspec-chat = jetspec_chat.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()

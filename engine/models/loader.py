@@ -7,11 +7,11 @@ from typing import Callable
 
 import torch
 
-from .draft_head import DraftHead, DraftHeadConfig, build_head, load_head_dir
-from .engine import SpecEngine
-from .errors import ConfigError, DeviceMemoryError, DraftHeadError
-from .model import TargetModel, build_target
-from .model_config import ModelConfig
+from ..draft_head import DraftHead, DraftHeadConfig, build_head, load_head_dir
+from ..engine import SpecEngine
+from ..errors import ConfigError, DeviceMemoryError, DraftHeadError
+from ..model import TargetModel, build_target
+from ..model_config import ModelConfig
 from .model_specs import ModelSource, download_hub_dir, load_tokenizer, resolve_model
 
 ProgressFn = Callable[[str, float | None], None]

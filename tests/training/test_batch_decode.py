@@ -7,9 +7,9 @@ import functools
 import pytest
 import torch
 
-from jetspec_chat.engine.batch_decode import BatchDecoder
-from jetspec_chat.engine.loader import load_engine
-from jetspec_chat.engine.oracle import reference_greedy
+from jetspec_chat.engine.training.batch_decode import BatchDecoder
+from jetspec_chat.engine.models.loader import load_engine
+from jetspec_chat.engine.models.oracle import reference_greedy
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -35,7 +35,7 @@ from .embedded import (
     models_dir,
     staging,
 )
-from .errors import EngineError, ModelNotFoundError
+from ..errors import EngineError, ModelNotFoundError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import EngineError, ModelNotFoundError
+from ..errors import EngineError, ModelNotFoundError
 
 ProgressFn = Callable[[str, float | None], None]  # (what is happening, fraction 0..1 or None)
 

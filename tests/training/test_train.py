@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from jetspec_chat.engine import prompts as P
+from jetspec_chat.engine.training import prompts as P
 from jetspec_chat.engine.draft_head import DraftHead, DraftKVCache, load_head_dir
 from jetspec_chat.engine.errors import ConfigError
-from jetspec_chat.engine.train import (
+from jetspec_chat.engine.training.train import (
     Evaluator, Sampler, Sequence, TrainConfig, Trainer, Workspace, anchor_range, block_attention_mask, block_ids,
     context_len, distill_loss, export_head, generate_data, head_forward, load_sequences, make_batch,
     prepare_prompts, run_training, sample_anchors, target_features, train, training_step_loss,
@@ -289,7 +289,7 @@ def test_replay_equals_the_real_decoder_round_by_round(short_run, budget, width)
     """replay.py on the engine's own greedy answer gives the engine's accept lengths, round by round."""
     from jetspec_chat.engine.events import FinishEvent
     from jetspec_chat.engine.params import GenerationParams, SpecParams
-    from jetspec_chat.engine.replay import TreeSetting, draft_all, replay
+    from jetspec_chat.engine.training.replay import TreeSetting, draft_all, replay
     from jetspec_chat.engine.session import ChatSession
 
     ws = workspace()
@@ -327,7 +327,7 @@ def test_export_then_load_gives_identical_logits(tmp_path):
 
 def test_target_init_copies_the_last_layers_into_the_fused_projections():
     from jetspec_chat.engine.layers import hf_parameters
-    from jetspec_chat.engine.train import init_head
+    from jetspec_chat.engine.training.train import init_head
 
     head = random_head(layers=2)
     hf = workspace().hf
@@ -342,7 +342,7 @@ def test_target_init_copies_the_last_layers_into_the_fused_projections():
 
 
 def test_init_from_a_trained_head_directory_continues_it(tmp_path):
-    from jetspec_chat.engine.train import init_head
+    from jetspec_chat.engine.training.train import init_head
 
     trained = random_head(layers=1, seed=11)
     export_head(trained, tmp_path / "h", torch.float32)
@@ -495,7 +495,7 @@ def test_clean_proposal_keeps_the_request_only():
 
 
 def test_collect_proposals_dedupes_and_skips_excluded_and_dev_prompts():
-    from jetspec_chat.engine.train import collect_proposals
+    from jetspec_chat.engine.training.train import collect_proposals
 
     texts = ["How do tides work on other planets?", "How do tides work on other planets?", "no",
              "What is a good first programming language?", "Explain the rules of chess briefly, please."]

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError
-from .events import FinishEvent, RoundEvent
-from .params import MAX_BUDGET, GenerationParams, SamplingParams, SpecParams
-from .tree import build_accum_logp, root_only
+from ..errors import ConfigError
+from ..events import FinishEvent, RoundEvent
+from ..params import MAX_BUDGET, GenerationParams, SamplingParams, SpecParams
+from ..tree import build_accum_logp, root_only
 
 ProgressFn = Callable[[str], None]
 
@@ -165,7 +165,7 @@ def prompt_set(kind: str) -> list[str]:
         raise ConfigError(f"unknown prompt set {kind!r}; choose from {', '.join(PROMPT_SETS)}")
     if kind == "math":
         return list(MATH_PROMPTS)
-    from .prompts import eval_prompts
+    from ..training.prompts import eval_prompts
 
     return eval_prompts(kind)
 
@@ -194,7 +194,7 @@ def load_prompts_jsonl(path: str | Path) -> list[str]:
 def _prompt_ids(engine, text: str, thinking: bool) -> list[int]:
     """Chat-templated prompt ids, as the app sends them (raw text if there is no template)."""
     if getattr(engine.tokenizer, "chat_template", None):
-        from .session import ChatSession
+        from ..session import ChatSession
 
         session = ChatSession(engine, thinking=thinking)
         session.messages.append({"role": "user", "content": text})
@@ -463,7 +463,7 @@ def _weight_bytes(module: torch.nn.Module) -> int:
 
 
 def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) -> EndToEndReport:
-    from .loader import load_engine
+    from ..models.loader import load_engine
 
     say = progress or (lambda msg: None)
     opts.validate()
@@ -493,7 +493,7 @@ def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) ->
             ar: ConfigResult | None = None
             for name, mode, budget in opts.configs():
                 if mode == "hf" and hf_model is None:
-                    from .oracle import transformers_model
+                    from ..models.oracle import transformers_model
 
                     say("building the transformers model on the same weights")
                     hf_model = transformers_model(engine)
@@ -974,7 +974,7 @@ def _bars(opts: EngineOnlyOptions, bw: float, contexts: list[ContextResult], idl
 
 
 def run_engine_only(opts: EngineOnlyOptions, progress: ProgressFn | None = None) -> EngineOnlyReport:
-    from .loader import load_engine
+    from ..models.loader import load_engine
 
     say = progress or (lambda msg: None)
     opts.validate()

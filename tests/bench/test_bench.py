@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from jetspec_chat.bench_cli import main
-from jetspec_chat.engine import bench
+from jetspec_chat.engine.bench import bench
 
 
 def bench_json(tmp_path, capsys, *args) -> tuple[dict, str]:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .engine import SpecEngine
-from .events import GenerationResult
-from .layers import hf_parameters
+from ..engine import SpecEngine
+from ..events import GenerationResult
+from ..layers import hf_parameters
 
 
 def transformers_model(engine: SpecEngine):

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernels import accum_tree
+from ...kernels import accum_tree
 from .batch_decode import BatchDecoder
-from .draft_head import DraftHead
-from .params import MAX_WIDTH
+from ..draft_head import DraftHead
+from ..params import MAX_WIDTH
 from .train import block_attention_mask, block_ids, context_len, head_forward, target_features
-from .tree import static_tree_size
+from ..tree import static_tree_size
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from jetspec_chat.engine.draft_head import (
 from jetspec_chat.engine.errors import DraftHeadError
 from jetspec_chat.engine.model_config import ModelConfig
 
-CONFIGS = Path(__file__).resolve().parents[1] / "engine" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "engine" / "models" / "configs"
 CPU = torch.device("cpu")
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from jetspec_chat.engine import embedded, model_specs
-from jetspec_chat.engine.byte_tokenizer import byte_tokenizer
+from jetspec_chat.engine.models import embedded, model_specs
+from jetspec_chat.engine.models.byte_tokenizer import byte_tokenizer
 from jetspec_chat.engine.errors import ModelNotFoundError
-from jetspec_chat.engine.model_specs import ModelSource, load_tokenizer, resolve_model
+from jetspec_chat.engine.models.model_specs import ModelSource, load_tokenizer, resolve_model
 
 TEXTS = ["hello world", "héllo wörld — 你好 🎉", "tabs\tand\nnewlines  ", "\x00\x7f", "a<|im_end|>b", ""]
 
@@ -273,7 +273,7 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", with_template: bool = False
     import gguf
     import numpy as np
 
-    from jetspec_chat.engine.byte_tokenizer import _byte_symbols
+    from jetspec_chat.engine.models.byte_tokenizer import _byte_symbols
 
     hidden, layers, heads, kv_heads, ffn = 32, 2, 4, 2, 64
     tokens = _byte_symbols() + ["he", "ll", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -53,11 +53,11 @@ from typing import Callable, Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
-from ..kernels import distill_rows
+from ...kernels import distill_rows
 from .batch_decode import BatchDecoder
-from .draft_head import DraftHead, DraftHeadConfig, build_head, default_target_layer_ids
-from .errors import ConfigError
-from .layers import Rotary, hf_parameters
+from ..draft_head import DraftHead, DraftHeadConfig, build_head, default_target_layer_ids
+from ..errors import ConfigError
+from ..layers import Rotary, hf_parameters
 
 LogFn = Callable[[str], None]
 
@@ -463,7 +463,7 @@ def init_head(head: DraftHead, how: str, seed: int, hf_model=None) -> None:
     if how == "random":
         return
     if how != "target":
-        from .draft_head import load_head_dir
+        from ..draft_head import load_head_dir
 
         trained = load_head_dir(Path(how), next(head.parameters()).device, torch.float32)
         want, got = head.cfg.to_json(), trained.cfg.to_json()
@@ -512,8 +512,8 @@ class Workspace:
     transformers model of the same weights (batched generation and features)."""
 
     def __init__(self, cfg: TrainConfig, log: LogFn):
-        from .loader import load_engine, resolve_device, resolve_dtype
-        from .oracle import transformers_model
+        from ..models.loader import load_engine, resolve_device, resolve_dtype
+        from ..models.oracle import transformers_model
 
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
@@ -531,7 +531,7 @@ class Workspace:
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """The prompt exactly as the chat renders it (same template path, thinking off)."""
-        from .session import ChatSession
+        from ..session import ChatSession
 
         session = ChatSession(self.engine, thinking=False)
         session.messages.append({"role": "user", "content": prompt})
@@ -952,7 +952,7 @@ class Evaluator:
     trained, in the engine's dtype, on prompts the head never trained on."""
 
     def __init__(self, ws: Workspace, cfg: TrainConfig, head_cfg: DraftHeadConfig, dev_prompts: list[str], log: LogFn):
-        from .engine import SpecEngine
+        from ..engine import SpecEngine
 
         self.ws, self.cfg, self.log = ws, cfg, log
         self.dev = dev_prompts[: cfg.eval_prompts]
@@ -969,9 +969,9 @@ class Evaluator:
         self.engine.reset()  # the draft KV cache holds context projected by the old weights
 
     def tau(self, prompts: list[str], budget: int, deadline: float | None = None) -> TauResult:
-        from .events import FinishEvent
-        from .params import GenerationParams, SpecParams
-        from .session import ChatSession
+        from ..events import FinishEvent
+        from ..params import GenerationParams, SpecParams
+        from ..session import ChatSession
 
         params = GenerationParams(max_new_tokens=self.cfg.eval_max_new_tokens,
                                   spec=SpecParams(budget=budget, width=self.cfg.eval_width))
@@ -1132,7 +1132,7 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
 
 def load_trained_head(ws: Workspace, head_dir: Path) -> DraftHead:
     """OUT/head, checked against the target (for the stages that only evaluate it)."""
-    from .draft_head import load_head_dir
+    from ..draft_head import load_head_dir
 
     if not (head_dir / "config.json").is_file():
         raise ConfigError(f"no trained head in {head_dir}; run the train stage first")
@@ -1155,7 +1155,7 @@ def replay_stage(ws: Workspace, cfg: TrainConfig, dev_prompts: list[str], log: L
 
 
 def _dtype(name: str) -> torch.dtype:
-    from .loader import DTYPES
+    from ..models.loader import DTYPES
 
     if name not in DTYPES:
         raise ConfigError(f"unknown dtype {name!r}")

@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels import add_rms_norm
-from .graphs import capture
-from .model import TargetModel
+from ...kernels import add_rms_norm
+from ..graphs import capture
+from ..model import TargetModel
 
 COLUMN_BUCKET = 128
 CHECK_EVERY = 8

@@ -1,6 +1,6 @@
 """SVG snapshots of the app on the deterministic fake engine (pytest-textual-snapshot).
 
-Regenerate after an intended UI change with `pytest tests/test_app_snapshots.py --snapshot-update`
+Regenerate after an intended UI change with `pytest tests/app/test_app_snapshots.py --snapshot-update`
 and look at the report. Everything shown is deterministic: the fake engine reports simulated
 timings, the cursor does not blink, no toasts are left on screen.
 """

@@ -1,0 +1,1 @@
+"""Training draft heads (train-head): prompts, the target's answers, the training loop, evaluation, export."""
