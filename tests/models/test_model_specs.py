@@ -192,7 +192,7 @@ def test_local_dir_missing_shard(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "model_type, message", [("qwen3_moe", "not supported yet"), ("mamba", "cannot run"), (None, "no model_type")]
+    "model_type, message", [("qwen2_moe", "not supported yet"), ("mamba", "cannot run"), (None, "no model_type")]
 )
 def test_unsupported_model_type(tmp_path, model_type, message):
     config = tiny_config()
@@ -243,10 +243,10 @@ def test_hub_offline_not_cached_no_network(monkeypatch):
 
 def test_hub_unsupported_architecture_before_weights(tmp_path):
     config = tiny_config()
-    config["model_type"] = "qwen3_moe"
-    fake_hub_repo(tmp_path / "hf", "Qwen/Qwen3-30B-A3B", config)
+    config["model_type"] = "qwen2_moe"
+    fake_hub_repo(tmp_path / "hf", "Qwen/Qwen1.5-MoE-A2.7B", config)
     with pytest.raises(ModelNotFoundError, match="not supported yet"):
-        resolve_model("Qwen/Qwen3-30B-A3B")
+        resolve_model("Qwen/Qwen1.5-MoE-A2.7B")
 
 
 def test_download_hub_dir_error_class():
