@@ -58,7 +58,10 @@ class ModelConfig:
         ):
             raise ModelNotFoundError(f"rope scaling {rope_scaling!r} is not supported yet")
         num_layers = cfg["num_hidden_layers"]
-        num_experts = int(cfg.get("num_experts", 0) or 0) if model_type == "qwen3_moe" else 0
+        moe = model_type == "qwen3_moe"
+        # Missing fields take transformers' Qwen3MoeConfig defaults; transformers 5 writes
+        # num_experts as num_local_experts.
+        num_experts = int(cfg.get("num_experts", cfg.get("num_local_experts", 128))) if moe else 0
         # transformers' Qwen3MoeDecoderLayer rule: sparse unless listed in mlp_only_layers or off
         # the decoder_sparse_step grid.
         mlp_only = set(cfg.get("mlp_only_layers") or ())
@@ -83,8 +86,8 @@ class ModelConfig:
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
             num_experts=num_experts,
-            num_experts_per_tok=int(cfg.get("num_experts_per_tok", 0) or 0) if num_experts else 0,
-            moe_intermediate_size=int(cfg.get("moe_intermediate_size", 0) or 0) if num_experts else 0,
+            num_experts_per_tok=int(cfg.get("num_experts_per_tok", 8)) if num_experts else 0,
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size", 768)) if num_experts else 0,
             norm_topk_prob=bool(cfg.get("norm_topk_prob", False)) if num_experts else False,
             moe_layers=moe_layers,
         )
