@@ -5,11 +5,6 @@ import json
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .end_to_end import EndToEndReport
-    from .engine_only import EngineOnlyReport
 
 
 def options_dict(opts) -> dict:
@@ -20,7 +15,7 @@ def options_dict(opts) -> dict:
     return d
 
 
-def to_json(report: "EndToEndReport | EngineOnlyReport") -> dict:
+def to_json(report) -> dict:  # an EndToEndReport or EngineOnlyReport
     """Plain JSON-ready dict (dict keys become strings; non-finite floats become None)."""
 
     def clean(x):
@@ -35,5 +30,5 @@ def to_json(report: "EndToEndReport | EngineOnlyReport") -> dict:
     return clean({"tool": "jetspec-chat bench", **asdict(report)})
 
 
-def write_json(report: "EndToEndReport | EngineOnlyReport", path: str | Path) -> None:
+def write_json(report, path: str | Path) -> None:
     Path(path).write_text(json.dumps(to_json(report), indent=1) + "\n")
