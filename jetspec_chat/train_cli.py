@@ -1,4 +1,4 @@
-"""`jetspec-chat train-head TARGET --out DIR`: train a draft head for TARGET (see engine/TRAINING.md).
+"""`jetspec-chat train-head TARGET --out DIR`: train a draft head for TARGET (see engine/training/TRAINING.md).
 
 The lead's cli.py wires the subcommand: build a parser, `add_arguments(parser)`, `run(args)`.
 `python -m jetspec_chat.train_cli ...` works too.

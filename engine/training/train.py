@@ -1,4 +1,4 @@
-"""Train a JetSpec draft head for a target by self-distillation (DESIGN §5).
+"""Train a JetSpec draft head for a target by self-distillation (docs/DESIGN.md §5).
 
 Stages, all under one output directory DIR (each resumable):
   prompts  DIR/prompts.jsonl         train/dev prompts (built-in generators, a --self-prompts share of
