@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
+from ..eval_sets import EVAL_SETS, eval_prompts
 from ..events import FinishEvent, RoundEvent
 from ..params import GenerationParams, SamplingParams, SpecParams
 from .report import options_dict
@@ -29,37 +30,13 @@ from .timing import (
 )
 
 MODES = ("ar", "spec", "hf")
-
-
-# `coding` and `chat` come from engine/prompts.py (eval_prompts, held out from head training);
-# the math-style reasoning set is written here (not taken from public benchmarks).
-MATH_PROMPTS: tuple[str, ...] = (
-    "A train leaves at 9:40 and arrives at 13:05. How long is the journey in minutes? Show your steps.",
-    "Solve for x: 3(x - 4) + 2 = 5x - 14. Explain each step.",
-    "A shop sells pens at 3 for 2 euros. How much do 27 pens cost, and how many pens can you buy with 15 euros?",
-    "What is the sum of all integers from 1 to 200 that are divisible by 3 or by 5? Reason step by step.",
-    "A rectangle has a perimeter of 46 cm and its length is 5 cm more than its width. Find its area.",
-    "Prove that the sum of two odd integers is always even.",
-    "Two dice are rolled. What is the probability that the sum is at least 10? Show the counting.",
-    "A recipe needs 250 g of flour for 4 people. How much flour is needed for 10 people, and for 3?",
-    "A car uses 6.5 litres of fuel per 100 km. How far can it go on 42 litres? Explain.",
-    "Find the greatest common divisor of 84 and 126 with Euclid's algorithm, showing each step.",
-    "A price rises by 20% and then falls by 20%. Is it back where it started? Show why.",
-    "How many different ways can 5 books be arranged on a shelf if two of them must stay side by side?",
-)
-
-
-PROMPT_SETS = ("coding", "chat", "math")
+PROMPT_SETS = tuple(EVAL_SETS)  # coding, chat, math
 
 
 def prompt_set(kind: str) -> list[str]:
-    """The built-in prompts of one task type."""
+    """The built-in prompts of one task type (engine/eval_sets.py)."""
     if kind not in PROMPT_SETS:
         raise ConfigError(f"unknown prompt set {kind!r}; choose from {', '.join(PROMPT_SETS)}")
-    if kind == "math":
-        return list(MATH_PROMPTS)
-    from ..training.prompts import eval_prompts
-
     return eval_prompts(kind)
 
 
