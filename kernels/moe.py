@@ -232,9 +232,11 @@ def moe_group_triton(
     block_expert = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     block_rows = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     row_assign = torch.empty(n_blocks * block_m, dtype=torch.int32, device=dev)
+    # An AR step (8 assignments, 9 blocks) takes one 16-row step, not a 64-row one.
+    chunk = min(GROUP_CHUNK, max(16, triton.next_power_of_2(max(n_assign, n_blocks))))
     _group_kernel[(1,)](
         ids.reshape(-1), block_expert, block_rows, row_assign, n_assign, n_blocks, num_experts,
-        BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), CHUNK=GROUP_CHUNK,
+        BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts), CHUNK=chunk,
     )
     return block_expert, block_rows, row_assign
 

@@ -89,6 +89,18 @@ def test_strided_input_and_dispatch_on_cpu():
         assert torch.equal(moe(x, router, gate_up, down, 2, True), moe_ref(x, router, gate_up, down, 2, True))
 
 
+def test_fused_path_reads_nothing_on_the_host():
+    """No .item(), nonzero or value-dependent shape anywhere in the wrapper: what lets the block
+    live in a CUDA graph (the reference, by contrast, groups with nonzero on the host)."""
+    from engine_helpers import NoHostReads
+
+    x, router, gate_up, down = weights(9, 64, 32, 8, seed=4)
+    with NoHostReads():
+        moe_triton(x, router, gate_up, down, 2, True)
+    with pytest.raises(AssertionError, match="on the host"), NoHostReads():
+        moe_ref(x, router, gate_up, down, 2, True)
+
+
 def test_block_m_choice():
     assert choose_block_m(8, 128) == 16  # one AR token: 8 rows over 8 experts
     assert choose_block_m(64 * 8, 128) == 16
