@@ -152,7 +152,9 @@ class SparseMoeBlock(nn.Module):
         self.gate = nn.Linear(hidden, num_experts, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return moe(x, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k, self.norm_topk_prob)
+        rows = x.reshape(-1, x.shape[-1])  # tokens [..., H] -> [T, H], as the MLP takes any leading dims
+        out = moe(rows, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k, self.norm_topk_prob)
+        return out.view(x.shape)
 
 
 class AttentionWeights(nn.Module):
