@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .fused import _interpreting
 from .reference import moe_ref
 
 try:  # triton is optional: CPU-only installs use the torch reference.
@@ -128,7 +129,7 @@ if triton is not None:
         X, WGU, INTER, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, hidden, inter_size,
         stride_x, stride_we, stride_wn, stride_i,
         TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        IEEE: tl.constexpr,
+        FP32_DOT: tl.constexpr,
     ):
         """grid (blocks, I / BLOCK_N): INTER[row] = silu(x[token] @ gate.T) * (x[token] @ up.T)."""
         blk = tl.program_id(0)
@@ -151,9 +152,10 @@ if triton is not None:
                 a = tl.load(X + token[:, None] * stride_x + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
                 wg = tl.load(w_gate + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                 wu = tl.load(w_up + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-                if IEEE:
-                    acc_g = tl.dot(a, wg, acc_g, input_precision="ieee")
-                    acc_u = tl.dot(a, wu, acc_u, input_precision="ieee")
+                if FP32_DOT:
+                    a = a.to(tl.float32)
+                    acc_g = tl.dot(a, wg.to(tl.float32), acc_g, input_precision="ieee")
+                    acc_u = tl.dot(a, wu.to(tl.float32), acc_u, input_precision="ieee")
                 else:
                     acc_g = tl.dot(a, wg, acc_g)
                     acc_u = tl.dot(a, wu, acc_u)
@@ -169,7 +171,7 @@ if triton is not None:
     def _down_kernel(
         INTER, WD, RW, OUT, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, hidden, inter_size,
         stride_i, stride_we, stride_wn, stride_o,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
     ):
         """grid (blocks, H / BLOCK_N): OUT[assignment] = (INTER[row] @ down.T) * weight."""
         blk = tl.program_id(0)
@@ -189,8 +191,8 @@ if triton is not None:
                 k_ok = k < inter_size
                 a = tl.load(INTER + r[:, None] * stride_i + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
                 b = tl.load(w + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-                if IEEE:
-                    acc = tl.dot(a, b, acc, input_precision="ieee")
+                if FP32_DOT:
+                    acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
                 else:
                     acc = tl.dot(a, b, acc)
             dt = OUT.dtype.element_ty
@@ -262,18 +264,21 @@ def moe_triton(
     bm = block_m or choose_block_m(n_assign, num_experts)
     block_expert, block_rows, row_assign = moe_group_triton(ids, num_experts, bm)
     n_blocks = block_expert.numel()
-    ieee = x.dtype == torch.float32
+    # Products in full fp32 (no TF32) for fp32 inputs. Under the interpreter bf16/fp16 operands are
+    # upcast first: its low-precision tl.dot returns garbage (triton 3.9), and bf16 x bf16 products
+    # are exact in fp32 anyway, so the result is the tensor-core one.
+    fp32_dot = x.dtype == torch.float32 or _interpreting()
     inter = torch.empty(n_blocks * bm, inter_size, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(n_blocks, triton.cdiv(inter_size, GATE_UP_BLOCK_N))](
         x, gate_up, inter, block_expert, block_rows, row_assign, hidden, inter_size,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
-        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=GATE_UP_BLOCK_N, BLOCK_K=BLOCK_K, IEEE=ieee,
+        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=GATE_UP_BLOCK_N, BLOCK_K=BLOCK_K, FP32_DOT=fp32_dot,
     )
     per_slot = torch.empty(n_assign, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(n_blocks, triton.cdiv(hidden, DOWN_BLOCK_N))](
         inter, down, weights, per_slot, block_expert, block_rows, row_assign, hidden, inter_size,
         inter.stride(0), down.stride(0), down.stride(1), per_slot.stride(0),
-        BLOCK_M=bm, BLOCK_N=DOWN_BLOCK_N, BLOCK_K=BLOCK_K, IEEE=ieee,
+        BLOCK_M=bm, BLOCK_N=DOWN_BLOCK_N, BLOCK_K=BLOCK_K, FP32_DOT=fp32_dot,
     )
     # Fixed-order sum over the k slots (fp32 accumulation, one rounding): deterministic.
     return per_slot.view(t, top_k, hidden).sum(dim=1)

@@ -231,6 +231,13 @@ def moe_ref(
     (index_add_, in x's dtype). Reads the routing on the host: the CPU path, not a graph's.
     """
     weights, ids = moe_route_ref(x, router_weight, top_k, norm_topk_prob)
+    return moe_experts_ref(x, gate_up, down, weights, ids)
+
+
+def moe_experts_ref(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """moe_ref after the routing: tokens x [T, H] through their experts ids [T, k] (weights [T, k])."""
     out = torch.zeros_like(x)
     for e in ids.unique().tolist():  # sorted ascending, as transformers' expert_hit
         token, slot = torch.where(ids == e)
