@@ -9,6 +9,7 @@ draft tree (ancestor mask) or one AR step (T = 1) — one code path for all thre
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +87,12 @@ class TargetModel(nn.Module):
     def load_safetensors(self, directory: Path) -> None:
         from safetensors import safe_open
 
-        files = sorted(Path(directory).glob("*.safetensors"))
+        directory = Path(directory)
+        index = directory / "model.safetensors.index.json"
+        if index.is_file():  # sharded (Qwen3-30B-A3B: 16 shards): exactly the files the index names
+            files = [directory / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        else:
+            files = sorted(directory.glob("*.safetensors"))
         params = dict(hf_parameters(self))  # checkpoint name -> parameter (or rows of a fused one)
         seen: set[str] = set()
         device = next(self.parameters()).device
