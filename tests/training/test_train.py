@@ -554,3 +554,33 @@ def test_eval_sets_and_prompts_file(tmp_path):
     f.write_text('{"text": "a"}\n')
     with pytest.raises(ValueError, match="prompt"):
         P.load_prompts_file(f)
+
+
+def test_sharegpt_contexts_go_through_the_data_stage_as_message_lists(tmp_path, monkeypatch):
+    """--prompt-source sharegpt: multi-turn contexts (the dataset's earlier answers included) are
+    rendered by the chat template over the whole message list, answered by the target, and the
+    dev prompts stay the built-in ones. A tiny fixture stands in for the packaged file."""
+    import contextlib
+    import io
+
+    from jetspec_chat.engine.training import sharegpt as S
+
+    convs = [{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Tell me about {a}."}, {"from": "gpt", "value": f"{a} are nice."},
+        {"from": "human", "value": f"And {b}?"}]} for i, (a, b) in enumerate(itertools.product(WORDS[:4], WORDS[4:7]))]
+    text = json.dumps(convs, indent=2)
+    monkeypatch.setattr(S, "open_sharegpt", lambda: contextlib.nullcontext(io.StringIO(text[:-40])))  # cut
+    ws = workspace()
+    cfg = tiny_cfg(tmp_path, prompt_source="sharegpt", num_prompts=10, max_new_tokens=8)
+    train_p, dev_p = prepare_prompts(cfg, quiet, ws)
+    assert dev_p == P.builtin_prompts(0, len(dev_p), seed=cfg.seed)[1]
+    assert len(train_p) == 10 and all(isinstance(p, list) and p[-1]["role"] == "user" for p in train_p)
+    multi = next(p for p in train_p if len(p) == 3)
+    assert prepare_prompts(cfg, quiet, ws)[0] == train_p  # cached in prompts.jsonl, lists and all
+    generate_data(ws, cfg, train_p, None, quiet)
+    data = torch.load(sorted((tmp_path / "data").glob("shard-*.pt"))[0], weights_only=True)
+    rendered = {tuple(ids[:n].tolist()) for ids, n in zip(data["ids"], data["prompt_len"])}
+    assert tuple(ws.prompt_ids(multi)) in rendered
+    assert multi[1]["content"] in ws.tokenizer.decode(ws.prompt_ids(multi))  # the earlier answer is in context
+    with pytest.raises(ConfigError, match="exclude each other"):
+        tiny_cfg(tmp_path, prompt_source="sharegpt", prompts_file="x.jsonl").validate()
