@@ -51,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init", default="random", metavar="random|target|DIR",
                    help="random (std 0.02), target (copy the target's last layers into the draft layers), "
                         "or a trained head's directory to continue from (same shape)")
-    g.add_argument("--export-dtype", default="bfloat16", help="dtype of the exported weights")
+    g.add_argument("--export-dtype", default="bfloat16", choices=("bfloat16", "float32", "int8"),
+                   help="exported weights: bfloat16 (the published format, default), float32, or int8 (2-D "
+                        "weights int8 with a scale per output channel, norms bf16: half the file)")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", dest="prompts_file", default=None,
                    help='JSONL file, one {"prompt": ...} or {"messages": [...]} per line (instead of --prompt-source)')

@@ -11,6 +11,7 @@ LogFn = Callable[[str], None]
 
 STAGES = ("data", "train", "eval", "replay", "all")
 PROMPT_SOURCES = ("builtin", "sharegpt")
+EXPORT_DTYPES = ("bfloat16", "float32", "int8")
 
 
 @dataclass
@@ -63,7 +64,7 @@ class TrainConfig:
     eval_sets: tuple[str, ...] = ("coding", "chat")  # built-in sets, evaluated at the largest budget
     # time and export
     time_budget_min: float | None = None
-    export_dtype: str = "bfloat16"
+    export_dtype: str = "bfloat16"  # or float32, or int8 (per-channel int8 weights, bf16 norms)
     progress: bool = True
 
     def validate(self) -> None:
@@ -96,6 +97,8 @@ class TrainConfig:
             raise ConfigError("--steps must be >= 0")
         if not self.eval_budgets or min(self.eval_budgets) < 1:
             raise ConfigError("--eval-budgets must be positive integers")
+        if self.export_dtype not in EXPORT_DTYPES:
+            raise ConfigError(f"--export-dtype must be one of {', '.join(EXPORT_DTYPES)}, got {self.export_dtype!r}")
         if self.time_budget_min is not None and self.time_budget_min <= 0:
             raise ConfigError("--time-budget-min must be positive")
 

@@ -105,7 +105,8 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
         if cfg.stage == "train" and evaluator is not None:  # no final evaluation follows: record the end
             state.history.append(evaluator.periodic(trainer.head, step=state.step))
         info = {"target": cfg.target, "steps": state.step, "sequences": len(seqs), "history": state.history}
-        export_head(trainer.head, head_dir, _dtype(cfg.export_dtype), info)
+        int8 = cfg.export_dtype == "int8"  # int8 weights, bf16 norms
+        export_head(trainer.head, head_dir, torch.bfloat16 if int8 else _dtype(cfg.export_dtype), info, int8=int8)
         log(f"exported the head to {head_dir}")
         summary["train"] = {"steps": state.step, "seconds": round(state.seconds, 1), "history": state.history}
         final_head = trainer.head

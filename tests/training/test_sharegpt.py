@@ -31,7 +31,7 @@ CONVERSATIONS = [
     {"id": "e_0", "conversations": [turn("human", EVAL_SETS["chat"][0]), turn("gpt", "...")]},
     {"id": "f_0", "conversations": [turn("system", "be brief"), turn("human", "Why?")]},  # an unknown role
     {"id": "g_0", "conversations": [turn("human", "Write a haiku about {braces} and \"quotes\" ]},"),
-                                    turn("gpt", "Braces hold the words,\nquotes around what others said,\nthe array goes on."),
+                                    turn("gpt", "Braces hold the words,\nquotes around what others said."),
                                     turn("human", "Now one about tea."), turn("human", "Please?")]},  # roles repeat
 ]
 

@@ -329,6 +329,15 @@ def test_export_then_load_gives_identical_logits(tmp_path):
         for name, p in bf16.state_dict().items():
             assert torch.equal(p, head.state_dict()[name].to(torch.bfloat16).float())
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    # --export-dtype int8: int8 weights (draft_head's format), bf16 norms; loads back close to the head.
+    export_head(head, tmp_path / "int8", torch.bfloat16, int8=True)
+    int8 = load_head_dir(tmp_path / "int8", CPU, torch.float32)
+    assert json.loads((tmp_path / "int8" / "config.json").read_text())["quantization"]["method"] == "int8"
+    with torch.no_grad():
+        ref, got = inference_logits(head, taps, ids, 17), inference_logits(int8, taps, ids, 17)
+        assert (got - ref).abs().max() <= 0.02 * ref.abs().max()
+    with pytest.raises(ConfigError, match="--export-dtype"):
+        tiny_cfg(tmp_path, export_dtype="int4").validate()
 
 
 def test_target_init_copies_the_last_layers_into_the_fused_projections():
