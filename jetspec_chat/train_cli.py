@@ -24,8 +24,9 @@ def _names(text: str) -> tuple[str, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", help="the target model: embedded alias, hub id, local dir, .gguf or random:NAME")
     p.add_argument("--out", required=True, type=Path, help="working and output directory (the head lands in OUT/head)")
-    p.add_argument("--stage", default="all", choices=("data", "train", "eval", "replay", "all"),
-                   help="data: prompts + target answers; train: train + export; eval: τ of OUT/head (the real "
+    p.add_argument("--stage", default="all", choices=("prompts", "data", "train", "eval", "replay", "all"),
+                   help="prompts: OUT/prompts.jsonl only (no target needed unless it proposes prompts); "
+                        "data: prompts + target answers; train: train + export; eval: τ of OUT/head (the real "
                         "decoder); replay: where OUT/head loses τ (per-depth top-1/top-K, τ per budget and width, "
                         "replayed on greedy answers without verify forwards); all (default: data, train, eval)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -91,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-every", type=int, default=500, help="steps between τ evaluations (0: before/after only)")
     g.add_argument("--eval-width", type=int, default=8)
     g.add_argument("--eval-sets", type=_names, default=("coding", "chat"),
-                   help="built-in eval sets run at the largest budget ('' for none)")
+                   help="built-in eval sets, run at every budget ('' for none)")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -138,8 +139,9 @@ def print_summary(summary: dict) -> None:
         for r in summary["eval"]["dev"]:
             print(f"  budget {r['budget']:>4}: tau {r['tau']:.3f}  ({r['prompts']} prompts, {r['rounds']} rounds)",
                   file=out)
-        for name, r in summary["eval"]["sets"].items():
-            print(f"  {name:>6} set, budget {r['budget']}: tau {r['tau']:.3f}  ({r['prompts']} prompts)", file=out)
+        for name, rows in summary["eval"]["sets"].items():
+            taus = "  ".join(f"{r['budget']}: {r['tau']:.3f}" for r in rows)
+            print(f"  {name} set ({rows[0]['prompts'] if rows else 0} prompts), tau per budget  {taus}", file=out)
 
 
 def run(args: argparse.Namespace) -> int:

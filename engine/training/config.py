@@ -9,7 +9,7 @@ from ..errors import ConfigError
 
 LogFn = Callable[[str], None]
 
-STAGES = ("data", "train", "eval", "replay", "all")
+STAGES = ("prompts", "data", "train", "eval", "replay", "all")
 PROMPT_SOURCES = ("builtin", "sharegpt")
 EXPORT_DTYPES = ("bfloat16", "float32", "int8")
 

@@ -437,7 +437,7 @@ def test_train_head_cli_end_to_end(tmp_path, capsys):
     assert head.cfg.num_heads == 2 != workspace().engine.target.cfg.num_heads  # evaluated by the real decoder below
     report = json.loads((out / "eval.json").read_text())
     assert [r["budget"] for r in report["dev"]] == [8, 16] and all(r["tau"] >= 1.0 for r in report["dev"])
-    assert report["sets"]["chat"]["prompts"] >= 1
+    assert [r["budget"] for r in report["sets"]["chat"]] == [8, 16] and report["sets"]["chat"][0]["prompts"] == 20
     summary = json.loads((out / "summary.json").read_text())
     assert summary["train"]["steps"] == 20 and "tau_before" in summary
     assert "tau" in err and "budget" in err
@@ -593,3 +593,23 @@ def test_sharegpt_contexts_go_through_the_data_stage_as_message_lists(tmp_path, 
     assert multi[1]["content"] in ws.tokenizer.decode(ws.prompt_ids(multi))  # the earlier answer is in context
     with pytest.raises(ConfigError, match="exclude each other"):
         tiny_cfg(tmp_path, prompt_source="sharegpt", prompts_file="x.jsonl").validate()
+
+
+def test_prompts_stage_makes_sharegpt_contexts_without_the_target(tmp_path, monkeypatch):
+    """--stage prompts with ShareGPT loads no model; a later run with the same flags (on the GPU,
+    where the dataset package is absent) reuses the file instead of reading the dataset."""
+    import contextlib
+    import io
+
+    from jetspec_chat.engine.training import run as R
+    from jetspec_chat.engine.training import sharegpt as S
+
+    convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i} about {w}?"},
+                                              {"from": "gpt", "value": "An answer."}]} for i, w in enumerate(WORDS)]
+    monkeypatch.setattr(S, "open_sharegpt", lambda: contextlib.nullcontext(io.StringIO(json.dumps(convs))))
+    monkeypatch.setattr(R, "Workspace", lambda *a: pytest.fail("the prompts stage loaded the target"))
+    summary = R.run_training(tiny_cfg(tmp_path, stage="prompts", prompt_source="sharegpt", num_prompts=5))
+    assert summary["prompts"]["train"] == 5 and "head" not in summary
+    monkeypatch.setattr(S, "open_sharegpt", lambda: pytest.fail("read the dataset again"))
+    train_p, _ = prepare_prompts(tiny_cfg(tmp_path, stage="data", prompt_source="sharegpt", num_prompts=5), quiet)
+    assert len(train_p) == 5 and all(p[0]["content"].startswith("Question") for p in train_p)
