@@ -1,4 +1,5 @@
-"""The built-in evaluation prompt sets, `coding` and `chat` (20 hand-written prompts each).
+"""The built-in evaluation prompt sets: `coding` and `chat` (20 hand-written prompts each) and
+`math` (12 short reasoning problems).
 
 Both the benchmark (engine/bench) and head training (engine/training: the eval stage, replay,
 and the prompt generators, which keep these prompts out of every training set) read them here.
@@ -51,11 +52,25 @@ EVAL_SETS: dict[str, tuple[str, ...]] = {
         "How do noise-cancelling headphones work?",
         "Compare reading on paper and reading on a screen for learning.",
     ),
+    "math": (
+        "A train leaves at 9:40 and arrives at 13:05. How long is the journey in minutes? Show your steps.",
+        "Solve for x: 3(x - 4) + 2 = 5x - 14. Explain each step.",
+        "A shop sells pens at 3 for 2 euros. How much do 27 pens cost, and how many pens can you buy with 15 euros?",
+        "What is the sum of all integers from 1 to 200 that are divisible by 3 or by 5? Reason step by step.",
+        "A rectangle has a perimeter of 46 cm and its length is 5 cm more than its width. Find its area.",
+        "Prove that the sum of two odd integers is always even.",
+        "Two dice are rolled. What is the probability that the sum is at least 10? Show the counting.",
+        "A recipe needs 250 g of flour for 4 people. How much flour is needed for 10 people, and for 3?",
+        "A car uses 6.5 litres of fuel per 100 km. How far can it go on 42 litres? Explain.",
+        "Find the greatest common divisor of 84 and 126 with Euclid's algorithm, showing each step.",
+        "A price rises by 20% and then falls by 20%. Is it back where it started? Show why.",
+        "How many different ways can 5 books be arranged on a shelf if two of them must stay side by side?",
+    ),
 }
 
 
 def eval_prompts(kind: str) -> list[str]:
-    """A built-in evaluation set: `coding` or `chat` (about 20 prompts each)."""
+    """A built-in evaluation set: `coding`, `chat` or `math`."""
     if kind not in EVAL_SETS:
         raise ValueError(f"unknown eval set {kind!r}; choose {', '.join(EVAL_SETS)}")
     return list(EVAL_SETS[kind])

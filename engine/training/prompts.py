@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..eval_sets import eval_prompts
+from ..eval_sets import EVAL_SETS
 
 DEV_PER_MILLE = 20  # ~2% of generated prompts are held out for evaluation
 DEV_SEED = 0  # the dev prompts come from this stream whatever the run's seed
@@ -461,7 +461,7 @@ def builtin_prompts(num_train: int, num_dev: int, seed: int = 0, per_mille: int 
     """`num_train` distinct training prompts from the stream of `seed`, and up to `num_dev`
     distinct dev prompts, always from the stream of DEV_SEED: runs with other seeds report τ on
     the same held-out prompts (is_dev keeps them out of every run's training side)."""
-    held_out = set(eval_prompts("coding")) | set(eval_prompts("chat"))
+    held_out = {p for prompts in EVAL_SETS.values() for p in prompts}
 
     def take(stream_seed: int, n: int, want_dev: bool) -> list[str]:
         out: list[str] = []

@@ -8,7 +8,7 @@
 #   scripts/gpu-lease/train_heads.sh prepare KEY [GGUF]   split the model's GGUF (default: assembled
 #       from the installed weight packages) into .stage/cNN/ (one <=60 MiB chunk a folder), make the
 #       ShareGPT training contexts (train-head --stage prompts, the `train` extra) gzipped into
-#       .stage/prompts-KEY/, copy the shipped head to .stage/h-KEY; then scripts/heads_aside.sh out,
+#       .stage/prompts-KEY/, copy the shipped head to .stage/h-KEY; then scripts/gpu-lease/heads_aside.sh out,
 #       and the device calls it prints.
 # On the machine, one device call each, back to back (OUT is the device tool's $OUT):
 #   setup                 installs the carried .whl wheels and this checkout, copies what .stage/ carries

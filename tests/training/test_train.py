@@ -556,7 +556,7 @@ def test_eval_sets_and_prompts_file(tmp_path):
         s = eval_prompts(kind)
         assert 18 <= len(s) <= 30 and len(set(s)) == len(s)
     with pytest.raises(ValueError):
-        eval_prompts("math")
+        eval_prompts("poetry")
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n')
     assert P.load_prompts_file(f) == ["a", "b"]
