@@ -367,6 +367,11 @@ def test_init_from_a_trained_head_directory_continues_it(tmp_path):
         assert torch.equal(a, b), name
     with pytest.raises(ConfigError, match="another shape.*num_hidden_layers"):
         init_head(random_head(layers=2), str(tmp_path / "h"), 0)
+    export_head(trained, tmp_path / "h8", torch.bfloat16, int8=True)  # an int8 head continues dequantized
+    from_int8 = random_head(layers=1, seed=12)
+    init_head(from_int8, str(tmp_path / "h8"), 0)
+    for (name, a), b in zip(trained.state_dict().items(), from_int8.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=0, atol=float(a.abs().max()) / 200 + 1e-3, msg=name)
     with pytest.raises(ConfigError, match="--init must be"):
         tiny_cfg(tmp_path, init=str(tmp_path / "missing")).validate()
     with pytest.raises(ConfigError, match="--attention-heads must be a multiple of the target's 2 KV heads"):
