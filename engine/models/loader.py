@@ -156,10 +156,12 @@ def load_engine(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     source = resolve_model(model, progress=progress)
-    report(f"loading {source.name} on {dev} ({str(dt).removeprefix('torch.')})", None)
+    size = "" if source.path is None else f" ({sum(f.stat().st_size for f in source.path.glob('*.safetensors')) / 1e9:.1f} GB)"
+    report(f"Loading {source.name}{size} on {dev} ({str(dt).removeprefix('torch.')})", None)
     target = load_target(source, dev, dt)
+    report(f"Reading the {source.name} tokenizer", None)
     tokenizer = load_tokenizer(source)
-    report("loading the draft head", None)
+    report("Loading the draft head", None)
     head, head_name = load_draft_head(draft_head, source, target.cfg, dev, dt)
     if max_context is None:
         max_context = DEFAULT_MAX_CONTEXT_GPU if dev.type == "cuda" else DEFAULT_MAX_CONTEXT_CPU
