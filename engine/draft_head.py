@@ -1,6 +1,6 @@
 """The JetSpec/DFlash draft head: config, published-format load/save, forward, static draft KV.
 
-Format (DESIGN §4): a directory with `config.json` and `model.safetensors`; weights without
+Format (docs/DESIGN.md §4): a directory with `config.json` and `model.safetensors`; weights without
 prefix (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`, `hidden_norm.weight`, `norm.weight`);
 no embedding or lm_head (the target's are used). Published heads also ship `dflash.py` for
 remote code: we never execute it. In memory q/k/v and gate/up are fused (layers.FusedLinear);

@@ -1,4 +1,4 @@
-"""`jetspec-chat bench`: options, tables and JSON around engine/bench.py (see engine/BENCH.md).
+"""`jetspec-chat bench`: options, tables and JSON around engine/bench/ (see engine/bench/BENCH.md).
 
     jetspec-chat bench random:tiny-qwen3 --budgets 1,4,16 --modes ar,spec,hf --prompts-n 2
     jetspec-chat bench --engine-only                  # random:Qwen/Qwen3-8B, the performance bars
@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _prompt_sets(args) -> dict[str, list[str]]:
-    from .engine.bench.bench import PROMPT_SETS, load_prompts_jsonl, prompt_set
+    from .engine.bench.end_to_end import PROMPT_SETS, load_prompts_jsonl, prompt_set
     from .engine.errors import ConfigError
 
     names = args.prompt_sets if args.prompt_sets is not None else (() if args.prompts else PROMPT_SETS)
@@ -97,7 +97,7 @@ def _prompt_sets(args) -> dict[str, list[str]]:
 
 
 def end_to_end_options(args):
-    from .engine.bench.bench import EndToEndOptions
+    from .engine.bench.end_to_end import EndToEndOptions
 
     return EndToEndOptions(
         models=list(args.models) or [None], prompt_sets=_prompt_sets(args), modes=tuple(args.modes),
@@ -110,7 +110,7 @@ def end_to_end_options(args):
 
 
 def engine_only_options(args):
-    from .engine.bench.bench import EngineOnlyOptions
+    from .engine.bench.engine_only import EngineOnlyOptions
     from .engine.errors import ConfigError
 
     if args.bar_context is not None and len(args.bar_context) != 1:
@@ -231,7 +231,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark the options describe; tables to stdout, progress to stderr."""
     from rich.console import Console
 
-    from .engine.bench import bench
+    from .engine.bench.end_to_end import run_end_to_end
+    from .engine.bench.engine_only import run_engine_only
+    from .engine.bench.report import write_json
     from .engine.errors import EngineError
 
     err = Console(stderr=True)
@@ -240,11 +242,11 @@ def run(args: argparse.Namespace) -> int:
         if args.engine_only:
             opts = engine_only_options(args)
             opts.validate()  # fail fast, before loading a model
-            report = bench.run_engine_only(opts, progress)
+            report = run_engine_only(opts, progress)
         else:
             opts = end_to_end_options(args)
             opts.validate()
-            report = bench.run_end_to_end(opts, progress)
+            report = run_end_to_end(opts, progress)
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -254,14 +256,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_end_to_end(report, console)
     if args.json_out:
-        bench.write_json(report, args.json_out)
+        write_json(report, args.json_out)
         err.print(f"[dim]wrote {args.json_out}[/dim]")
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jetspec-chat bench",
-                                description="Measure tokens/s, tau and per-phase times (see engine/BENCH.md).")
+                                description="Measure tokens/s, tau and per-phase times (see engine/bench/BENCH.md).")
     add_arguments(p)
     return p
 

@@ -139,13 +139,11 @@ def run_generate(argv: list[str]) -> int:
     result = None
     try:
         for event in engine.generate(prompt_ids, params):
-            if args.json:
-                pass
-            elif isinstance(event, PrefillEvent):
+            if isinstance(event, PrefillEvent) and not args.json:
                 print(event.first_text, end="", flush=True)
-            elif isinstance(event, RoundEvent):
+            elif isinstance(event, RoundEvent) and not args.json:
                 print(event.new_text, end="", flush=True)
-            if isinstance(event, FinishEvent):
+            elif isinstance(event, FinishEvent):
                 result = event.result
     except KeyboardInterrupt:
         print("\n[interrupted]", file=sys.stderr)
@@ -220,11 +218,8 @@ def app_parser() -> argparse.ArgumentParser:
 
 
 def run_app(argv: list[str]) -> int:
-    try:
-        from .ui.launch import run
-    except ImportError as e:  # the app is optional at import time only while it is being built
-        print(f"the interactive app is not available ({e}); use `jetspec-chat generate`", file=sys.stderr)
-        return 2
+    from .ui.launch import run
+
     args = app_parser().parse_args(argv)
     if args.model and not args.demo:
         check_model_argument(args.model)

@@ -1,4 +1,4 @@
-"""`jetspec-chat train-head TARGET --out DIR`: train a draft head for TARGET (see engine/TRAINING.md).
+"""`jetspec-chat train-head TARGET --out DIR`: train a draft head for TARGET (see engine/training/TRAINING.md).
 
 The lead's cli.py wires the subcommand: build a parser, `add_arguments(parser)`, `run(args)`.
 `python -m jetspec_chat.train_cli ...` works too.
@@ -91,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from .engine.training.train import TrainConfig
+    from .engine.training.config import TrainConfig
 
     return TrainConfig(
         target=args.target, out=args.out, stage=args.stage, device=args.device, dtype=args.dtype, seed=args.seed,
@@ -139,7 +139,7 @@ def print_summary(summary: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .engine.errors import EngineError
-    from .engine.training.train import run_training
+    from .engine.training.run import run_training
 
     try:
         summary = run_training(config_from_args(args))

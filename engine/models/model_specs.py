@@ -48,7 +48,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 NOT_YET_SUPPORTED = {"qwen3_moe": "Qwen3 MoE", "qwen2_moe": "Qwen2 MoE"}
 GGUF_ARCH_TO_MODEL_TYPE = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
 
-# Published JetSpec heads for hub targets (DESIGN §4). Keys are lower-cased hub ids.
+# Published JetSpec heads for hub targets (docs/DESIGN.md §4). Keys are lower-cased hub ids.
 DEFAULT_HEADS = {
     "qwen/qwen3-8b": "JetSpec/jetspec-qwen3-8b",
     "qwen/qwen3-30b-a3b": "JetSpec/jetspec-qwen3-30b-a3b",

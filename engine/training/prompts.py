@@ -10,8 +10,8 @@ Generators (deterministic for a seed on a given Python version):
               templates with random numbers.
 None of them draws on public benchmarks (HumanEval, MBPP, GSM8K, MATH, MT-Bench,
 LiveCodeBench). Prompts are split into train/dev by a hash of their text, so a dev prompt
-is never trained on whatever the seed or count. The EVAL_SETS below are hand-written and
-disjoint from the generators' output; `eval_prompts(kind)` exposes them (bench reuses them).
+is never trained on whatever the seed or count. The evaluation sets (engine/eval_sets.py) are
+hand-written, disjoint from the generators' output, and kept out of every training set.
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ import textwrap
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from ..eval_sets import eval_prompts
 
 DEV_PER_MILLE = 20  # ~2% of generated prompts are held out for evaluation
 DEV_SEED = 0  # the dev prompts come from this stream whatever the run's seed
@@ -471,61 +473,3 @@ def load_prompts_file(path: str | Path) -> list[str]:
             raise ValueError(f"{path}:{n}: the prompt must be a non-empty string")
         out.append(prompt)
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Built-in evaluation sets (hand-written here; reused by the bench command)
-
-EVAL_SETS: dict[str, tuple[str, ...]] = {
-    "coding": (
-        "Write a Python function that returns the second largest distinct value in a list, or None if there is none.",
-        "Write a Python class `Matrix2x2` with addition, multiplication and a determinant method.",
-        "Implement a Python generator that yields the lines of a file in reverse order without reading it all at once.",
-        "Write a JavaScript function that deep-clones an object containing arrays, dates and nested objects.",
-        "Write a Python function `slugify(title)` that turns a blog post title into a URL slug.",
-        "Implement a simple tokenizer in Python that splits a string of Lisp code into parentheses, symbols and numbers.",
-        "Write a SQL query that returns, for each customer, the date of their most recent order and its total.",
-        "Write a Bash script that backs up a directory into a timestamped tar.gz file and keeps only the five newest.",
-        "Write a Python function that checks whether a 9x9 grid of digits contains every digit once in each row.",
-        "Write a Rust function that counts the vowels in a string slice.",
-        "Implement a Python context manager that measures and prints how long its block took.",
-        "Write a Python function that converts a list of (parent, child) pairs into a nested dictionary tree.",
-        "Write a Go function that reverses the words in a sentence.",
-        "Write a Python script that reads numbers from standard input and prints their mean and standard deviation.",
-        "Implement a circular buffer class in Python with a fixed capacity.",
-        "Write a TypeScript interface for a blog post and a function that sorts posts by publication date.",
-        "Write a Python function that finds all pairs of words in a list that are reverses of each other.",
-        "Write a C function that copies a string into a buffer safely, always terminating it.",
-        "Write a Python decorator that caches a function's results to a JSON file on disk.",
-        "Write a Python function that pretty-prints a duration given in seconds, like '2 h 5 min 7 s'.",
-    ),
-    "chat": (
-        "What is the difference between a list and a tuple in Python, and when should I use each?",
-        "Explain how a hash map handles collisions, in simple terms.",
-        "I'm preparing a talk for new engineers about code reviews. What should I cover?",
-        "Why does the sky look blue during the day and red at sunset?",
-        "Give me a weekly meal-prep plan for a vegetarian on a budget.",
-        "How do I politely decline a meeting invitation that conflicts with my focus time?",
-        "Explain the difference between concurrency and parallelism with an everyday analogy.",
-        "What should I look for when choosing a first programming language?",
-        "Write a short motivational note for a friend starting a new job.",
-        "What are some good habits for keeping a codebase maintainable over years?",
-        "Describe how a bill becomes a law in a parliamentary system, in a few steps.",
-        "How can I get better at estimating how long software tasks will take?",
-        "Explain what an API is to someone who has never programmed.",
-        "What are the main causes of the seasons on Earth?",
-        "Suggest a beginner-friendly weekend project to learn about microcontrollers.",
-        "How does compound interest work? Use a small numeric example.",
-        "What is technical debt, and how do teams decide when to pay it down?",
-        "Give me tips for writing clear documentation for an open-source library.",
-        "How do noise-cancelling headphones work?",
-        "Compare reading on paper and reading on a screen for learning.",
-    ),
-}
-
-
-def eval_prompts(kind: str) -> list[str]:
-    """A built-in evaluation set: `coding` or `chat` (about 20 prompts each)."""
-    if kind not in EVAL_SETS:
-        raise ValueError(f"unknown eval set {kind!r}; choose {', '.join(EVAL_SETS)}")
-    return list(EVAL_SETS[kind])

@@ -1,47 +1,47 @@
-"""The jetspec-chat Textual app.
+"""The jetspec-chat Textual app: setup, the main screen's chrome, sending, tree navigation.
 
 Threading: `EngineWorker` owns the engine and the session on its own thread and pushes
-everything into `self.outbox`; `_drain` (a ~12 Hz timer on the UI thread) takes what is there,
-updates the per-answer traces, appends the batched text to the streaming Markdown and redraws
-the tree, stats and status once. Nothing on the UI thread waits for the engine.
+everything into `self.outbox`; `_drain` (app_outbox.py, a ~12 Hz timer on the UI thread) takes
+what is there, routes each item to its handler, appends the batched text to the streaming
+Markdown and redraws the tree, stats and status once. Nothing on the UI thread waits for the
+engine.
 """
 from __future__ import annotations
 
 import copy
-import dataclasses
 import queue
 import time
-import traceback
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from rich.text import Text
 from textual import on
-from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
+from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, Static
 
-from jetspec_chat.engine.events import FinishEvent, PrefillEvent, RoundEvent
+from jetspec_chat.engine.events import PrefillEvent
 from jetspec_chat.engine.params import GenerationParams, SamplingParams, SpecParams
 from jetspec_chat.settings import (
     SessionStore,
-    SessionStoreError,
     Settings,
-    atomic_write_text,
     error_log_path,
-    exports_dir,
     load_history,
     load_settings,
     save_history,
     save_settings,
-    suggest_session_name,
     user_themes_dir,
 )
 
 from . import engine_worker as ew
+from .app_commands import BINDINGS as APP_BINDINGS
+from .app_commands import CommandsMixin
+from .app_compare import CompareMixin
+from .app_outbox import OutboxMixin
+from .app_sessions import SessionsMixin
+from .app_spec import LiveSpecMixin
 from .chat import (
     AssistantMessage,
     ChatInput,
@@ -50,15 +50,8 @@ from .chat import (
     UserMessage,
     last_code_block,
 )
-from .compare import AR_LABEL, CompareScreen, CompareState
-from .dialogs import (
-    BUDGET_STEPS,
-    HelpScreen,
-    OpenSessionScreen,
-    SaveSessionScreen,
-    SpecSettingsScreen,
-    step_in,
-)
+from .compare import CompareScreen, CompareState
+from .jobs import Job
 from .stats import StatsPanel
 from .styles import APP_CSS
 from .themes import (
@@ -73,24 +66,7 @@ from .trace import AnswerTrace, ArBaseline, compute_stats, params_label, prefill
 from .tree_view import TreePanel
 
 DRAIN_HZ = 12
-NO_HEAD_NOTE = "no draft head: speculation off (plain AR); pass --draft-head to speculate"
 KEEP_ROUNDS_OF_LAST = 20  # answers whose per-round trees stay in memory (for stepping and export)
-_MAIN_ONLY_ACTIONS = {
-    "stop", "help", "budget", "next_algo", "toggle_spec", "compare", "tree_pause", "tree_step", "replay",
-    "spec_settings", "measure_ar", "new_chat", "save_session", "open_session", "copy_answer", "copy_code",
-    "toggle_provenance", "next_theme", "export",
-}
-MAX_ITEMS_PER_DRAIN = 5000
-
-
-@dataclass
-class Job:
-    kind: str  # "chat" | "rerun" | "compare" | "session"
-    trace: AnswerTrace | None = None
-    message: AssistantMessage | None = None
-    turn: int = 0
-    pre_session: dict | None = None  # reruns: the session before, to put back if the answer changed
-    live_spec: SpecParams | None = None  # chat: the tree shape last asked of the engine
 
 
 class LoadingPanel(Vertical):
@@ -129,33 +105,15 @@ class MainScreen(Screen):
         self.app.main_screen_mounted()  # type: ignore[attr-defined]
 
 
-class JetspecApp(App):
+class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, CommandsMixin, App):
+    """The chat app. Its concerns live in mixins, one module each: `app_outbox` (engine reports
+    in), `app_compare` (the compare screen's runs), `app_spec` (live speculation controls),
+    `app_sessions` (new/save/open/autosave/export), `app_commands` (keys and palette). This
+    module keeps setup, the main screen's chrome and sending."""
+
     CSS = APP_CSS
     TITLE = "jetspec-chat"
-
-    BINDINGS = [
-        Binding("escape", "stop", "Stop", show=True),
-        Binding("f1", "help", "Help"),
-        Binding("f2", "budget(-1)", "Budget−"),
-        Binding("f3", "budget(1)", "Budget+"),
-        Binding("f4", "next_algo", "Algo", show=False),
-        Binding("f5", "toggle_spec", "Spec on/off"),
-        Binding("f6", "compare", "Compare", priority=True),  # priority: TextArea binds f6/f7
-        Binding("f7", "tree_pause", "Pause", show=False, priority=True),
-        Binding("f8", "tree_step(-1)", "◀ Round", show=False),
-        Binding("f9", "tree_step(1)", "Round ▶", show=False),
-        Binding("f10", "replay", "Replay", show=False),
-        Binding("f12", "export", "Export", show=False),
-        Binding("ctrl+b", "spec_settings", "Settings", show=False),
-        Binding("ctrl+r", "measure_ar", "Measure AR", show=False),
-        Binding("ctrl+n", "new_chat", "New chat"),
-        Binding("ctrl+s", "save_session", "Save", show=False),
-        Binding("ctrl+o", "open_session", "Open", show=False),
-        Binding("ctrl+t", "next_theme", "Theme", show=False),
-        Binding("ctrl+l", "copy_answer", "Copy answer", show=False),
-        Binding("ctrl+g", "copy_code", "Copy code", show=False),
-        Binding("ctrl+backslash", "toggle_provenance", "Provenance", show=False),
-    ]
+    BINDINGS = APP_BINDINGS
 
     def __init__(
         self,
@@ -197,6 +155,8 @@ class JetspecApp(App):
         self.current_trace: AnswerTrace | None = None
         self.compare: CompareState | None = None
         self.compare_screen: CompareScreen | None = None
+        self._compare_params: dict[str, GenerationParams] = {}
+        self._compare_trace: AnswerTrace | None = None
         self.baseline: ArBaseline | None = None
         self.stopping = False
         # session mirror (copied from the engine thread)
@@ -431,79 +391,6 @@ class JetspecApp(App):
         self.set_class(w < 100, "-narrow")
         self.set_class(w < 60 or h < 16, "-tiny")
 
-    # ------------------------------------------------------------------ the drain
-
-    async def _drain(self) -> None:
-        if self._draining:
-            return
-        self._draining = True
-        try:
-            items = []
-            while len(items) < MAX_ITEMS_PER_DRAIN:
-                try:
-                    items.append(self.outbox.get_nowait())
-                except queue.Empty:
-                    break
-            for item in items:
-                try:
-                    await self._handle(item)
-                except Exception:  # noqa: BLE001 - a UI bug must not take the app down
-                    self._log_error("UI error while handling an engine event", traceback.format_exc())
-            if items or self._dirty:
-                await self._flush_updates()
-        finally:
-            self._draining = False
-
-    async def drain_now(self) -> None:
-        """Process everything the engine has reported so far (tests use it too)."""
-        await self._drain()
-
-    async def _handle(self, item: Any) -> None:
-        if isinstance(item, ew.LoadProgress):
-            self.load_progress = item
-            self._dirty.add("loading")
-        elif isinstance(item, ew.EngineReady):
-            await self._engine_ready(item.info)
-        elif isinstance(item, ew.EngineLoadFailed):
-            await self._engine_load_failed(item)
-        elif isinstance(item, ew.GenerationEvent):
-            self._on_generation_event(item)
-        elif isinstance(item, ew.CompareRunStarted):
-            self._on_compare_started(item)
-        elif isinstance(item, ew.CompareRunFinished):
-            self._on_compare_finished(item)
-        elif isinstance(item, ew.JobFinished):
-            await self._on_job_finished(item)
-        elif isinstance(item, ew.JobFailed):
-            await self._on_job_failed(item)
-        elif isinstance(item, ew.SpecApplied):
-            self._on_spec_applied(item)
-        elif isinstance(item, ew.SpecRejected):
-            await self._on_spec_rejected(item)
-        elif isinstance(item, ew.SessionSnapshot):
-            await self._engine_snapshot(item)
-        self._dirty.add("chrome")
-
-    async def _flush_updates(self) -> None:
-        for msg, text in list(self._pending.items()):
-            if text:
-                await msg.append(text)
-        self._pending.clear()
-        if self.settings.provenance and self.chat_job is not None:
-            job = self.jobs.get(self.chat_job)
-            if job and job.message and job.trace:
-                job.message.show_provenance(job.trace.segments, SpecColors.from_app(self))
-        dirty, self._dirty = self._dirty, set()
-        if "loading" in dirty:
-            self._show_loading()
-        if "tree" in dirty:
-            self.tree_panel.rounds_updated()
-        if "stats" in dirty or "tree" in dirty:
-            self._update_stats()
-        if "compare" in dirty and self.compare_screen is not None and self.compare_screen.is_mounted:
-            self.compare_screen.refresh_state()
-        self.refresh_chrome()
-
     def _show_loading(self) -> None:
         panel = self._q("#loading", LoadingPanel)
         if self.load_state != "loading":
@@ -519,195 +406,6 @@ class JetspecApp(App):
         pos = self._tree_position
         stats = compute_stats(trace, self.baseline, upto=None if pos is None else pos + 1)
         self._q("#stats", StatsPanel).show(stats, replay_round=pos)
-
-    # -- engine state
-
-    async def _engine_ready(self, info: ew.EngineInfo) -> None:
-        self.engine_info = info
-        self.load_state = "ready"
-        self._dirty.add("loading")
-        if self.settings.tree_algo not in info.tree_algos:
-            self.settings.tree_algo = info.tree_algos[0]
-        head = f" with draft head {info.head_name}" if info.head_name else ""
-        await self.add_note_async(
-            f"Loaded {info.model_name}{head} on {info.device} ({info.dtype}), context {info.max_context:,} tokens.",
-            "info",
-        )
-        if info.max_depth is None:
-            await self.add_note_async(NO_HEAD_NOTE, "warning")
-
-    async def _engine_load_failed(self, item: ew.EngineLoadFailed) -> None:
-        self.load_state = "failed"
-        self.load_error = item.message
-        self._dirty.add("loading")
-        if item.details:
-            self._log_error("model load failed", item.details)
-        hint = " Details are in " + str(error_log_path()) + "." if item.details else ""
-        await self.add_note_async(f"Could not load the model: {item.message.rstrip('.')}.{hint}", "error")
-
-    # -- generation events
-
-    def _on_generation_event(self, item: ew.GenerationEvent) -> None:
-        if item.kind == "compare":
-            self._on_compare_event(item)
-            return
-        job = self.jobs.get(item.job_id)
-        if job is None or job.trace is None:
-            return
-        text = job.trace.add(item.event)
-        if isinstance(item.event, PrefillEvent):
-            self.last_prefill = item.event
-        if job.kind == "chat":
-            if text and job.message is not None:
-                self._pending[job.message] = self._pending.get(job.message, "") + text
-            if isinstance(item.event, (RoundEvent, FinishEvent)):
-                self._dirty.add("tree")
-
-    async def _on_job_finished(self, item: ew.JobFinished) -> None:
-        job = self.jobs.get(item.job_id)
-        if job is None:
-            return
-        if job.kind == "chat":
-            await self._finish_message(job)
-            trace = job.trace
-            if trace is not None and trace.result is not None and job.message is not None:
-                if job.message.raw != trace.result.text:  # the result's text is authoritative
-                    await job.message.set_text(trace.result.text)
-                job.message.set_label("jetspec · " + trace.label)
-                job.message.set_meta(*self._meta_for(trace))
-                if not trace.speculated and trace.result.rounds:
-                    self.baseline = ArBaseline(trace.result.tokens_per_second, f"plain AR answer, turn {job.turn}")
-            if self.chat_job == item.job_id:
-                self.chat_job = None
-            self._dirty.update({"tree", "stats"})
-        elif job.kind == "rerun":
-            trace = job.trace
-            if self.aux_job == item.job_id:
-                self.aux_job = None
-            if trace is not None and trace.result is not None and trace.result.rounds and not item.cancelled:
-                r = trace.result
-                self.baseline = ArBaseline(r.tokens_per_second, f"AR rerun of turn {job.turn}, {r.new_tokens} tokens")
-                await self.add_note_async(
-                    f"Plain AR on the last prompt: {r.tokens_per_second:.1f} tokens/s "
-                    f"({r.new_tokens} tokens, {r.decode_seconds * 1000 / max(1, r.rounds):.1f} ms/token). "
-                    "Speedups are now measured against it.",
-                    "info",
-                )
-            elif item.cancelled:
-                await self.add_note_async("AR measurement stopped.", "warning")
-            self._dirty.add("stats")
-        elif job.kind == "compare":
-            self._on_compare_done(item)
-        if not self.busy:
-            self.stopping = False
-
-    async def _on_job_failed(self, item: ew.JobFailed) -> None:
-        job = self.jobs.get(item.job_id)
-        if item.details:
-            self._log_error(f"{item.kind} failed", item.details)
-        hint = f" (details in {error_log_path()})" if item.details else ""
-        message = f"{item.message}{hint}"
-        if job is not None and job.kind == "chat":
-            await self._finish_message(job)
-            if job.trace is not None:
-                job.trace.error = item.message
-            msg = job.message
-            if msg is not None and not msg.raw.strip():
-                await msg.remove()
-                await self.add_note_async(f"Engine error: {message}", "error")
-            elif msg is not None:
-                msg.set_meta(f"⚠ stopped by an engine error: {message}", "error")
-            if self.chat_job == item.job_id:
-                self.chat_job = None
-        elif job is not None and job.kind == "rerun":
-            if self.aux_job == item.job_id:
-                self.aux_job = None
-            await self.add_note_async(f"AR measurement failed: {message}", "error")
-        elif job is not None and job.kind == "compare":
-            if self.compare is not None:
-                self.compare.running = False
-            self._dirty.add("compare")
-            await self.add_note_async(f"Comparison failed: {message}", "error")
-        else:
-            await self.add_note_async(f"Engine error: {message}", "error")
-        if not self.busy:
-            self.stopping = False
-        self._dirty.update({"tree", "stats"})
-
-    async def _finish_message(self, job: Job) -> None:
-        msg = job.message
-        if msg is None:
-            return
-        pending = self._pending.pop(msg, "")
-        if pending:
-            await msg.append(pending)
-        await msg.finish()
-        if self.settings.provenance and job.trace is not None:
-            msg.show_provenance(job.trace.segments, SpecColors.from_app(self))
-
-    def _meta_for(self, trace: AnswerTrace) -> tuple[Text, str]:
-        r = trace.result
-        assert r is not None
-        colors = SpecColors.from_app(self)
-        t = Text(no_wrap=False)
-        kind = ""
-        parts = [f"{r.new_tokens} tokens", f"{r.tokens_per_second:.1f} tok/s"]
-        speculated = trace.speculated
-        if speculated:
-            parts.append(f"τ {r.mean_accept_length:.2f}")
-        parts.append(f"{r.rounds} rounds")
-        if self.baseline is not None and speculated and r.tokens_per_second:
-            parts.append(f"{r.tokens_per_second / self.baseline.tokens_per_second:.2f}× vs AR")
-        t.append(" · ".join(parts), style=colors.muted)
-        reason = {
-            "eos": "",
-            "stop": "",
-            "length": "stopped at the max new tokens limit",
-            "context_full": r.message or "the context window is full",
-            "cancelled": "stopped (Esc)",
-        }.get(r.finish_reason, r.finish_reason)
-        if reason:
-            t.append(f" · {reason}", style=f"bold {colors.bonus}")
-            kind = "warning"
-        if r.prefill_tokens or r.reused_tokens:
-            reused = f", {r.reused_tokens:,} reused from the KV cache" if r.reused_tokens else ""
-            t.append(f"\nprefill {r.prefill_tokens:,} new tokens{reused}", style=colors.muted)
-        return t, kind
-
-    # -- session snapshots
-
-    async def _engine_snapshot(self, item: ew.SessionSnapshot) -> None:
-        self.session_data = item.data
-        self.session_messages = item.messages
-        self.context_tokens = item.context_tokens
-        job = self.jobs.get(item.job_id)
-        if job is None:
-            return
-        if job.kind in ("rerun", "compare"):
-            self._keep_original_answer(job, item)
-        if job.kind in ("chat", "rerun", "compare") and self.session_name:
-            self._autosave()
-        if job.kind != "chat" or (self.chat_job != item.job_id):
-            self.jobs.pop(item.job_id, None)
-
-    def _keep_original_answer(self, job: Job, item: ew.SessionSnapshot) -> None:
-        """Reruns replace the last answer in the session. When the text changed (a run was
-        stopped early, or sampling drew another answer), put the original conversation back:
-        the chat keeps showing it and the next turn continues from it."""
-        before = job.pre_session
-        if before is None:
-            return
-        old = [m for m in before.get("messages", []) if m.get("role") == "assistant"]
-        new = [m for m in item.messages if m.get("role") == "assistant"]
-        if old and new and old[-1].get("content") == new[-1].get("content"):
-            return
-        self.worker.submit(ew.RestoreSessionCommand(before))
-        self.session_data = before
-        self.session_messages = tuple(before.get("messages", []))
-        self.add_note(
-            "Kept the original answer (the rerun's text differed); its KV cache is rebuilt on the next turn.",
-            "info",
-        )
 
     # ------------------------------------------------------------------ sending
 
@@ -783,14 +481,6 @@ class JetspecApp(App):
             self.stopping = True
             self.refresh_chrome()
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in _MAIN_ONLY_ACTIONS and self.screen is not self.main_screen:
-            if not (action == "compare" and self.screen is self.compare_screen):
-                return False
-        if action == "stop":
-            return True if self.busy else None
-        return True
-
     def action_measure_ar(self) -> None:
         if not self._ready_for_rerun("measure plain AR"):
             return
@@ -814,212 +504,6 @@ class JetspecApp(App):
             self.notify(f"Send a message first: {what} reruns the last prompt.", severity="warning")
             return False
         return True
-
-    # -- compare
-
-    def action_compare(self) -> None:
-        if self.compare_screen is not None and self.compare_screen.is_mounted:
-            if self.screen is self.compare_screen:
-                self.pop_screen()
-            return
-        if self.compare is None or not self.compare.running:
-            if not self._ready_for_rerun("compare budgets"):
-                return
-            self.compare = CompareState(list(self.settings.compare_budgets), prompt=self.last_user_text() or "")
-        self.compare_screen = CompareScreen(self.compare, ", ".join(self.settings.compare_budgets))
-        self.push_screen(self.compare_screen)
-
-    def start_compare(self, labels: list[str]) -> None:
-        if self.busy:
-            self.notify("Wait for the current run to finish, or press Esc to stop it.", severity="warning")
-            return
-        self.settings.compare_budgets = list(labels)
-        self.save_settings()
-        base = self.generation_params()
-        entries = []
-        for label in labels:
-            if label == AR_LABEL:
-                params = replace(base, spec=replace(base.spec, enabled=False))
-            else:
-                params = replace(base, spec=replace(base.spec, enabled=True, budget=int(label)))
-            entries.append(ew.CompareEntry(label, params))
-        state = CompareState(list(labels), prompt=self.last_user_text() or "", baseline=self.baseline)
-        state.running = True
-        state.job_id = self.worker.submit(ew.CompareCommand(tuple(entries)))
-        self.jobs[state.job_id] = Job("compare", None, None, turn=self.turn, pre_session=copy.deepcopy(self.session_data))
-        self.compare = state
-        self._compare_params = {e.label: e.params for e in entries}
-        if self.compare_screen is not None:
-            self.compare_screen.set_state(state)
-        self.refresh_chrome()
-
-    def cancel_compare(self) -> None:
-        if self.compare and self.compare.running and self.compare.job_id is not None:
-            self.worker.cancel(self.compare.job_id)
-            self.stopping = True
-
-    def _on_compare_started(self, item: ew.CompareRunStarted) -> None:
-        state = self.compare
-        if state is None or state.job_id != item.job_id:
-            return
-        row = state.rows[item.index]
-        row.status = "running"
-        params = getattr(self, "_compare_params", {}).get(item.label, self.generation_params())
-        trace = AnswerTrace(job_id=item.job_id, kind="compare", params=params, user_text=state.prompt)
-        self.traces.append(trace)
-        self._compare_trace = trace
-        self._dirty.add("compare")
-
-    def _on_compare_event(self, item: ew.GenerationEvent) -> None:
-        state = self.compare
-        if state is None or state.job_id != item.job_id:
-            return
-        trace = getattr(self, "_compare_trace", None)
-        if trace is not None:
-            trace.add(item.event)
-        row = state.rows[item.run_index]
-        ev = item.event
-        if isinstance(ev, RoundEvent):
-            row.live_rounds = ev.index + 1
-            row.live_tokens = ev.answer_tokens
-            prefill_s = trace.prefill.ms / 1000.0 if trace is not None and trace.prefill else 0.0
-            decode_s = ev.elapsed_s - prefill_s
-            row.live_tps = (ev.answer_tokens - 1) / decode_s if decode_s > 0 else None
-        self._dirty.add("compare")
-
-    def _on_compare_finished(self, item: ew.CompareRunFinished) -> None:
-        state = self.compare
-        if state is None or state.job_id != item.job_id:
-            return
-        row = state.rows[item.index]
-        row.result = item.result
-        row.error = item.error
-        if item.error:
-            row.status = "error"
-        elif item.result is not None and item.result.finish_reason == "cancelled":
-            row.status = "cancelled"
-        else:
-            row.status = "done"
-        if row.label == AR_LABEL and row.status == "done" and row.tps:
-            turn = self.jobs[item.job_id].turn if item.job_id in self.jobs else self.turn
-            self.baseline = ArBaseline(row.tps, f"budget comparison, turn {turn}")
-            self._dirty.add("stats")
-        self._dirty.add("compare")
-
-    def _on_compare_done(self, item: ew.JobFinished) -> None:
-        state = self.compare
-        if state is None or state.job_id != item.job_id:
-            return
-        state.running = False
-        state.cancelled = item.cancelled
-        for row in state.rows:
-            if row.status in ("queued", "running"):
-                row.status = "cancelled"
-        self._dirty.update({"compare", "stats"})
-
-    # -- speculation settings
-
-    def _changed(self, what: str, *, live: bool = True) -> None:
-        """A setting changed. Tree-shape changes (`live`) reach the answer in progress from its
-        next round; everything else applies from the next answer."""
-        self.save_settings()
-        suffix = ""
-        if self.chat_job is not None:
-            suffix = " (from the next round)" if live and self._push_live_spec() else " (from the next answer)"
-        self.notify(f"{what}{suffix}", timeout=2)
-        self.refresh_chrome()
-
-    def _push_live_spec(self) -> bool:
-        """Send the settings' tree shape to the answer in progress; False if it has none to change."""
-        job = self.jobs.get(self.chat_job) if self.chat_job is not None else None
-        if job is None or job.trace is None or job.trace.finished:
-            return False
-        spec = self.generation_params().spec
-        current = job.live_spec if job.live_spec is not None else job.trace.params.spec
-        if spec == current:
-            return False
-        job.live_spec = spec
-        self.worker.update_spec(self.chat_job, spec)
-        return True
-
-    def _on_spec_applied(self, item: ew.SpecApplied) -> None:
-        job = self.jobs.get(item.job_id)
-        if job is None or job.trace is None:
-            return
-        job.trace.add_spec_change(item.from_round, item.spec)
-        if job.message is not None:
-            job.message.set_label("jetspec · " + job.trace.label)
-        self._dirty.update({"tree", "stats"})
-
-    async def _on_spec_rejected(self, item: ew.SpecRejected) -> None:
-        job = self.jobs.get(item.job_id)
-        if job is not None and job.live_spec == item.spec:
-            job.live_spec = None
-        await self.add_note_async(f"Could not change the tree during the answer: {item.message}", "warning")
-
-    def action_budget(self, direction: int) -> None:
-        self.set_budget(step_in(BUDGET_STEPS, self.settings.budget, direction))
-
-    def set_budget(self, budget: int) -> None:
-        self.settings.budget = budget
-        if not self.settings.speculation:
-            self.settings.speculation = True
-        self._changed(f"budget {budget}")
-
-    def set_depth(self, depth: int | None) -> None:
-        self.settings.depth = depth
-        self._changed(f"depth {'full' if depth is None else depth}")
-
-    def set_width(self, width: int) -> None:
-        self.settings.width = width
-        self._changed(f"width {width}")
-
-    def set_algo(self, algo: str) -> None:
-        self.settings.tree_algo = algo
-        self._changed(f"tree algorithm {algo}")
-
-    def action_next_algo(self) -> None:
-        algos = list(self.algos)
-        i = algos.index(self.settings.tree_algo) if self.settings.tree_algo in algos else -1
-        self.set_algo(algos[(i + 1) % len(algos)])
-
-    def action_toggle_spec(self) -> None:
-        self.set_speculation(not self.settings.speculation)
-
-    def set_speculation(self, on_: bool) -> None:
-        if on_ and not self.has_head:
-            self.notify(NO_HEAD_NOTE, severity="warning")
-            return
-        self.settings.speculation = on_
-        self._changed("speculation on" if on_ else "speculation off: plain AR")
-
-    def set_temperature(self, t: float) -> None:
-        self.settings.temperature = t
-        self._changed("greedy decoding" if t <= 0 else f"temperature {t:g}", live=False)
-
-    def action_spec_settings(self) -> None:
-        max_depth = self.engine_info.max_depth if self.engine_info else None
-
-        def done(values: Settings | None) -> None:
-            if values is None:
-                return
-            provenance_changed = values.provenance != self.settings.provenance
-            new_chat_changed = (values.thinking, values.system_prompt) != (self.settings.thinking, self.settings.system_prompt)
-            if values.speculation and not self.has_head:
-                values.speculation = False
-            before = self.generation_params()
-            self.settings = values
-            after = self.generation_params()
-            if provenance_changed:
-                self._apply_provenance()
-            notes = []
-            if self.chat_job is not None and (before.sampling, before.max_new_tokens) != (after.sampling, after.max_new_tokens):
-                notes.append("sampling and length: from the next answer")
-            if new_chat_changed:
-                notes.append("thinking and system prompt: new chats")
-            self._changed("settings applied" + (f" ({'; '.join(notes)})" if notes else ""))
-
-        self.push_screen(SpecSettingsScreen(self.settings, self.algos, max_depth), done)
 
     # -- tree navigation
 
@@ -1085,249 +569,6 @@ class JetspecApp(App):
                 self.notify(f"Copied the last code block ({len(code.splitlines())} lines).", timeout=2)
                 return
         self.notify("No code block in the answers yet.", severity="warning")
-
-    def action_export(self) -> None:
-        directory = exports_dir()
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            svg = self.save_screenshot(f"jetspec-{stamp}.svg", str(directory))
-            trace_path = directory / f"jetspec-{stamp}.trace.jsonl"
-            lines: list[str] = []
-            for i, trace in enumerate(self.traces):
-                lines.extend(trace.to_jsonl_lines(i))
-            atomic_write_text(trace_path, "\n".join(lines) + ("\n" if lines else ""))
-        except OSError as err:
-            self.add_note(f"Export failed: {err}", "error")
-            return
-        rounds = sum(len(t.rounds) for t in self.traces)
-        self.last_export = (Path(svg), trace_path)
-        self.add_note(f"Saved the screen to {svg} and the round trace ({rounds} rounds) to {trace_path}.", "info")
-        self.notify(f"Saved {svg}\nand {trace_path}", timeout=6)
-
-    # -- sessions
-
-    def action_new_chat(self) -> None:
-        self.action_stop()
-        self.worker.submit(ew.NewSessionCommand(self.settings.system_prompt, self.settings.thinking))
-        self._reset_chat_view()
-        self.session_name = None
-        self.session_data = None
-        self.add_note("New chat (the previous conversation's KV cache was dropped).", "info")
-        self.refresh_chrome()
-
-    def _reset_chat_view(self) -> None:
-        chat = self._q("#chat", ChatLog)
-        chat.remove_children()
-        self._pending.clear()
-        self.traces = []
-        self.current_trace = None
-        self.last_prefill = None
-        self.chat_job = None
-        self.aux_job = None
-        self._tree_position = None
-        self.tree_panel.show_trace(None)
-        self._update_stats()
-        chat.follow()
-
-    def action_save_session(self) -> None:
-        messages = list(self.session_messages)
-        if not any(m.get("role") == "user" for m in messages):
-            self.notify("Nothing to save yet: send a message first.", severity="warning")
-            return
-        suggested = self.session_name or suggest_session_name(messages)
-        existing = {s.name for s in self.store.list()}
-
-        def done(name: str | None) -> None:
-            if name:
-                self.save_session_as(name)
-
-        self.push_screen(SaveSessionScreen(suggested, existing), done)
-
-    def save_session_as(self, name: str) -> Path | None:
-        if self.session_data is None:
-            self.notify("Nothing to save yet.", severity="warning")
-            return None
-        try:
-            path = self.store.save(name, self.session_data, **self._session_meta())
-        except SessionStoreError as err:
-            self.add_note(f"Could not save the session: {err}", "error")
-            return None
-        self.session_name = path.stem
-        self.add_note(f"Saved session {path.stem!r} to {path} (saved again after each answer).", "info")
-        self.refresh_chrome()
-        return path
-
-    def _session_meta(self) -> dict:
-        info = self.engine_info
-        return {
-            "model": info.model_name if info else self.spec.model,
-            "draft_head": info.head_name if info else self.spec.draft_head,
-            "extra": {"settings": dataclasses.asdict(self.generation_params())},
-        }
-
-    def _autosave(self) -> None:
-        if not self.session_name or self.session_data is None:
-            return
-        try:
-            self.store.save(self.session_name, self.session_data, **self._session_meta())
-        except SessionStoreError as err:
-            self.add_note(f"Autosave failed: {err}", "error")
-
-    def action_open_session(self) -> None:
-        def done(name: str | None) -> None:
-            if name:
-                self.open_session(name)
-
-        self.push_screen(OpenSessionScreen(self.store.list()), done)
-
-    def open_session(self, name: str) -> bool:
-        try:
-            data = self.store.load(name)
-        except SessionStoreError as err:
-            self.add_note(f"Could not open the session: {err}", "error")
-            return False
-        self.action_stop()
-        self._restore(data, data.get("name") or name)
-        return True
-
-    def _open_requested_session(self, name: str) -> None:
-        if self.store.exists(name):
-            self.open_session(name)
-        else:
-            try:
-                self.session_name = self.store.path_for(name).stem
-            except SessionStoreError as err:
-                self.add_note(f"--session: {err}", "error")
-                return
-            self.add_note(f"New session {self.session_name!r}: it is saved after each answer.", "info")
-
-    def _restore(self, data: dict, name: str) -> None:
-        session = data["session"]
-        self.worker.submit(ew.RestoreSessionCommand(session, name))
-        self._reset_chat_view()
-        self.session_name = name
-        self.session_data = session
-        messages = [m for m in session.get("messages", []) if isinstance(m, dict)]
-        self.session_messages = tuple(messages)
-        thinking = bool(session.get("thinking", False))
-        chat = self._q("#chat", ChatLog)
-        widgets = []
-        for m in messages:
-            role, content = m.get("role"), str(m.get("content", ""))
-            if role == "user":
-                widgets.append(UserMessage(content))
-            elif role == "assistant":
-                widgets.append(AssistantMessage("jetspec", content, thinking_enabled=thinking, streaming=False))
-            elif role == "system":
-                widgets.append(NoteMessage(f"System prompt: {content}", "info"))
-        n = sum(1 for m in messages if m.get("role") in ("user", "assistant"))
-        widgets.append(
-            NoteMessage(
-                f"Opened session {name!r} ({n} messages). The KV cache is rebuilt by prefill on the next turn; "
-                "after that, each turn reuses it.",
-                "info",
-            )
-        )
-        chat.mount_all(widgets)
-        self.call_after_refresh(chat.follow)
-        self.refresh_chrome()
-
-    # -- themes, help
-
-    def action_next_theme(self) -> None:
-        names = self.cycle_themes or self.theme_names()
-        i = names.index(self.theme) if self.theme in names else -1
-        self.theme = names[(i + 1) % len(names)]
-        self.notify(f"theme {self.theme}", timeout=2)
-
-    def action_help(self) -> None:
-        self.push_screen(HelpScreen())
-
-    def action_retry_load(self) -> None:
-        if self.load_state != "failed":
-            return
-        self.load_state = "loading"
-        self.load_progress = None
-        self.worker.submit(ew.LoadCommand(self.spec, self.settings.system_prompt, self.settings.thinking))
-        self._show_loading()
-        self.refresh_chrome()
-
-    def on_screen_resume(self) -> None:
-        self.refresh_chrome()
-
-    # -- command palette
-
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        c = SystemCommand
-        yield c("Compare budgets", "Rerun the last prompt at several budgets and plain AR", self.action_compare)
-        yield c("Measure plain AR speed", "Rerun the last prompt without speculation (for the speedup)", self.action_measure_ar)
-        yield c("Speculation settings…", "Budget, depth, width, tree algorithm, temperature, …", self.action_spec_settings)
-        spec_on = self.settings.speculation
-        yield c(
-            f"Speculation: turn {'off' if spec_on else 'on'}",
-            "Plain autoregressive decoding on the same engine" if spec_on else "Tree speculative decoding",
-            self.action_toggle_spec,
-        )
-        cur = self.settings
-
-        def mark(is_current: bool) -> str:
-            return " (current)" if is_current else ""
-
-        for b in BUDGET_STEPS:
-            yield c(
-                f"Budget: {b}",
-                f"Draft tree of at most {b} node{'s' if b > 1 else ''}{mark(b == cur.budget)}",
-                lambda b=b: self.set_budget(b),
-            )
-        max_depth = self.engine_info.max_depth if self.engine_info else None
-        yield c("Depth: full", f"Draft as deep as the head's block allows{mark(cur.depth is None)}", lambda: self.set_depth(None))
-        for d in range(1, (max_depth or 16)):
-            yield c(f"Depth: {d}", f"Draft at most {d} tokens ahead{mark(d == cur.depth)}", lambda d=d: self.set_depth(d))
-        for w in (1, 2, 4, 6, 8, 12, 16, 32):
-            yield c(f"Width: {w}", f"Top-{w} candidates per depth{mark(w == cur.width)}", lambda w=w: self.set_width(w))
-        for a in self.algos:
-            yield c(f"Tree algorithm: {a}", f"How the draft tree is built{mark(a == cur.tree_algo)}", lambda a=a: self.set_algo(a))
-        for t in (0.0, 0.6, 0.7, 1.0):
-            yield c(
-                f"Temperature: {t:g}" + (" (greedy)" if t == 0 else ""),
-                "Sampling temperature for the next answers",
-                lambda t=t: self.set_temperature(t),
-            )
-        yield c("Pause / follow the live tree", "Stop the tree view on a round, or follow the latest", self.action_tree_pause)
-        yield c("Previous round", "Step the tree view back one round", lambda: self.action_tree_step(-1))
-        yield c("Next round", "Step the tree view forward one round", lambda: self.action_tree_step(1))
-        yield c("Replay the answer", "Show the rounds of the answer one by one", self.action_replay)
-        for s in (1, 2, 4, 8, 16):
-            yield c(f"Replay speed: {s} rounds/s", "Speed of the round-by-round replay", lambda s=s: self.set_replay_speed(s))
-        yield c("Toggle provenance colors", "Color the answer: accepted draft tokens vs target tokens", self.action_toggle_provenance)
-        yield c("Toggle tree scores", "Show the cumulative log-probabilities next to tree nodes", self._toggle_scores)
-        yield c("Copy the last answer", "To the clipboard", self.action_copy_answer)
-        yield c("Copy the last code block", "To the clipboard", self.action_copy_code)
-        yield c("New chat", "Start over and drop the KV cache", self.action_new_chat)
-        yield c("Save session…", "Save this chat to the data directory", self.action_save_session)
-        yield c("Open session…", "Reopen a saved chat", self.action_open_session)
-        yield c(
-            f"Thinking: turn {'off' if self.settings.thinking else 'on'} (new chats)",
-            "Qwen3 thinking mode for the next new chat",
-            self._toggle_thinking,
-        )
-        for name in self.cycle_themes:
-            yield c(f"Theme: {name}", "Switch the color theme", lambda n=name: setattr(self, "theme", n))
-        yield c("Export screen and round trace", "SVG of the screen and JSONL of every round", self.action_export)
-        yield c("Help: keys", "All keys and what the tree shows", self.action_help)
-        if self.load_state == "failed":
-            yield c("Retry loading the model", "Try to load the model again", self.action_retry_load)
-
-    def _toggle_scores(self) -> None:
-        self.settings.show_scores = not self.settings.show_scores
-        self.tree_panel.show_scores = self.settings.show_scores
-        self.save_settings()
-
-    def _toggle_thinking(self) -> None:
-        self.settings.thinking = not self.settings.thinking
-        self._changed(f"thinking {'on' if self.settings.thinking else 'off'} for new chats (ctrl+n)", live=False)
 
     # ------------------------------------------------------------------ errors
 

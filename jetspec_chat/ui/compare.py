@@ -5,9 +5,6 @@ starts and cancels, and renders `CompareState` as a table and a text bar plot.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -16,87 +13,12 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Static
 
-from jetspec_chat.engine.events import GenerationResult
-from jetspec_chat.engine.params import MAX_BUDGET
-
+from .compare_state import AR_LABEL, BudgetListError, CompareRow, CompareState, parse_budget_list
 from .stats import fmt
 from .themes import SpecColors
-from .trace import ArBaseline, result_round_ms
+from .trace import result_round_ms
 
-AR_LABEL = "AR"
-_AR_WORDS = {"ar", "off", "none", "0", "plain"}
-
-
-class BudgetListError(ValueError):
-    pass
-
-
-def parse_budget_list(text: str) -> list[str]:
-    """'AR, 16 32,64' -> ['AR', '16', '32', '64']; duplicates dropped, order kept."""
-    items = [t for t in re.split(r"[,\s;]+", text.strip()) if t]
-    if not items:
-        raise BudgetListError("enter at least one budget, e.g. AR, 16, 32, 64")
-    out: list[str] = []
-    for item in items:
-        if item.lower() in _AR_WORDS:
-            label = AR_LABEL
-        else:
-            try:
-                value = int(item)
-            except ValueError:
-                raise BudgetListError(f"{item!r} is not a budget (a number of tree nodes, or AR)") from None
-            if not 1 <= value <= MAX_BUDGET:
-                raise BudgetListError(f"budget {value} is out of range (1 to {MAX_BUDGET})")
-            label = str(value)
-        if label not in out:
-            out.append(label)
-    return out
-
-
-@dataclass
-class CompareRow:
-    label: str
-    status: str = "queued"  # queued | running | done | error | cancelled
-    result: GenerationResult | None = None
-    error: str = ""
-    live_rounds: int = 0
-    live_tokens: int = 0
-    live_tps: float | None = None
-
-    @property
-    def tps(self) -> float | None:
-        return self.result.tokens_per_second if self.result and self.result.rounds else None
-
-    @property
-    def tau(self) -> float | None:
-        return self.result.mean_accept_length if self.result and self.result.rounds else None
-
-
-@dataclass
-class CompareState:
-    labels: list[str]
-    prompt: str = ""
-    job_id: int | None = None
-    rows: list[CompareRow] = field(default_factory=list)
-    running: bool = False
-    cancelled: bool = False
-    baseline: ArBaseline | None = None  # used when the list has no AR entry
-
-    def __post_init__(self) -> None:
-        if not self.rows:
-            self.rows = [CompareRow(label) for label in self.labels]
-
-    @property
-    def done_count(self) -> int:
-        return sum(1 for r in self.rows if r.status in ("done", "error", "cancelled"))
-
-    def ar_tps(self) -> tuple[float | None, str]:
-        for r in self.rows:
-            if r.label == AR_LABEL and r.tps:
-                return r.tps, "AR row"
-        if self.baseline is not None:
-            return self.baseline.tokens_per_second, self.baseline.source
-        return None, ""
+__all__ = ["AR_LABEL", "BudgetListError", "CompareRow", "CompareScreen", "CompareState", "parse_budget_list", "plot_text"]
 
 
 def plot_text(state: CompareState, colors: SpecColors, width: int) -> Text:

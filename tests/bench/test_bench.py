@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from jetspec_chat.bench_cli import main
-from jetspec_chat.engine.bench import bench
+from jetspec_chat.engine.bench import end_to_end, engine_only, gpu_idle, timing
+from jetspec_chat.engine.errors import ConfigError
 
 
 def bench_json(tmp_path, capsys, *args) -> tuple[dict, str]:
@@ -86,12 +87,12 @@ def test_weight_bytes_per_ar_step_counts_one_embedding_row():
     embed = target.model.embed_tokens.weight
     everything = sum(p.numel() * p.element_size() for p in target.parameters())
     expected = everything - embed.numel() * embed.element_size() + embed.shape[1] * embed.element_size()
-    assert bench.weight_bytes_per_ar_step(target) == expected
+    assert engine_only.weight_bytes_per_ar_step(target) == expected
 
 
 def test_time_fn_runs_setup_untimed_and_returns_reps():
     calls = []
-    samples = bench.time_fn(lambda: calls.append("fn"), warmup=2, reps=3, device=torch.device("cpu"),
+    samples = timing.time_fn(lambda: calls.append("fn"), warmup=2, reps=3, device=torch.device("cpu"),
                             setup=lambda: calls.append("setup"))
     assert len(samples) == 3 and all(s >= 0 for s in samples)
     assert calls == ["setup", "fn"] * 5
@@ -102,7 +103,7 @@ def test_idle_from_trace_splits_leading_between_trailing():
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
 
     events = [
-        x("user_annotation", bench.ROUND_LABEL, 1000.0, 100.0),
+        x("user_annotation", gpu_idle.ROUND_LABEL, 1000.0, 100.0),
         x("kernel", "a", 1010.0, 20.0),  # leading idle 10
         x("kernel", "b", 1025.0, 10.0),  # overlaps a: merged 1010-1035
         x("gpu_memcpy", "c", 1060.0, 20.0),  # gap 25
@@ -110,23 +111,23 @@ def test_idle_from_trace_splits_leading_between_trailing():
         x("kernel", "outside", 2000.0, 10.0),
         x("cpu_op", "aten::mm", 1000.0, 50.0),
     ]
-    (r,) = bench.idle_from_trace(events, min_gap_us=5.0)
+    (r,) = gpu_idle.idle_from_trace(events, min_gap_us=5.0)
     assert r["span_us"] == 100.0 and r["busy_us"] == 25.0 + 20.0 + 18.0
     assert (r["leading_us"], r["between_us"], r["trailing_us"]) == (10.0, 27.0, 0.0)
     assert r["gaps"] == [{"us": 25.0, "before": "c"}]
     # Per-kernel time inside the rounds only (the one round here), largest first.
-    table = bench.kernel_table(events)
+    table = gpu_idle.kernel_table(events)
     assert [(k["name"], k["us_per_round"], k["count_per_round"]) for k in table] == [
         ("d", 40.0, 1), ("a", 20.0, 1), ("c", 20.0, 1), ("b", 10.0, 1)]
 
 
 def test_prompt_sets_and_jsonl_errors(tmp_path):
-    for kind in bench.PROMPT_SETS:
-        assert len(bench.prompt_set(kind)) >= 8 and all(p.strip() for p in bench.prompt_set(kind))
+    for kind in end_to_end.PROMPT_SETS:
+        assert len(end_to_end.prompt_set(kind)) >= 8 and all(p.strip() for p in end_to_end.prompt_set(kind))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
-    with pytest.raises(bench.ConfigError, match="bad.jsonl:2"):
-        bench.load_prompts_jsonl(bad)
+    with pytest.raises(ConfigError, match="bad.jsonl:2"):
+        end_to_end.load_prompts_jsonl(bad)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -162,10 +163,10 @@ def test_engine_only_table_prints_gpu_idle_block():
 
     from jetspec_chat.bench_cli import print_engine_only
 
-    opts = bench.EngineOnlyOptions(models=["random:tiny-qwen3"], device="cpu", contexts=(32,), tree_sizes=(1, 8),
+    opts = engine_only.EngineOnlyOptions(models=["random:tiny-qwen3"], device="cpu", contexts=(32,), tree_sizes=(1, 8),
                                    round_budget=8, warmup=0, reps=1, copy_mib=1)
-    report = bench.run_engine_only(opts)
-    report.models[0].gpu_idle = bench.GpuIdle(
+    report = engine_only.run_engine_only(opts)
+    report.models[0].gpu_idle = gpu_idle.GpuIdle(
         method="test", rounds=1, round_ms=2.0, busy_ms=1.5, idle_ms=0.5, idle_fraction=0.25, profiled_round_ms=3.0,
         profiled_idle_ms=1.5, leading_ms=0.1, between_ms=1.3, trailing_ms=0.1, gaps_over_threshold=4,
         largest_gaps=[{"us": 900.0, "before": "topk_kernel"}],

@@ -48,7 +48,7 @@ def test_graphs_serve_every_context_length_and_turn(engine):
 @contextlib.contextmanager
 def eager_runners(engine):
     """The same engine without CUDA graphs (exact tree sizes, finish_round run eagerly)."""
-    engine._allocate()
+    engine.allocate()
     runners = [r for r in (engine.verify, engine.drafter) if r is not None]
     for r in runners:
         r.use_graphs = False

@@ -9,14 +9,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from jetspec_chat.engine.eval_sets import EVAL_SETS
 from jetspec_chat.engine.training import prompts as P
 from jetspec_chat.engine.draft_head import DraftHead, DraftKVCache, load_head_dir
 from jetspec_chat.engine.errors import ConfigError
-from jetspec_chat.engine.training.train import (
-    Evaluator, Sampler, Sequence, TrainConfig, Trainer, Workspace, anchor_range, block_attention_mask, block_ids,
-    context_len, distill_loss, export_head, generate_data, head_forward, load_sequences, make_batch,
-    prepare_prompts, run_training, sample_anchors, target_features, train, training_step_loss,
-)
+from jetspec_chat.engine.training.config import TrainConfig
+from jetspec_chat.engine.training.data import generate_data, load_sequences, prepare_prompts
+from jetspec_chat.engine.training.evaluate import Evaluator
+from jetspec_chat.engine.training.export import export_head
+from jetspec_chat.engine.training.forward import block_attention_mask, block_ids, context_len, head_forward
+from jetspec_chat.engine.training.loop import Sampler, Trainer, train, training_step_loss
+from jetspec_chat.engine.training.loss import Sequence, anchor_range, distill_loss, make_batch, sample_anchors
+from jetspec_chat.engine.training.run import run_training
+from jetspec_chat.engine.training.target import target_features
+from jetspec_chat.engine.training.workspace import Workspace
 from jetspec_chat.train_cli import main as train_head_main
 
 TINY = "random:tiny-qwen3"
@@ -327,7 +333,7 @@ def test_export_then_load_gives_identical_logits(tmp_path):
 
 def test_target_init_copies_the_last_layers_into_the_fused_projections():
     from jetspec_chat.engine.layers import hf_parameters
-    from jetspec_chat.engine.training.train import init_head
+    from jetspec_chat.engine.training.export import init_head
 
     head = random_head(layers=2)
     hf = workspace().hf
@@ -342,7 +348,7 @@ def test_target_init_copies_the_last_layers_into_the_fused_projections():
 
 
 def test_init_from_a_trained_head_directory_continues_it(tmp_path):
-    from jetspec_chat.engine.training.train import init_head
+    from jetspec_chat.engine.training.export import init_head
 
     trained = random_head(layers=1, seed=11)
     export_head(trained, tmp_path / "h", torch.float32)
@@ -468,7 +474,7 @@ def test_builtin_prompts_deterministic_distinct_and_split():
     other, other_dev = P.builtin_prompts(300, 20, seed=1)
     assert other != train_a[:300]
     assert other_dev == dev_a  # one held-out set whatever the seed: τ stays comparable across runs
-    evals = set(P.eval_prompts("coding")) | set(P.eval_prompts("chat"))
+    evals = set(EVAL_SETS["coding"]) | set(EVAL_SETS["chat"])
     assert not evals & set(train_a)
     kinds = {"reimplements": 0, "```python": 0, "Write a": 0, "Explain": 0}
     for p in train_a:
@@ -495,7 +501,7 @@ def test_clean_proposal_keeps_the_request_only():
 
 
 def test_collect_proposals_dedupes_and_skips_excluded_and_dev_prompts():
-    from jetspec_chat.engine.training.train import collect_proposals
+    from jetspec_chat.engine.training.data import collect_proposals
 
     texts = ["How do tides work on other planets?", "How do tides work on other planets?", "no",
              "What is a good first programming language?", "Explain the rules of chess briefly, please."]
@@ -535,11 +541,13 @@ def test_self_prompts_come_from_the_target_and_are_recorded(tmp_path):
 
 
 def test_eval_sets_and_prompts_file(tmp_path):
+    from jetspec_chat.engine.eval_sets import eval_prompts
+
     for kind in ("coding", "chat"):
-        s = P.eval_prompts(kind)
+        s = eval_prompts(kind)
         assert 18 <= len(s) <= 30 and len(set(s)) == len(s)
     with pytest.raises(ValueError):
-        P.eval_prompts("math")
+        eval_prompts("poetry")
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n')
     assert P.load_prompts_file(f) == ["a", "b"]

@@ -1,0 +1,104 @@
+"""The app's budget comparison: open the screen, start and cancel runs, feed their reports
+to `CompareState` (the screen draws it)."""
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+from jetspec_chat.engine.params import GenerationParams
+
+from . import engine_worker as ew
+from .compare import CompareScreen
+from .compare_state import AR_LABEL, CompareState
+from .jobs import Job
+from .trace import AnswerTrace, ArBaseline
+
+
+class CompareMixin:
+    """Part of `JetspecApp`: the compare screen's runs."""
+
+    compare: CompareState | None
+    compare_screen: CompareScreen | None
+    _compare_params: dict[str, GenerationParams]  # label -> the run's parameters
+    _compare_trace: AnswerTrace | None  # the run in progress
+
+    def action_compare(self) -> None:
+        if self.compare_screen is not None and self.compare_screen.is_mounted:
+            if self.screen is self.compare_screen:
+                self.pop_screen()
+            return
+        if self.compare is None or not self.compare.running:
+            if not self._ready_for_rerun("compare budgets"):
+                return
+            self.compare = CompareState(list(self.settings.compare_budgets), prompt=self.last_user_text() or "")
+        self.compare_screen = CompareScreen(self.compare, ", ".join(self.settings.compare_budgets))
+        self.push_screen(self.compare_screen)
+
+    def start_compare(self, labels: list[str]) -> None:
+        if self.busy:
+            self.notify("Wait for the current run to finish, or press Esc to stop it.", severity="warning")
+            return
+        self.settings.compare_budgets = list(labels)
+        self.save_settings()
+        base = self.generation_params()
+        entries = []
+        for label in labels:
+            if label == AR_LABEL:
+                params = replace(base, spec=replace(base.spec, enabled=False))
+            else:
+                params = replace(base, spec=replace(base.spec, enabled=True, budget=int(label)))
+            entries.append(ew.CompareEntry(label, params))
+        state = CompareState(list(labels), prompt=self.last_user_text() or "", baseline=self.baseline)
+        state.running = True
+        state.job_id = self.worker.submit(ew.CompareCommand(tuple(entries)))
+        self.jobs[state.job_id] = Job("compare", None, None, turn=self.turn, pre_session=copy.deepcopy(self.session_data))
+        self.compare = state
+        self._compare_params = {e.label: e.params for e in entries}
+        if self.compare_screen is not None:
+            self.compare_screen.set_state(state)
+        self.refresh_chrome()
+
+    def cancel_compare(self) -> None:
+        if self.compare and self.compare.running and self.compare.job_id is not None:
+            self.worker.cancel(self.compare.job_id)
+            self.stopping = True
+
+    def _on_compare_started(self, item: ew.CompareRunStarted) -> None:
+        state = self.compare
+        if state is None or state.job_id != item.job_id:
+            return
+        state.run_started(item.index)
+        params = self._compare_params.get(item.label, self.generation_params())
+        trace = AnswerTrace(job_id=item.job_id, kind="compare", params=params, user_text=state.prompt)
+        self.traces.append(trace)
+        self._compare_trace = trace
+        self._dirty.add("compare")
+
+    def _on_compare_event(self, item: ew.GenerationEvent) -> None:
+        state = self.compare
+        if state is None or state.job_id != item.job_id:
+            return
+        trace = self._compare_trace
+        if trace is not None:
+            trace.add(item.event)
+        prefill_ms = trace.prefill.ms if trace is not None and trace.prefill else 0.0
+        state.run_event(item.run_index, item.event, prefill_ms)
+        self._dirty.add("compare")
+
+    def _on_compare_finished(self, item: ew.CompareRunFinished) -> None:
+        state = self.compare
+        if state is None or state.job_id != item.job_id:
+            return
+        row = state.run_finished(item.index, item.result, item.error)
+        if row.label == AR_LABEL and row.status == "done" and row.tps:
+            turn = self.jobs[item.job_id].turn if item.job_id in self.jobs else self.turn
+            self.baseline = ArBaseline(row.tps, f"budget comparison, turn {turn}")
+            self._dirty.add("stats")
+        self._dirty.add("compare")
+
+    def _on_compare_done(self, item: ew.JobFinished) -> None:
+        state = self.compare
+        if state is None or state.job_id != item.job_id:
+            return
+        state.finished(item.cancelled)
+        self._dirty.update({"compare", "stats"})
