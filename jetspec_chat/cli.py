@@ -5,6 +5,7 @@ import argparse
 import difflib
 import json
 import sys
+import threading
 import time
 
 # name -> one line for `jetspec-chat help`; the app itself is the default command.
@@ -20,37 +21,60 @@ SUBCOMMANDS = tuple(c for c in COMMANDS if c != "help")
 
 class LoadProgress:
     """Load progress on stderr. On a terminal each phase is one line rewritten in place with its
-    fraction and elapsed time; otherwise (a log, a pipe) one plain line when a phase starts."""
+    fraction and elapsed time (a ticker thread keeps the time moving through phases that report
+    no fraction, like reading a tokenizer); otherwise (a log, a pipe) one plain line per phase."""
 
     def __init__(self, stream=None) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.what: str | None = None
         self.frac: float | None = None
+        self.started = time.monotonic()
         self.phase_start = self.last_draw = 0.0
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def __call__(self, what: str, frac: float | None) -> None:
-        now = time.monotonic()
-        if what != self.what:
-            self.close()
-            self.what, self.frac, self.phase_start, self.last_draw = what, frac, now, 0.0
-            if not self.tty:
-                print(f"[{what}]", file=self.stream, flush=True)
-        self.frac = frac
-        if self.tty and (now - self.last_draw >= 0.1 or frac == 1.0):
-            self.last_draw = now
-            self._draw(now)
+        if what == "ready":  # load_engine's last report: say how long the whole load took
+            what, frac = f"ready in {time.monotonic() - self.started:.0f} s", None
+        with self._lock:
+            now = time.monotonic()
+            if what != self.what:
+                self._end_line()
+                self.what, self.frac, self.phase_start, self.last_draw = what, frac, now, 0.0
+                if not self.tty:
+                    print(f"[{what}]", file=self.stream, flush=True)
+            self.frac = frac
+            if self.tty and (now - self.last_draw >= 0.1 or frac == 1.0):
+                self._draw(now)
+        if self.tty and self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, name="load-progress", daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        while not self._done.wait(0.5):
+            with self._lock:
+                if self.what is not None:
+                    self._draw(time.monotonic())
 
     def _draw(self, now: float) -> None:
+        self.last_draw = now
         pct = f" {self.frac * 100:3.0f}%" if self.frac is not None else ""
-        print(f"\r\033[K[{self.what}]{pct} {now - self.phase_start:.0f} s", end="", file=self.stream, flush=True)
+        took = "" if self.what.startswith("ready") else f" {now - self.phase_start:.0f} s"
+        print(f"\r\033[K[{self.what}]{pct}{took}", end="", file=self.stream, flush=True)
 
-    def close(self) -> None:
+    def _end_line(self) -> None:
         """End the current phase's line (its final fraction and time stay on screen)."""
         if self.tty and self.what is not None:
             self._draw(time.monotonic())
             print(file=self.stream, flush=True)
         self.what = None
+
+    def close(self) -> None:
+        self._done.set()
+        with self._lock:
+            self._end_line()
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:

@@ -413,9 +413,10 @@ def convert_gguf(gguf: Path, out: Path, label: str, progress: ProgressFn = _noop
             model.generation_config.eos_token_id = stops if len(stops) > 1 else stops[0]
         if tok.pad_token_id is not None:
             model.config.pad_token_id = model.generation_config.pad_token_id = tok.pad_token_id
-        progress(f"Saving {label}", None)
+        progress(f"Saving {label}'s weights", None)
         model.save_pretrained(str(out))
         del model
+        progress(f"Saving the {label} tokenizer", None)
         tok.save_pretrained(str(out))
 
 

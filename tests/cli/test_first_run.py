@@ -215,7 +215,7 @@ def feed(progress):
 def test_progress_off_a_terminal_is_one_line_per_phase():
     stream = Stream(tty=False)
     feed(LoadProgress(stream))
-    assert stream.getvalue().splitlines() == ["[Assembling m]", "[Reading the m tokenizer]", "[ready]"]
+    assert stream.getvalue().splitlines() == ["[Assembling m]", "[Reading the m tokenizer]", "[ready in 0 s]"]
 
 
 def test_progress_on_a_terminal_updates_one_line_with_fraction_and_time():
@@ -225,6 +225,7 @@ def test_progress_on_a_terminal_updates_one_line_with_fraction_and_time():
     assert len([line for line in lines if line]) == 3  # one (rewritten) line per phase
     assert lines[0].endswith("[Assembling m] 100% 0 s") and "\r" in lines[0]
     assert lines[1].endswith("[Reading the m tokenizer] 0 s")
+    assert lines[2].endswith("[ready in 0 s]")
 
 
 # --- the cache command -----------------------------------------------------------------------------
