@@ -251,11 +251,14 @@ def run_app(argv: list[str]) -> int:
 
 
 def check_model_argument(word: str) -> None:
-    """Refuse a MODEL that names nothing loadable before the app opens; a mistyped command
-    (`genrate`) is far likelier than a model of that name, so it is named as such."""
+    """Refuse a bare-word MODEL that names nothing loadable before the app opens: a mistyped
+    command (`genrate`) is far likelier than a model of that name, so it is named as such. Paths
+    and hub ids go through: the app shows their problems itself (and can retry the load)."""
     from .engine.errors import EngineError
     from .engine.models.model_specs import spec_kind
 
+    if "/" in word or word.startswith((".", "~")) or word.lower().endswith(".gguf"):
+        return
     close = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.6)
     try:
         spec_kind(word)

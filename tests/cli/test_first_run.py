@@ -190,6 +190,7 @@ def test_unknown_model_is_refused_before_the_app_opens(capsys):
 def test_a_hub_id_or_path_is_never_taken_for_a_command():
     cli.check_model_argument("Qwen/Qwen3-8B")  # no network: only the form is checked
     cli.check_model_argument("random:tiny-qwen3")
+    cli.check_model_argument("./genrate")  # a missing path: the app says so (and can retry)
 
 
 # --- progress --------------------------------------------------------------------------------------
