@@ -51,7 +51,11 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # An explicit (uninitialized) weight skips Embedding's normal_() init: on the meta device that
+        # init imports torch._dynamo, 3-4 s of every start on a CPU. Weights are loaded or drawn later.
+        self.embed_tokens = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
+        )
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -95,7 +99,6 @@ class TargetModel(nn.Module):
             files = sorted(directory.glob("*.safetensors"))
         params = dict(hf_parameters(self))  # checkpoint name -> parameter (or rows of a fused one)
         seen: set[str] = set()
-        device = next(self.parameters()).device
         with torch.no_grad():
             for f in files:
                 with safe_open(str(f), framework="pt", device="cpu") as st:
@@ -110,7 +113,9 @@ class TargetModel(nn.Module):
                         if t.shape != params[key].shape:
                             raise ValueError(f"weight {key} in {f.name} has shape {tuple(t.shape)}, "
                                              f"expected {tuple(params[key].shape)}")
-                        params[key].copy_(t.to(device=device, dtype=params[key].dtype))
+                        # copy_ converts dtype and device on the way: no full-size temporary
+                        # (bf16 -> fp32 on a CPU start: 7.0 -> 3.9 s for the 0.5B).
+                        params[key].copy_(t)
                         seen.add(key)
         missing = set(params) - seen
         if missing:

@@ -11,14 +11,17 @@ expectation E * (1 - (1 - k/E)^T)), and the time over bytes-read / copy-bandwidt
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
 
 import torch
 import torch.nn.functional as F
 
-from jetspec_chat.kernels import moe as moe_module
 from jetspec_chat.kernels import moe_route_ref, moe_triton
+
+# The module itself: the package also exports a function named `moe`, which attribute lookup finds.
+moe_module = importlib.import_module("jetspec_chat.kernels.moe")
 
 H, I, E, K = 2048, 768, 128, 8
 
