@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import moe, qk_norm_rope, rms_norm, silu_mul
+from ..kernels import moe_block, qk_norm_rope, rms_norm, silu_mul
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -153,7 +153,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])  # tokens [..., H] -> [T, H], as the MLP takes any leading dims
-        out = moe(rows, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k, self.norm_topk_prob)
+        out = moe_block(rows, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k, self.norm_topk_prob)
         return out.view(x.shape)
 
 

@@ -21,7 +21,7 @@ the k experts: transformers adds each expert's rows into a buffer in x's dtype (
 in expert order); here the k rows are summed in fp32 in slot order and rounded once. In fp32
 the two agree to rounding; in bf16 ours is the more accurate one.
 
-The plain-torch reference is kernels/reference.py::moe_ref (the CPU path and the tests' oracle).
+The plain-torch reference is kernels/reference.py::moe_block_ref (the CPU path and the tests' oracle).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .fused import _interpreting
-from .reference import moe_ref
+from .reference import moe_block_ref
 
 try:  # triton is optional: CPU-only installs use the torch reference.
     import triton
@@ -243,7 +243,7 @@ def moe_group_triton(
     return block_expert, block_rows, row_assign
 
 
-def moe_triton(
+def moe_block_triton(
     x: torch.Tensor,
     router_weight: torch.Tensor,
     gate_up: torch.Tensor,
@@ -253,7 +253,7 @@ def moe_triton(
     *,
     block_m: int | None = None,
 ) -> torch.Tensor:
-    """The sparse MoE block (same contract as reference.moe_ref) on x [T, H]."""
+    """The sparse MoE block (same contract as reference.moe_block_ref) on x [T, H]."""
     _check_triton()
     t, hidden = x.shape
     num_experts, two_i, _ = gate_up.shape
@@ -284,7 +284,7 @@ def moe_triton(
     return per_slot.view(t, top_k, hidden).sum(dim=1)
 
 
-def moe(
+def moe_block(
     x: torch.Tensor,
     router_weight: torch.Tensor,
     gate_up: torch.Tensor,
@@ -294,8 +294,8 @@ def moe(
 ) -> torch.Tensor:
     """Sparse MoE block: the fused Triton path on CUDA tensors, the torch reference elsewhere."""
     if x.is_cuda and triton is not None and not x.requires_grad:
-        return moe_triton(x, router_weight, gate_up, down, top_k, norm_topk_prob)
-    return moe_ref(x, router_weight, gate_up, down, top_k, norm_topk_prob)
+        return moe_block_triton(x, router_weight, gate_up, down, top_k, norm_topk_prob)
+    return moe_block_ref(x, router_weight, gate_up, down, top_k, norm_topk_prob)
 
 
-__all__ = ["choose_block_m", "max_blocks", "moe", "moe_group_triton", "moe_route_triton", "moe_triton"]
+__all__ = ["choose_block_m", "max_blocks", "moe_block", "moe_block_triton", "moe_group_triton", "moe_route_triton"]

@@ -215,7 +215,7 @@ def moe_route_ref(
     return weights.to(logits.dtype), ids
 
 
-def moe_ref(
+def moe_block_ref(
     x: torch.Tensor,
     router_weight: torch.Tensor,
     gate_up: torch.Tensor,
@@ -237,7 +237,7 @@ def moe_ref(
 def moe_experts_ref(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
 ) -> torch.Tensor:
-    """moe_ref after the routing: tokens x [T, H] through their experts ids [T, k] (weights [T, k])."""
+    """moe_block_ref after the routing: tokens x [T, H] through their experts ids [T, k] (weights [T, k])."""
     out = torch.zeros_like(x)
     for e in ids.unique().tolist():  # sorted ascending, as transformers' expert_hit
         token, slot = torch.where(ids == e)

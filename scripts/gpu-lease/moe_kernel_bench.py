@@ -18,9 +18,9 @@ import json
 import torch
 import torch.nn.functional as F
 
-from jetspec_chat.kernels import moe_route_ref, moe_triton
+from jetspec_chat.kernels import moe_block_triton, moe_route_ref
 
-# The module itself: the package also exports a function named `moe`, which attribute lookup finds.
+# The module itself, whose tile constants --sweep sets (the package re-exports only its functions).
 moe_module = importlib.import_module("jetspec_chat.kernels.moe")
 
 H, I, E, K = 2048, 768, 128, 8
@@ -92,13 +92,13 @@ def main() -> None:
             x0 = torch.randn(t, H, device="cuda", dtype=dt)
             xs = [x0]
             for r, gu, d in layers:  # the inputs each layer sees in the graph, for the expert count
-                xs.append(moe_triton(xs[-1], r, gu, d, K, True) * 30 + x0)
+                xs.append(moe_block_triton(xs[-1], r, gu, d, K, True) * 30 + x0)
             touched = [int(moe_route_ref(x, r, K, True)[1].unique().numel()) for x, (r, _, _) in zip(xs, layers)]
 
             def chain():
                 x = x0
                 for r, gu, d in layers:
-                    x = moe_triton(x, r, gu, d, K, True) * 30 + x0  # rescaled so the routing stays spread
+                    x = moe_block_triton(x, r, gu, d, K, True) * 30 + x0  # rescaled so the routing stays spread
                 return x
 
             ms = graphed_ms(chain) / args.layers

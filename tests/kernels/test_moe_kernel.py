@@ -12,13 +12,13 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 
 from jetspec_chat.kernels import (  # noqa: E402
-    moe,
+    moe_block,
+    moe_block_ref,
+    moe_block_triton,
     moe_experts_ref,
     moe_group_triton,
-    moe_ref,
     moe_route_ref,
     moe_route_triton,
-    moe_triton,
 )
 from jetspec_chat.kernels.moe import choose_block_m, max_blocks  # noqa: E402
 from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
@@ -84,18 +84,18 @@ def test_grouping_covers_every_assignment_once_by_expert(t, experts, top_k, bloc
 @pytest.mark.parametrize("norm", [True, False])
 def test_moe_matches_reference(t, hidden, inter, experts, top_k, block_m, norm):
     x, router, gate_up, down = weights(t, hidden, inter, experts, seed=hidden + t)
-    ref = moe_ref(x, router, gate_up, down, top_k, norm)
-    got = moe_triton(x, router, gate_up, down, top_k, norm, block_m=block_m)
+    ref = moe_block_ref(x, router, gate_up, down, top_k, norm)
+    got = moe_block_triton(x, router, gate_up, down, top_k, norm, block_m=block_m)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_strided_input_and_dispatch_on_cpu():
     x, router, gate_up, down = weights(5, 64, 32, 8, seed=3)
     wide = torch.cat([x, x], dim=-1)[:, :64]  # a strided view, as the fused norms hand out
-    torch.testing.assert_close(moe_triton(wide, router, gate_up, down, 2, True), moe_ref(x, router, gate_up, down, 2, True),
+    torch.testing.assert_close(moe_block_triton(wide, router, gate_up, down, 2, True), moe_block_ref(x, router, gate_up, down, 2, True),
                                rtol=1e-5, atol=1e-6)
     if not CUDA:
-        assert torch.equal(moe(x, router, gate_up, down, 2, True), moe_ref(x, router, gate_up, down, 2, True))
+        assert torch.equal(moe_block(x, router, gate_up, down, 2, True), moe_block_ref(x, router, gate_up, down, 2, True))
 
 
 def test_fused_path_reads_nothing_on_the_host():
@@ -105,9 +105,9 @@ def test_fused_path_reads_nothing_on_the_host():
 
     x, router, gate_up, down = weights(9, 64, 32, 8, seed=4)
     with NoHostReads():
-        moe_triton(x, router, gate_up, down, 2, True)
+        moe_block_triton(x, router, gate_up, down, 2, True)
     with pytest.raises(AssertionError, match="on the host"), NoHostReads():
-        moe_ref(x, router, gate_up, down, 2, True)
+        moe_block_ref(x, router, gate_up, down, 2, True)
 
 
 def test_block_m_choice():
@@ -124,7 +124,7 @@ QWEN3_30B = dict(hidden=2048, inter=768, experts=128)
 
 def check_bf16(t, hidden, inter, experts, top_k=8):
     x, router, gate_up, down = weights(t, hidden, inter, experts, seed=t, dtype=torch.bfloat16)
-    got = moe_triton(x, router, gate_up, down, top_k, True)
+    got = moe_block_triton(x, router, gate_up, down, top_k, True)
     # Routing: bf16 logits tie often (8-bit mantissa), and any of tied experts is a right pick, so
     # the kernel's picks are checked as sets of probabilities, and the experts part runs the
     # reference on the kernel's own routing.
@@ -159,7 +159,7 @@ def test_gpu_bf16_real_shapes(t):
 @pytest.mark.parametrize("t", [1, 64, 300])
 def test_gpu_fp32_real_shapes(t):
     x, router, gate_up, down = weights(t, QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"], seed=t)
-    torch.testing.assert_close(moe_triton(x, router, gate_up, down, 8, True), moe_ref(x, router, gate_up, down, 8, True),
+    torch.testing.assert_close(moe_block_triton(x, router, gate_up, down, 8, True), moe_block_ref(x, router, gate_up, down, 8, True),
                                rtol=1e-4, atol=1e-5)
 
 
@@ -167,18 +167,18 @@ def test_gpu_fp32_real_shapes(t):
 def test_gpu_deterministic_and_captured_in_a_cuda_graph():
     x, router, gate_up, down = weights(128, QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"], seed=5,
                                        dtype=torch.bfloat16)
-    eager = moe_triton(x, router, gate_up, down, 8, True)
-    assert torch.equal(moe_triton(x, router, gate_up, down, 8, True), eager)  # no atomics: bitwise repeatable
+    eager = moe_block_triton(x, router, gate_up, down, 8, True)
+    assert torch.equal(moe_block_triton(x, router, gate_up, down, 8, True), eager)  # no atomics: bitwise repeatable
     static_x = x.clone()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        moe_triton(static_x, router, gate_up, down, 8, True)
+        moe_block_triton(static_x, router, gate_up, down, 8, True)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = moe_triton(static_x, router, gate_up, down, 8, True)
+        out = moe_block_triton(static_x, router, gate_up, down, 8, True)
     static_x.copy_(x.flip(0))  # other tokens, other routing: the grouping runs on the device
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, moe_triton(x.flip(0), router, gate_up, down, 8, True))
+    assert torch.equal(out, moe_block_triton(x.flip(0), router, gate_up, down, 8, True))
