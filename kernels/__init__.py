@@ -10,11 +10,14 @@ from .fused import (
     silu_mul,
     silu_mul_triton,
 )
+from .moe import moe, moe_group_triton, moe_route_triton, moe_triton
 from .reference import (
     accum_tree_ref,
     add_rms_norm_ref,
     ancestor_mask_ref,
     logical_to_slots,
+    moe_ref,
+    moe_route_ref,
     paged_tree_attention_ref,
     qk_norm_rope_ref,
     rms_norm_ref,
@@ -44,6 +47,12 @@ __all__ = [
     "distill_rows_ref",
     "distill_rows_triton",
     "logical_to_slots",
+    "moe",
+    "moe_group_triton",
+    "moe_ref",
+    "moe_route_ref",
+    "moe_route_triton",
+    "moe_triton",
     "pack_tree_mask",
     "paged_tree_attention",
     "paged_tree_attention_ref",

@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 RANDOM_PREFIX = "random:"
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 # Known architectures we mean to support later: a clearer message than "unknown".
-NOT_YET_SUPPORTED = {"qwen3_moe": "Qwen3 MoE", "qwen2_moe": "Qwen2 MoE"}
+NOT_YET_SUPPORTED = {"qwen2_moe": "Qwen2 MoE"}
 GGUF_ARCH_TO_MODEL_TYPE = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
 
 # Published JetSpec heads for hub targets (docs/DESIGN.md §4). Keys are lower-cased hub ids.

@@ -9,7 +9,9 @@ from ..errors import ConfigError
 
 LogFn = Callable[[str], None]
 
-STAGES = ("data", "train", "eval", "replay", "all")
+STAGES = ("prompts", "data", "train", "eval", "replay", "all")
+PROMPT_SOURCES = ("builtin", "sharegpt")
+EXPORT_DTYPES = ("bfloat16", "float32", "int8")
 
 
 @dataclass
@@ -30,6 +32,7 @@ class TrainConfig:
     init: str = "random"  # "random" (std 0.02), "target" (copy its last layers), or a head DIR to continue
     # prompts and data
     prompts_file: str | None = None
+    prompt_source: str = "builtin"  # "builtin" (offline generators) or "sharegpt" (the train extra)
     num_prompts: int = 4000
     self_prompts: float = 0.15  # share of built-in training prompts the target proposes itself
     max_new_tokens: int = 256
@@ -61,7 +64,7 @@ class TrainConfig:
     eval_sets: tuple[str, ...] = ("coding", "chat")  # built-in sets, evaluated at the largest budget
     # time and export
     time_budget_min: float | None = None
-    export_dtype: str = "bfloat16"
+    export_dtype: str = "bfloat16"  # or float32, or int8 (per-channel int8 weights, bf16 norms)
     progress: bool = True
 
     def validate(self) -> None:
@@ -77,6 +80,10 @@ class TrainConfig:
             raise ConfigError("--attention-heads must be at least 1")
         if self.loss not in ("kl", "ce"):
             raise ConfigError(f"--loss must be kl or ce, got {self.loss!r}")
+        if self.prompt_source not in PROMPT_SOURCES:
+            raise ConfigError(f"--prompt-source must be one of {', '.join(PROMPT_SOURCES)}, got {self.prompt_source!r}")
+        if self.prompts_file and self.prompt_source != "builtin":
+            raise ConfigError("--prompts FILE and --prompt-source sharegpt exclude each other; pass one")
         if self.init not in ("random", "target") and not (Path(self.init) / "config.json").is_file():
             raise ConfigError(f"--init must be random, target or a head directory (with config.json), got {self.init!r}")
         if not 0 <= self.self_prompts <= 0.9:
@@ -90,6 +97,8 @@ class TrainConfig:
             raise ConfigError("--steps must be >= 0")
         if not self.eval_budgets or min(self.eval_budgets) < 1:
             raise ConfigError("--eval-budgets must be positive integers")
+        if self.export_dtype not in EXPORT_DTYPES:
+            raise ConfigError(f"--export-dtype must be one of {', '.join(EXPORT_DTYPES)}, got {self.export_dtype!r}")
         if self.time_budget_min is not None and self.time_budget_min <= 0:
             raise ConfigError("--time-budget-min must be positive")
 

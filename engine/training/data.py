@@ -11,48 +11,63 @@ import torch
 
 from ..errors import ConfigError
 from . import prompts as P
+from ..eval_sets import EVAL_SETS
 from .batch_decode import BatchDecoder
 from .config import LogFn, TrainConfig
 from .loss import Sequence
 from .outputs import atomic_write, progress_bar, sha
+from .prompts import Prompt
+from .sharegpt import sharegpt_prompts
 from .workspace import Workspace
 
 DATA_FORMAT = 1
 
 
-def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None) -> tuple[list[str], list[str]]:
+def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None) -> tuple[list[Prompt], list[str]]:
     """(train, dev) prompts; written once to DIR/prompts.jsonl and reused while settings match.
-    Built-in prompts: --self-prompts of the training ones are proposed by the target (needs ws);
-    the dev prompts are always built-in ones, so dev τ stays comparable across runs."""
+    Built-in prompts: --self-prompts of the training ones are proposed by the target (needs ws).
+    ShareGPT: multi-turn contexts of real chats (sharegpt.py). The dev prompts are always built-in
+    ones, so dev τ stays comparable across runs."""
     path = cfg.out / "prompts.jsonl"
     num_dev = max(cfg.eval_prompts, 16)
     # Evaluation alone needs only dev prompts: no proposals, and an earlier stage's file as it is.
     evaluating = cfg.stage in ("eval", "replay")
-    proposing = ws is not None and not cfg.prompts_file and not evaluating
+    builtin = not cfg.prompts_file and cfg.prompt_source == "builtin"
+    proposing = ws is not None and builtin and not evaluating
     n_self = round(cfg.num_prompts * cfg.self_prompts) if proposing else 0
     key = {"file": cfg.prompts_file, "num_prompts": cfg.num_prompts, "num_dev": num_dev, "seed": cfg.seed,
            "self_prompts": n_self}
+    if cfg.prompt_source != "builtin":  # (builtin runs keep the key their directories already hold)
+        key.update(source=cfg.prompt_source, max_chars=sharegpt_max_chars(cfg))
     meta = cfg.out / "prompts.meta.json"
     if path.is_file() and meta.is_file():
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         train, dev = [r["prompt"] for r in rows if r["split"] == "train"], [r["prompt"] for r in rows if r["split"] == "dev"]
         if json.loads(meta.read_text()) == key or (evaluating and len(dev) >= num_dev):
             return train, dev
+    if evaluating and cfg.prompt_source == "sharegpt":  # the (built-in) dev prompts are all it needs
+        return [], P.builtin_prompts(0, num_dev, seed=cfg.seed)[1]
     if cfg.prompts_file:
         try:
             given = P.load_prompts_file(cfg.prompts_file)
         except (OSError, ValueError) as e:
             raise ConfigError(f"cannot read --prompts {cfg.prompts_file}: {e}") from None
-        train, dev = P.split_prompts(list(dict.fromkeys(given)))
+        train, dev = P.split_prompts(P.distinct(given))
         train = train[: cfg.num_prompts]
         if len(dev) < num_dev:  # a small file may have no held-out prompt: add built-in dev prompts
             dev += P.builtin_prompts(0, num_dev - len(dev), seed=cfg.seed)[1]
         dev = dev[:num_dev]
+    elif cfg.prompt_source == "sharegpt":
+        dev = P.builtin_prompts(0, num_dev, seed=cfg.seed)[1]
+        train, stats = sharegpt_prompts(cfg.num_prompts, cfg.seed, set(dev) | held_out_sets(),
+                                        sharegpt_max_chars(cfg))
+        log(f"ShareGPT: {stats.conversations} conversations read, {stats.held_out} held out (dev side or eval "
+            f"sets), {stats.contexts} distinct contexts; {len(train)} sampled")
     else:
         log(f"generating {cfg.num_prompts - n_self} training prompts (+{num_dev} held out)")
         train, dev = P.builtin_prompts(cfg.num_prompts - n_self, num_dev, seed=cfg.seed)
         if n_self:
-            exclude = set(train) | set(dev) | set(P.eval_prompts("coding")) | set(P.eval_prompts("chat"))
+            exclude = set(train) | set(dev) | held_out_sets()
             train += propose_prompts(ws, cfg, n_self, exclude, log)
     cfg.out.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"prompt": p, "split": "train"}) for p in train]
@@ -60,6 +75,17 @@ def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None)
     atomic_write(path, "\n".join(lines) + "\n")
     atomic_write(meta, json.dumps(key) + "\n")
     return train, dev
+
+
+def held_out_sets() -> set[str]:
+    """Every prompt of the built-in eval sets: never trained on."""
+    return {p for prompts in EVAL_SETS.values() for p in prompts}
+
+
+def sharegpt_max_chars(cfg: TrainConfig) -> int:
+    """Characters a ShareGPT context may hold: ~3 per token of --max-prompt-tokens (text runs ~4 per
+    token, code fewer), so few contexts are still too long for the data stage, which skips those."""
+    return 3 * cfg.max_prompt_tokens
 
 
 def collect_proposals(texts: Iterable[str], n: int, exclude: set[str]) -> list[str]:
@@ -128,7 +154,7 @@ def done_prompts(out: Path) -> set[str]:
     return done
 
 
-def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[str], deadline: float | None,
+def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[Prompt], deadline: float | None,
                   log: LogFn) -> dict:
     """Answer every training prompt not answered yet; one shard per generation batch."""
     data_dir = cfg.out / "data"
@@ -146,7 +172,7 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[str], dea
     done = done_prompts(cfg.out)
     todo, skipped = [], 0
     for p in train_prompts:
-        if sha(p) in done:
+        if sha(P.prompt_key(p)) in done:
             continue
         ids = ws.prompt_ids(p)
         if len(ids) > cfg.max_prompt_tokens:
@@ -182,7 +208,7 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[str], dea
             for (p, ids), (ans, finish) in zip(batch, answers):
                 shard["ids"].append(torch.tensor(ids + ans, dtype=torch.int32))
                 shard["prompt_len"].append(len(ids))
-                shard["prompt_sha"].append(sha(p))
+                shard["prompt_sha"].append(sha(P.prompt_key(p)))
                 shard["finish"].append(finish)
                 stats["answer_tokens"] += len(ans)
                 stats["finished_eos"] += finish == "eos"

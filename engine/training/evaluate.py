@@ -87,21 +87,19 @@ class Evaluator:
         return {"step": step, "budget": budget, "tau": r.tau}
 
     def final(self, head: DraftHead, deadline: float | None) -> dict:
-        """Dev prompts at every budget, then the built-in eval sets at the largest budget."""
+        """The dev prompts and each built-in eval set, at every budget: {"dev": [τ per budget],
+        "sets": {name: [τ per budget]}} (does τ rise with the budget on every set?)."""
         self._load(head)
-        report: dict = {"dev": [], "sets": {}}
-        bar = progress_bar(self.cfg.progress, total=len(self.cfg.eval_budgets) + len(self.cfg.eval_sets),
-                           desc="eval", unit="run")
+        report: dict = {"dev": [], "sets": {name: [] for name in self.cfg.eval_sets}}
+        runs = [("dev", self.dev)] + [(name, eval_prompts(name)) for name in self.cfg.eval_sets]
+        bar = progress_bar(self.cfg.progress, total=len(runs) * len(self.cfg.eval_budgets), desc="eval", unit="run")
         try:
-            for budget in self.cfg.eval_budgets:
-                r = self.tau(self.dev, budget, deadline)
-                report["dev"].append(r.to_dict())
-                bar.set_postfix(budget=budget, tau=f"{r.tau:.2f}")
-                bar.update(1)
-            for name in self.cfg.eval_sets:
-                r = self.tau(eval_prompts(name), max(self.cfg.eval_budgets), deadline)
-                report["sets"][name] = r.to_dict()
-                bar.update(1)
+            for name, prompts in runs:
+                for budget in self.cfg.eval_budgets:
+                    r = self.tau(prompts, budget, deadline)
+                    (report["dev"] if name == "dev" else report["sets"][name]).append(r.to_dict())
+                    bar.set_postfix(set=name, budget=budget, tau=f"{r.tau:.2f}")
+                    bar.update(1)
         finally:
             bar.close()
         return report

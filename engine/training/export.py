@@ -83,11 +83,13 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def export_head(head: DraftHead, directory: Path, dtype: torch.dtype, info: dict | None = None) -> Path:
-    """Write the published format (loadable by load_head_dir) in `dtype`."""
+def export_head(head: DraftHead, directory: Path, dtype: torch.dtype, info: dict | None = None,
+                int8: bool = False) -> Path:
+    """Write the published format (loadable by load_head_dir) in `dtype`; with `int8`, its 2-D
+    weights quantized per output channel (draft_head's format; the norms stay in `dtype`)."""
     out = build_head(head.cfg, torch.device("cpu"), dtype)
     out.load_state_dict({k: v.detach().cpu() for k, v in head.state_dict().items()})
-    out.save(directory)
+    out.save(directory, int8=int8)
     if info is not None:
         (Path(directory) / "training.json").write_text(json.dumps(info, indent=2) + "\n")
     return Path(directory)

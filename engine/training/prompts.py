@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..eval_sets import eval_prompts
+from ..eval_sets import EVAL_SETS
 
 DEV_PER_MILLE = 20  # ~2% of generated prompts are held out for evaluation
 DEV_SEED = 0  # the dev prompts come from this stream whatever the run's seed
@@ -426,15 +426,34 @@ def clean_proposal(text: str) -> str | None:
     return line
 
 
+# A training prompt: one user message (str), or a multi-turn context (chat messages, the last one
+# the user's turn the target answers).
+Prompt = str | list[dict[str, str]]
+
+
+def prompt_key(prompt: Prompt) -> str:
+    """The text that identifies a prompt (dedupe, the dev split, the data's prompt hashes)."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
+
+
+def as_messages(prompt: Prompt) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+
+
 def is_dev(prompt: str, per_mille: int = DEV_PER_MILLE) -> bool:
     """The train/dev split: a pure function of the prompt text, so it never changes between runs."""
     return int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) % 1000 < per_mille
 
 
-def split_prompts(prompts: list[str], per_mille: int = DEV_PER_MILLE) -> tuple[list[str], list[str]]:
-    train = [p for p in prompts if not is_dev(p, per_mille)]
-    dev = [p for p in prompts if is_dev(p, per_mille)]
+def split_prompts(prompts: list[Prompt], per_mille: int = DEV_PER_MILLE) -> tuple[list[Prompt], list[Prompt]]:
+    train = [p for p in prompts if not is_dev(prompt_key(p), per_mille)]
+    dev = [p for p in prompts if is_dev(prompt_key(p), per_mille)]
     return train, dev
+
+
+def distinct(prompts: list[Prompt]) -> list[Prompt]:
+    """The prompts without repeats, in order."""
+    return list({prompt_key(p): p for p in reversed(prompts)}.values())[::-1]
 
 
 def builtin_prompts(num_train: int, num_dev: int, seed: int = 0, per_mille: int = DEV_PER_MILLE,
@@ -442,7 +461,7 @@ def builtin_prompts(num_train: int, num_dev: int, seed: int = 0, per_mille: int 
     """`num_train` distinct training prompts from the stream of `seed`, and up to `num_dev`
     distinct dev prompts, always from the stream of DEV_SEED: runs with other seeds report τ on
     the same held-out prompts (is_dev keeps them out of every run's training side)."""
-    held_out = set(eval_prompts("coding")) | set(eval_prompts("chat"))
+    held_out = {p for prompts in EVAL_SETS.values() for p in prompts}
 
     def take(stream_seed: int, n: int, want_dev: bool) -> list[str]:
         out: list[str] = []
@@ -459,17 +478,29 @@ def builtin_prompts(num_train: int, num_dev: int, seed: int = 0, per_mille: int 
     return take(seed, num_train, False), take(DEV_SEED, num_dev, True)
 
 
-def load_prompts_file(path: str | Path) -> list[str]:
-    """One JSON object per line with a "prompt" field (blank lines skipped)."""
-    out = []
+def load_prompts_file(path: str | Path) -> list[Prompt]:
+    """One JSON object per line (blank lines skipped): {"prompt": "..."} for one user message, or
+    {"messages": [{"role": "user" | "assistant" | "system", "content": "..."}, ...]} for a
+    multi-turn context ending in the user's turn the target answers."""
+    out: list[Prompt] = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            prompt = json.loads(line)["prompt"]
+            row = json.loads(line)
+            prompt = row["prompt"] if "prompt" in row else row["messages"]
         except (ValueError, KeyError, TypeError):
-            raise ValueError(f'{path}:{n}: expected a JSON object with a "prompt" field') from None
-        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f'{path}:{n}: expected a JSON object with a "prompt" or "messages" field') from None
+        if isinstance(prompt, list):
+            if not _valid_messages(prompt):
+                raise ValueError(f'{path}:{n}: "messages" must be role/content objects ending in a user turn')
+        elif not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{path}:{n}: the prompt must be a non-empty string")
         out.append(prompt)
     return out
+
+
+def _valid_messages(messages: list) -> bool:
+    ok = all(isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+             and isinstance(m.get("content"), str) for m in messages)
+    return ok and bool(messages) and messages[-1]["role"] == "user"

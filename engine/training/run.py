@@ -1,7 +1,8 @@
 """`train-head`: run the stages a TrainConfig asks for, under one output directory DIR (each resumable).
 
   prompts  DIR/prompts.jsonl         train/dev prompts (built-in generators, a --self-prompts share of
-                                     them proposed by the target itself, or --prompts FILE)   data.py
+                                     them proposed by the target itself, ShareGPT contexts, or
+                                     --prompts FILE); also a stage of its own   data.py, sharegpt.py
   data     DIR/data/shard-*.pt       the target's own answers through the chat template (our batched
                                      decoder, batch_decode.py: left padding, CUDA-graphed steps, greedy
                                      or low temperature, Qwen3 thinking off): ids + prompt length  data.py
@@ -72,9 +73,13 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
     ckpt = cfg.out / "ckpt.pt"
     if cfg.stage in ("train", "all") and ckpt.is_file() and not cfg.resume:
         raise ConfigError(f"{ckpt} exists; pass --resume to continue that run, or use another --out")
-    ws = Workspace(cfg, log)
-    head_cfg = ws.head_config(cfg)
-    summary: dict = {"target": cfg.target, "out": str(cfg.out), "head": head_cfg.to_json()}
+    # --stage prompts needs the target only when it proposes prompts itself.
+    proposing = cfg.prompt_source == "builtin" and not cfg.prompts_file and cfg.self_prompts > 0
+    ws = Workspace(cfg, log) if cfg.stage != "prompts" or proposing else None
+    summary: dict = {"target": cfg.target, "out": str(cfg.out)}
+    if ws is not None:
+        head_cfg = ws.head_config(cfg)
+        summary["head"] = head_cfg.to_json()
     atomic_write(cfg.out / "run_config.json",
                   json.dumps({k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()},
                              indent=2) + "\n")
@@ -105,7 +110,8 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
         if cfg.stage == "train" and evaluator is not None:  # no final evaluation follows: record the end
             state.history.append(evaluator.periodic(trainer.head, step=state.step))
         info = {"target": cfg.target, "steps": state.step, "sequences": len(seqs), "history": state.history}
-        export_head(trainer.head, head_dir, _dtype(cfg.export_dtype), info)
+        int8 = cfg.export_dtype == "int8"  # int8 weights, bf16 norms
+        export_head(trainer.head, head_dir, torch.bfloat16 if int8 else _dtype(cfg.export_dtype), info, int8=int8)
         log(f"exported the head to {head_dir}")
         summary["train"] = {"steps": state.step, "seconds": round(state.seconds, 1), "history": state.history}
         final_head = trainer.head

@@ -8,6 +8,7 @@ from ..draft_head import DraftHeadConfig
 from ..errors import ConfigError
 from .config import LogFn, TrainConfig
 from .export import head_config_for
+from .prompts import Prompt, as_messages
 
 
 class Workspace:
@@ -32,12 +33,13 @@ class Workspace:
         if self.pad_id is None:
             self.pad_id = min(self.engine.stop_token_ids) if self.engine.stop_token_ids else 0
 
-    def prompt_ids(self, prompt: str) -> list[int]:
-        """The prompt exactly as the chat renders it (same template path, thinking off)."""
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The prompt (one user message or a multi-turn context) exactly as the chat renders it,
+        ready for the assistant's turn (same template path, thinking off)."""
         from ..session import ChatSession
 
         session = ChatSession(self.engine, thinking=False)
-        session.messages.append({"role": "user", "content": prompt})
+        session.messages.extend(as_messages(prompt))
         return session.prompt_ids()
 
     def head_config(self, cfg: TrainConfig) -> DraftHeadConfig:

@@ -329,6 +329,15 @@ def test_export_then_load_gives_identical_logits(tmp_path):
         for name, p in bf16.state_dict().items():
             assert torch.equal(p, head.state_dict()[name].to(torch.bfloat16).float())
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    # --export-dtype int8: int8 weights (draft_head's format), bf16 norms; loads back close to the head.
+    export_head(head, tmp_path / "int8", torch.bfloat16, int8=True)
+    int8 = load_head_dir(tmp_path / "int8", CPU, torch.float32)
+    assert json.loads((tmp_path / "int8" / "config.json").read_text())["quantization"]["method"] == "int8"
+    with torch.no_grad():
+        ref, got = inference_logits(head, taps, ids, 17), inference_logits(int8, taps, ids, 17)
+        assert (got - ref).abs().max() <= 0.02 * ref.abs().max()
+    with pytest.raises(ConfigError, match="--export-dtype"):
+        tiny_cfg(tmp_path, export_dtype="int4").validate()
 
 
 def test_target_init_copies_the_last_layers_into_the_fused_projections():
@@ -358,6 +367,11 @@ def test_init_from_a_trained_head_directory_continues_it(tmp_path):
         assert torch.equal(a, b), name
     with pytest.raises(ConfigError, match="another shape.*num_hidden_layers"):
         init_head(random_head(layers=2), str(tmp_path / "h"), 0)
+    export_head(trained, tmp_path / "h8", torch.bfloat16, int8=True)  # an int8 head continues dequantized
+    from_int8 = random_head(layers=1, seed=12)
+    init_head(from_int8, str(tmp_path / "h8"), 0)
+    for (name, a), b in zip(trained.state_dict().items(), from_int8.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=0, atol=float(a.abs().max()) / 200 + 1e-3, msg=name)
     with pytest.raises(ConfigError, match="--init must be"):
         tiny_cfg(tmp_path, init=str(tmp_path / "missing")).validate()
     with pytest.raises(ConfigError, match="--attention-heads must be a multiple of the target's 2 KV heads"):
@@ -428,7 +442,7 @@ def test_train_head_cli_end_to_end(tmp_path, capsys):
     assert head.cfg.num_heads == 2 != workspace().engine.target.cfg.num_heads  # evaluated by the real decoder below
     report = json.loads((out / "eval.json").read_text())
     assert [r["budget"] for r in report["dev"]] == [8, 16] and all(r["tau"] >= 1.0 for r in report["dev"])
-    assert report["sets"]["chat"]["prompts"] >= 1
+    assert [r["budget"] for r in report["sets"]["chat"]] == [8, 16] and report["sets"]["chat"][0]["prompts"] == 20
     summary = json.loads((out / "summary.json").read_text())
     assert summary["train"]["steps"] == 20 and "tau_before" in summary
     assert "tau" in err and "budget" in err
@@ -554,3 +568,53 @@ def test_eval_sets_and_prompts_file(tmp_path):
     f.write_text('{"text": "a"}\n')
     with pytest.raises(ValueError, match="prompt"):
         P.load_prompts_file(f)
+
+
+def test_sharegpt_contexts_go_through_the_data_stage_as_message_lists(tmp_path, monkeypatch):
+    """--prompt-source sharegpt: multi-turn contexts (the dataset's earlier answers included) are
+    rendered by the chat template over the whole message list, answered by the target, and the
+    dev prompts stay the built-in ones. A tiny fixture stands in for the packaged file."""
+    import contextlib
+    import io
+
+    from jetspec_chat.engine.training import sharegpt as S
+
+    convs = [{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Tell me about {a}."}, {"from": "gpt", "value": f"{a} are nice."},
+        {"from": "human", "value": f"And {b}?"}]} for i, (a, b) in enumerate(itertools.product(WORDS[:4], WORDS[4:7]))]
+    text = json.dumps(convs, indent=2)
+    monkeypatch.setattr(S, "open_sharegpt", lambda: contextlib.nullcontext(io.StringIO(text[:-40])))  # cut
+    ws = workspace()
+    cfg = tiny_cfg(tmp_path, prompt_source="sharegpt", num_prompts=10, max_new_tokens=8)
+    train_p, dev_p = prepare_prompts(cfg, quiet, ws)
+    assert dev_p == P.builtin_prompts(0, len(dev_p), seed=cfg.seed)[1]
+    assert len(train_p) == 10 and all(isinstance(p, list) and p[-1]["role"] == "user" for p in train_p)
+    multi = next(p for p in train_p if len(p) == 3)
+    assert prepare_prompts(cfg, quiet, ws)[0] == train_p  # cached in prompts.jsonl, lists and all
+    generate_data(ws, cfg, train_p, None, quiet)
+    data = torch.load(sorted((tmp_path / "data").glob("shard-*.pt"))[0], weights_only=True)
+    rendered = {tuple(ids[:n].tolist()) for ids, n in zip(data["ids"], data["prompt_len"])}
+    assert tuple(ws.prompt_ids(multi)) in rendered
+    assert multi[1]["content"] in ws.tokenizer.decode(ws.prompt_ids(multi))  # the earlier answer is in context
+    with pytest.raises(ConfigError, match="exclude each other"):
+        tiny_cfg(tmp_path, prompt_source="sharegpt", prompts_file="x.jsonl").validate()
+
+
+def test_prompts_stage_makes_sharegpt_contexts_without_the_target(tmp_path, monkeypatch):
+    """--stage prompts with ShareGPT loads no model; a later run with the same flags (on the GPU,
+    where the dataset package is absent) reuses the file instead of reading the dataset."""
+    import contextlib
+    import io
+
+    from jetspec_chat.engine.training import run as R
+    from jetspec_chat.engine.training import sharegpt as S
+
+    convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i} about {w}?"},
+                                              {"from": "gpt", "value": "An answer."}]} for i, w in enumerate(WORDS)]
+    monkeypatch.setattr(S, "open_sharegpt", lambda: contextlib.nullcontext(io.StringIO(json.dumps(convs))))
+    monkeypatch.setattr(R, "Workspace", lambda *a: pytest.fail("the prompts stage loaded the target"))
+    summary = R.run_training(tiny_cfg(tmp_path, stage="prompts", prompt_source="sharegpt", num_prompts=5))
+    assert summary["prompts"]["train"] == 5 and "head" not in summary
+    monkeypatch.setattr(S, "open_sharegpt", lambda: pytest.fail("read the dataset again"))
+    train_p, _ = prepare_prompts(tiny_cfg(tmp_path, stage="data", prompt_source="sharegpt", num_prompts=5), quiet)
+    assert len(train_p) == 5 and all(p[0]["content"].startswith("Question") for p in train_p)
