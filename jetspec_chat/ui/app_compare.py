@@ -23,7 +23,9 @@ class CompareMixin:
     _compare_trace: AnswerTrace | None  # the run in progress
 
     def action_compare(self) -> None:
-        if self.compare_screen is not None and self.compare_screen.is_mounted:
+        # On the stack, not is_mounted: a popped screen still reads as mounted, which kept F6 from
+        # ever reopening the screen once it was closed with Esc.
+        if self.compare_screen is not None and self.compare_screen in self.screen_stack:
             if self.screen is self.compare_screen:
                 self.pop_screen()
             return

@@ -141,3 +141,21 @@ async def test_budget_keys_right_after_closing_help(tmp_path, monkeypatch):
                     i = BUDGET_STEPS.index(before)
                     expected = BUDGET_STEPS[max(0, min(len(BUDGET_STEPS) - 1, i + step))]
                     assert app.settings.budget == expected, (where, close, key)
+
+
+@async_test
+async def test_f6_reopens_compare_after_esc_closed_it(tmp_path, monkeypatch):
+    from jetspec_chat.ui.compare import CompareScreen
+
+    isolate(monkeypatch, tmp_path)
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "hello")
+        for _ in range(2):
+            await pilot.press("f6")
+            await pilot.pause()
+            assert isinstance(app.screen, CompareScreen)
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not isinstance(app.screen, CompareScreen)

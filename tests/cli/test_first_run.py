@@ -115,16 +115,26 @@ def test_corrupt_converted_cache_names_the_file_and_the_cache_command(cache, cap
     assert "jetspec-chat cache remove qwen2.5-coder-0.5b" in line
 
 
-def test_the_app_shows_the_loaders_sentence(cache):
-    """The app's loading path (the engine worker) shows the same sentence, not 'unexpected engine error'."""
-    from jetspec_chat.engine import load_engine
-    from jetspec_chat.ui.engine_worker import describe_error
+def test_the_app_shows_the_loaders_sentence(cache, tmp_path):
+    """The app's loading path (the engine worker on the real engine) shows the same sentences,
+    not 'unexpected engine error'."""
+    import queue
+
+    from jetspec_chat.ui import engine_worker as ew
 
     fake_converted_cache(cache)
-    with pytest.raises(Exception) as err:
-        load_engine("qwen2.5-coder-0.5b", "none")
-    message, unexpected = describe_error(err.value)
-    assert not unexpected and "truncated or corrupt" in message
+    truncated = tiny_gguf(tmp_path / "model.gguf")
+    truncated.write_bytes(truncated.read_bytes()[:3000])
+    for model, expected in (("qwen2.5-coder-0.5b", "model.safetensors is truncated or corrupt"),
+                            (str(truncated), "model.gguf is truncated or corrupt")):
+        outbox = queue.SimpleQueue()
+        worker = ew.EngineWorker(ew.real_backend(), outbox)
+        worker._load(ew.LoadCommand(ew.EngineSpec(model, "none", "cpu")))
+        items = []
+        while not outbox.empty():
+            items.append(outbox.get())
+        failed = [i for i in items if isinstance(i, ew.EngineLoadFailed)]
+        assert len(failed) == 1 and expected in failed[0].message and not failed[0].details, items
 
 
 # --- Ctrl-C while loading --------------------------------------------------------------------------
