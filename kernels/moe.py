@@ -188,8 +188,8 @@ if triton is not None:
             for k0 in range(0, hidden, BLOCK_K):
                 k = k0 + tl.arange(0, BLOCK_K)
                 k_ok = k < hidden
-                a = tl.load(X + token[:, None] * stride_x + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
                 if DOT:
+                    a = tl.load(X + token[:, None] * stride_x + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
                     wg = tl.load(w_gate[None, :] + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                     wu = tl.load(w_up[None, :] + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                     if FP32_DOT:
@@ -199,12 +199,15 @@ if triton is not None:
                     else:
                         acc_g = tl.dot(a, wg, acc_g)
                         acc_u = tl.dot(a, wu, acc_u)
-                else:  # weights as [BLOCK_N, BLOCK_K], K contiguous: coalesced rows of the expert
-                    a = a.to(tl.float32)[:, None, :]
-                    wg = tl.load(w_gate[:, None] + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                    wu = tl.load(w_up[:, None] + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                    acc_g += tl.sum(a * wg.to(tl.float32)[None, :, :], 2)
-                    acc_u += tl.sum(a * wu.to(tl.float32)[None, :, :], 2)
+                else:  # weights loaded as [1, BLOCK_N, BLOCK_K] (K contiguous, coalesced), x as
+                    # [BLOCK_M, 1, BLOCK_K]: the product is laid out as the loads, no conversion
+                    a3 = tl.load(X + token[:, None, None] * stride_x + k[None, None, :],
+                                 mask=valid[:, None, None] & k_ok[None, None, :], other=0.0).to(tl.float32)
+                    w_mask = n_ok[None, :, None] & k_ok[None, None, :]
+                    wg = tl.load(w_gate[None, :, None] + k[None, None, :], mask=w_mask, other=0.0)
+                    wu = tl.load(w_up[None, :, None] + k[None, None, :], mask=w_mask, other=0.0)
+                    acc_g += tl.sum(a3 * wg.to(tl.float32), 2)
+                    acc_u += tl.sum(a3 * wu.to(tl.float32), 2)
             dt = INTER.dtype.element_ty
             g = acc_g.to(dt).to(tl.float32)
             u = acc_u.to(dt).to(tl.float32)
@@ -237,16 +240,18 @@ if triton is not None:
             for k0 in range(0, inter_size, BLOCK_K):
                 k = k0 + tl.arange(0, BLOCK_K)
                 k_ok = k < inter_size
-                a = tl.load(INTER + r[:, None] * stride_i + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
                 if DOT:
+                    a = tl.load(INTER + r[:, None] * stride_i + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
                     b = tl.load(w[None, :] + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                     if FP32_DOT:
                         acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
                     else:
                         acc = tl.dot(a, b, acc)
-                else:
-                    b = tl.load(w[:, None] + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                    acc += tl.sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], 2)
+                else:  # as in _gate_up_kernel: 3-D loads, [BLOCK_M, 1, K] x [1, BLOCK_N, K]
+                    a3 = tl.load(INTER + r[:, None, None] * stride_i + k[None, None, :],
+                                 mask=valid[:, None, None] & k_ok[None, None, :], other=0.0).to(tl.float32)
+                    b = tl.load(w[None, :, None] + k[None, None, :], mask=n_ok[None, :, None] & k_ok[None, None, :], other=0.0)
+                    acc += tl.sum(a3 * b.to(tl.float32), 2)
             dt = OUT.dtype.element_ty
             weight = tl.load(RW + assign, mask=valid, other=0.0).to(tl.float32)
             y = (acc.to(dt).to(tl.float32) * weight[:, None]).to(dt)
