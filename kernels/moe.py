@@ -65,14 +65,17 @@ class MoeTile:
 
 # Tiles by size class: the first entry whose bound >= T*k assignments. The bounds are the
 # assignments of 1, 20, 80, 160 rows at top-8 (AR, budget-16 trees, budget-64 trees, 128-row
-# verifies); the last one takes the rest (256-row verifies, prefill chunks). The values are the
-# H200 sweep's picks (scripts/gpu-lease/moe_kernel_bench.py --sweep), Qwen3-30B-A3B shapes.
+# verifies); the last one takes the rest (256-row verifies, prefill chunks). The GEMV tiles keep
+# the product tile small per thread (sm_90 cubins: 64-128 registers, no spills), so many programs
+# per SM keep enough loads in flight to stream the weights; the tensor-core ones are the shapes
+# measured before the table. To re-tune (H200, Qwen3-30B-A3B shapes):
+#     python scripts/gpu-lease/moe_kernel_bench.py --sweep   (prints the table to paste here)
 TILES: tuple[tuple[int, MoeTile], ...] = (
-    (8, MoeTile(dot=False, block_m=2, gate_up_n=16, down_n=32, block_k=256)),
-    (160, MoeTile(dot=False, block_m=4, gate_up_n=16, down_n=32, block_k=128)),
-    (640, MoeTile(dot=True, block_m=16, gate_up_n=32, down_n=64, block_k=64)),
-    (1280, MoeTile(dot=True, block_m=16, gate_up_n=32, down_n=64, block_k=64)),
-    (1 << 62, MoeTile(dot=True, block_m=32, gate_up_n=32, down_n=64, block_k=64)),
+    (8, MoeTile(dot=False, block_m=1, gate_up_n=8, down_n=16, block_k=256, num_warps=4, num_stages=3)),
+    (160, MoeTile(dot=False, block_m=4, gate_up_n=8, down_n=16, block_k=128, num_warps=8, num_stages=3)),
+    (640, MoeTile(dot=True, block_m=16, gate_up_n=32, down_n=64, block_k=64, num_warps=4, num_stages=3)),
+    (1280, MoeTile(dot=True, block_m=16, gate_up_n=32, down_n=64, block_k=64, num_warps=4, num_stages=3)),
+    (1 << 62, MoeTile(dot=True, block_m=32, gate_up_n=32, down_n=64, block_k=64, num_warps=4, num_stages=3)),
 )
 
 

@@ -76,15 +76,16 @@ def dot(block_m, gate_up_n, down_n, block_k, warps=4, stages=3) -> MoeTile:
                    num_warps=warps, num_stages=stages)
 
 
-# Candidates per size class (index into moe.TILES), beside the table's own tile. Small classes:
-# weights only, so GEMVs with long coalesced K rows and enough programs to fill 132 SMs; the
-# 16-row tensor-core tile stays in as the baseline. Large classes: tensor-core tiles.
+# Candidates per size class (index into moe.TILES), beside the table's own tile; 20 in all. Small
+# classes: weights only, so GEMVs with long coalesced K rows, small per-thread tiles (registers in
+# brackets: sm_90 cubins, gate_up/down) and enough programs to fill 132 SMs; one tensor-core tile as
+# the baseline. Large classes: tensor-core tiles, bigger N and M, more warps.
 CANDIDATES: dict[int, list[MoeTile]] = {
-    0: [gemv(1, 16, 32, 256), gemv(2, 16, 32, 256, 8), gemv(1, 8, 16, 256, 4, 4), gemv(1, 32, 64, 128)],
-    1: [gemv(2, 16, 32, 256), gemv(4, 16, 32, 128, 8), gemv(4, 8, 16, 256, 8, 4), dot(16, 32, 64, 128)],
-    2: [gemv(4, 16, 32, 128, 8), dot(16, 64, 128, 64), dot(16, 32, 64, 128, 4, 4), dot(16, 64, 64, 128, 8, 3)],
-    3: [dot(16, 64, 128, 64), dot(32, 64, 64, 64), dot(32, 64, 128, 64, 8), dot(16, 64, 64, 128, 8, 4)],
-    4: [dot(32, 64, 128, 64), dot(64, 64, 128, 64, 8), dot(32, 128, 128, 64, 8), dot(64, 64, 64, 64, 4, 4)],
+    0: [gemv(1, 4, 8, 256), gemv(1, 8, 16, 128), gemv(2, 8, 16, 256, 8), gemv(1, 16, 32, 256, 8)],  # 32/40 48/48 80/80 171/199
+    1: [gemv(2, 8, 16, 256, 8), gemv(2, 8, 16, 128), gemv(1, 8, 16, 256), dot(16, 32, 32, 64)],  # 80/80 72/128 64/95 168/124
+    2: [gemv(4, 8, 16, 128, 8), gemv(8, 8, 16, 64, 8), dot(16, 32, 32, 64), dot(16, 64, 64, 64, 8)],  # 102/127 116/126 168/124 166/127
+    3: [dot(16, 64, 64, 64, 8), dot(32, 64, 64, 64, 8), dot(16, 32, 32, 64), dot(16, 32, 64, 128, 8)],  # 166/127 206/128 168/124 210/252
+    4: [dot(32, 64, 64, 64, 8), dot(64, 64, 64, 64, 8), dot(16, 64, 64, 64, 8), dot(64, 64, 128, 64, 8, 4)],  # 206/128 236/206 166/127 236/255
 }
 
 
