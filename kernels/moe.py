@@ -66,7 +66,7 @@ class MoeTile:
 # Tiles by size class: the first entry whose bound >= T*k assignments. The bounds are the
 # assignments of 1, 20, 80, 160 rows at top-8 (AR, budget-16 trees, budget-64 trees, 128-row
 # verifies); the last one takes the rest (256-row verifies, prefill chunks). The GEMV tiles keep
-# the product tile small per thread (sm_90 cubins: 64-128 registers, no spills), so many programs
+# the product tile small per thread (sm_90 cubins: 72-127 registers, no spills), so many programs
 # per SM keep enough loads in flight to stream the weights; the tensor-core ones are the shapes
 # measured before the table. To re-tune (H200, Qwen3-30B-A3B shapes):
 #     python scripts/gpu-lease/moe_kernel_bench.py --sweep   (prints the table to paste here)
@@ -181,11 +181,14 @@ if triton is not None:
             m = tl.arange(0, BLOCK_M)
             valid = m < rows
             assign = tl.load(ROW_ASSIGN + blk * BLOCK_M + m, mask=valid, other=0)
-            token = tl.where(valid, assign // TOP_K, 0).to(tl.int64)
+            token = tl.where(valid, assign // TOP_K, 0)
             n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
             n_ok = n < inter_size
-            w_gate = WGU + e * stride_we + n * stride_wn
+            # 64-bit scalar bases, 32-bit tile offsets (the wrapper checks they fit): 64-bit
+            # pointer tiles cost ~40 registers more, and registers decide the streaming speed
+            w_gate = WGU + e * stride_we
             w_up = w_gate + inter_size * stride_wn
+            n_off = n * stride_wn
             acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for k0 in range(0, hidden, BLOCK_K):
@@ -193,8 +196,9 @@ if triton is not None:
                 k_ok = k < hidden
                 if DOT:
                     a = tl.load(X + token[:, None] * stride_x + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
-                    wg = tl.load(w_gate[None, :] + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-                    wu = tl.load(w_up[None, :] + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                    offs = n_off[None, :] + k[:, None]
+                    wg = tl.load(w_gate + offs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                    wu = tl.load(w_up + offs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                     if FP32_DOT:
                         a = a.to(tl.float32)
                         acc_g = tl.dot(a, wg.to(tl.float32), acc_g, input_precision="ieee")
@@ -207,8 +211,9 @@ if triton is not None:
                     a3 = tl.load(X + token[:, None, None] * stride_x + k[None, None, :],
                                  mask=valid[:, None, None] & k_ok[None, None, :], other=0.0).to(tl.float32)
                     w_mask = n_ok[None, :, None] & k_ok[None, None, :]
-                    wg = tl.load(w_gate[None, :, None] + k[None, None, :], mask=w_mask, other=0.0)
-                    wu = tl.load(w_up[None, :, None] + k[None, None, :], mask=w_mask, other=0.0)
+                    offs = n_off[None, :, None] + k[None, None, :]
+                    wg = tl.load(w_gate + offs, mask=w_mask, other=0.0)
+                    wu = tl.load(w_up + offs, mask=w_mask, other=0.0)
                     acc_g += tl.sum(a3 * wg.to(tl.float32), 2)
                     acc_u += tl.sum(a3 * wu.to(tl.float32), 2)
             dt = INTER.dtype.element_ty
@@ -216,7 +221,7 @@ if triton is not None:
             u = acc_u.to(dt).to(tl.float32)
             s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
             out = (s * u).to(dt)
-            r = (blk * BLOCK_M + m).to(tl.int64)
+            r = blk * BLOCK_M + m
             tl.store(INTER + r[:, None] * stride_i + n[None, :], out, mask=valid[:, None] & n_ok[None, :])
 
     @triton.jit
@@ -234,18 +239,19 @@ if triton is not None:
             e = tl.load(BLOCK_EXPERT + blk).to(tl.int64)
             m = tl.arange(0, BLOCK_M)
             valid = m < rows
-            assign = tl.where(valid, tl.load(ROW_ASSIGN + blk * BLOCK_M + m, mask=valid, other=0), 0).to(tl.int64)
+            assign = tl.where(valid, tl.load(ROW_ASSIGN + blk * BLOCK_M + m, mask=valid, other=0), 0)
             n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
             n_ok = n < hidden
-            r = (blk * BLOCK_M + m).to(tl.int64)
-            w = WD + e * stride_we + n * stride_wn
+            r = blk * BLOCK_M + m
+            w = WD + e * stride_we  # scalar base, 32-bit offsets as in _gate_up_kernel
+            n_off = n * stride_wn
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for k0 in range(0, inter_size, BLOCK_K):
                 k = k0 + tl.arange(0, BLOCK_K)
                 k_ok = k < inter_size
                 if DOT:
                     a = tl.load(INTER + r[:, None] * stride_i + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
-                    b = tl.load(w[None, :] + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                    b = tl.load(w + n_off[None, :] + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                     if FP32_DOT:
                         acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
                     else:
@@ -253,7 +259,7 @@ if triton is not None:
                 else:  # as in _gate_up_kernel: 3-D loads, [BLOCK_M, 1, K] x [1, BLOCK_N, K]
                     a3 = tl.load(INTER + r[:, None, None] * stride_i + k[None, None, :],
                                  mask=valid[:, None, None] & k_ok[None, None, :], other=0.0).to(tl.float32)
-                    b = tl.load(w[None, :, None] + k[None, None, :], mask=n_ok[None, :, None] & k_ok[None, None, :], other=0.0)
+                    b = tl.load(w + n_off[None, :, None] + k[None, None, :], mask=n_ok[None, :, None] & k_ok[None, None, :], other=0.0)
                     acc += tl.sum(a3 * b.to(tl.float32), 2)
             dt = OUT.dtype.element_ty
             weight = tl.load(RW + assign, mask=valid, other=0.0).to(tl.float32)
@@ -328,6 +334,11 @@ def moe_block_triton(
     n_assign = t * top_k
     tile = tile or choose_tile(n_assign)
     bm = tile.block_m
+    # The GEMM kernels index rows with 32-bit offsets (x, the intermediate rows, the per-slot rows,
+    # within one expert's weights); a shape check on the host, no device read.
+    spans = (t * x.stride(0), max_blocks(n_assign, num_experts, bm) * bm * inter_size, n_assign * hidden, two_i * hidden)
+    if max(spans) >= 2**31:
+        raise ValueError(f"{t} tokens are too many for one MoE call (32-bit offsets): split the chunk")
     block_expert, block_rows, row_assign = moe_group_triton(ids, num_experts, bm)
     n_blocks = block_expert.numel()
     # Products in full fp32 (no TF32) for fp32 inputs. Under the interpreter bf16/fp16 operands are
