@@ -330,7 +330,6 @@ def moe_block_triton(
     num_experts, two_i, _ = gate_up.shape
     inter_size = two_i // 2
     x = x if x.stride(-1) == 1 else x.contiguous()
-    weights, ids = moe_route_triton(F.linear(x, router_weight), top_k, norm_topk_prob, x.dtype)
     n_assign = t * top_k
     tile = tile or choose_tile(n_assign)
     bm = tile.block_m
@@ -339,6 +338,7 @@ def moe_block_triton(
     spans = (t * x.stride(0), max_blocks(n_assign, num_experts, bm) * bm * inter_size, n_assign * hidden, two_i * hidden)
     if max(spans) >= 2**31:
         raise ValueError(f"{t} tokens are too many for one MoE call (32-bit offsets): split the chunk")
+    weights, ids = moe_route_triton(F.linear(x, router_weight), top_k, norm_topk_prob, x.dtype)
     block_expert, block_rows, row_assign = moe_group_triton(ids, num_experts, bm)
     n_blocks = block_expert.numel()
     # Products in full fp32 (no TF32) for fp32 inputs. Under the interpreter bf16/fp16 operands are

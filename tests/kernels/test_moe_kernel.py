@@ -126,6 +126,13 @@ def test_fused_path_reads_nothing_on_the_host():
         moe_block_ref(x, router, gate_up, down, 2, True)
 
 
+def test_too_many_tokens_for_32_bit_offsets_is_refused_before_any_launch():
+    x, router, gate_up, down = (torch.empty(shape, device="meta") for shape in
+                                ((1 << 18, 2048), (128, 2048), (128, 1536, 2048), (128, 2048, 768)))
+    with pytest.raises(ValueError, match="too many for one MoE call"):
+        moe_block_triton(x, router, gate_up, down, 8, True)
+
+
 def test_tile_table():
     bounds = [bound for bound, _ in TILES]
     assert bounds == sorted(bounds) and bounds[-1] >= 1 << 40  # ascending, the last takes any size
