@@ -20,7 +20,7 @@ from jetspec_chat.kernels import (  # noqa: E402
     moe_route_ref,
     moe_route_triton,
 )
-from jetspec_chat.kernels.moe import choose_block_m, max_blocks  # noqa: E402
+from jetspec_chat.kernels.moe import TILES, MoeTile, choose_tile, max_blocks  # noqa: E402
 from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
 
 CUDA = torch.cuda.is_available()
@@ -49,7 +49,10 @@ def test_route_matches_reference(t, experts, top_k, norm):
         torch.testing.assert_close(w.sum(-1), torch.ones(t, device=DEVICE))
 
 
-@pytest.mark.parametrize("t,experts,top_k,block_m", [(1, 8, 2, 16), (13, 8, 2, 16), (40, 6, 3, 16), (9, 128, 8, 32)])
+@pytest.mark.parametrize(
+    "t,experts,top_k,block_m",
+    [(1, 8, 2, 16), (13, 8, 2, 16), (40, 6, 3, 16), (9, 128, 8, 32), (1, 128, 8, 1), (30, 8, 3, 2), (100, 4, 3, 4)],
+)
 def test_grouping_covers_every_assignment_once_by_expert(t, experts, top_k, block_m):
     g = torch.Generator().manual_seed(t)
     ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(t)]).int().to(DEVICE)
@@ -77,15 +80,28 @@ def test_grouping_covers_every_assignment_once_by_expert(t, experts, top_k, bloc
     assert int(used.sum()) == int(((counts + block_m - 1) // block_m).sum())
 
 
+GEMV = dict(dot=False, num_warps=4, num_stages=2)
+DOT = dict(dot=True, num_warps=4, num_stages=2)
+
+
 @pytest.mark.parametrize(
-    "t,hidden,inter,experts,top_k,block_m",
-    [(1, 64, 32, 8, 2, None), (6, 80, 48, 6, 3, 16), (21, 64, 32, 16, 4, 32), (3, 128, 96, 128, 8, None)],
+    "t,hidden,inter,experts,top_k,tile",
+    [
+        (1, 64, 32, 8, 2, None),
+        (6, 80, 48, 6, 3, MoeTile(block_m=16, gate_up_n=32, down_n=64, block_k=64, **DOT)),
+        (21, 64, 32, 16, 4, MoeTile(block_m=32, gate_up_n=16, down_n=32, block_k=32, **DOT)),
+        (3, 128, 96, 128, 8, None),
+        # the GEMV path: one row per block (AR), a few rows, ragged N and K tails, block_k > K
+        (1, 64, 32, 8, 2, MoeTile(block_m=1, gate_up_n=16, down_n=16, block_k=32, **GEMV)),
+        (7, 80, 48, 6, 3, MoeTile(block_m=2, gate_up_n=32, down_n=32, block_k=32, **GEMV)),
+        (9, 64, 40, 4, 2, MoeTile(block_m=4, gate_up_n=16, down_n=32, block_k=128, **GEMV)),
+    ],
 )
 @pytest.mark.parametrize("norm", [True, False])
-def test_moe_matches_reference(t, hidden, inter, experts, top_k, block_m, norm):
+def test_moe_matches_reference(t, hidden, inter, experts, top_k, tile, norm):
     x, router, gate_up, down = weights(t, hidden, inter, experts, seed=hidden + t)
     ref = moe_block_ref(x, router, gate_up, down, top_k, norm)
-    got = moe_block_triton(x, router, gate_up, down, top_k, norm, block_m=block_m)
+    got = moe_block_triton(x, router, gate_up, down, top_k, norm, tile=tile)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
@@ -110,11 +126,23 @@ def test_fused_path_reads_nothing_on_the_host():
         moe_block_ref(x, router, gate_up, down, 2, True)
 
 
-def test_block_m_choice():
-    assert choose_block_m(8, 128) == 16  # one AR token: 8 rows over 8 experts
-    assert choose_block_m(64 * 8, 128) == 16
-    assert choose_block_m(256 * 8, 128) == 32
-    assert choose_block_m(1024 * 8, 128) == 64
+def test_too_many_tokens_for_32_bit_offsets_is_refused_before_any_launch():
+    x, router, gate_up, down = (torch.empty(shape, device="meta") for shape in
+                                ((1 << 18, 2048), (128, 2048), (128, 1536, 2048), (128, 2048, 768)))
+    with pytest.raises(ValueError, match="too many for one MoE call"):
+        moe_block_triton(x, router, gate_up, down, 8, True)
+
+
+def test_tile_table():
+    bounds = [bound for bound, _ in TILES]
+    assert bounds == sorted(bounds) and bounds[-1] >= 1 << 40  # ascending, the last takes any size
+    assert choose_tile(8) is TILES[0][1]  # one AR token at top-8
+    assert choose_tile(bounds[0] + 1) is TILES[1][1]
+    assert choose_tile(1 << 20) is TILES[-1][1]
+    for _, tile in TILES:
+        assert tile.block_m >= 16 if tile.dot else 1 <= tile.block_m <= 8  # tl.dot needs 16 rows
+        for v in (tile.block_m, tile.gate_up_n, tile.down_n, tile.block_k):
+            assert v & (v - 1) == 0  # powers of two (tl.arange)
 
 
 # ----------------------------------------------------------------------------- GPU, real shapes
@@ -122,9 +150,9 @@ def test_block_m_choice():
 QWEN3_30B = dict(hidden=2048, inter=768, experts=128)
 
 
-def check_bf16(t, hidden, inter, experts, top_k=8):
+def check_bf16(t, hidden, inter, experts, top_k=8, tile=None):
     x, router, gate_up, down = weights(t, hidden, inter, experts, seed=t, dtype=torch.bfloat16)
-    got = moe_block_triton(x, router, gate_up, down, top_k, True)
+    got = moe_block_triton(x, router, gate_up, down, top_k, True, tile=tile)
     # Routing: bf16 logits tie often (8-bit mantissa), and any of tied experts is a right pick, so
     # the kernel's picks are checked as sets of probabilities, and the experts part runs the
     # reference on the kernel's own routing.
@@ -143,16 +171,27 @@ def check_bf16(t, hidden, inter, experts, top_k=8):
 
 
 @pytest.mark.parametrize("t", [1, 13])
-def test_bf16_small(t, rtne_bf16):
+@pytest.mark.parametrize("dot", [True, False])
+def test_bf16_small(t, dot, rtne_bf16):
     """The bf16 epilogue's roundings under the interpreter (its casts made to round to nearest
-    even, as the GPU's do)."""
-    check_bf16(t, 64, 32, 16)
+    even, as the GPU's do), on both GEMM paths."""
+    tile = MoeTile(block_m=16, gate_up_n=32, down_n=64, block_k=64, **DOT) if dot else \
+        MoeTile(block_m=2, gate_up_n=16, down_n=32, block_k=64, **GEMV)
+    check_bf16(t, 64, 32, 16, tile=tile)
 
 
 @gpu_only
 @pytest.mark.parametrize("t", [1, 16, 64, 128, 256, 1024])
 def test_gpu_bf16_real_shapes(t):
     check_bf16(t, QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"])
+
+
+@gpu_only
+@pytest.mark.parametrize("t", [1, 20, 200])
+@pytest.mark.parametrize("size_class", range(len(TILES)))
+def test_gpu_bf16_every_tile_at_every_size(t, size_class):
+    """Each table entry is right at any row count (the table picks by size; a sweep may move it)."""
+    check_bf16(t, QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"], tile=TILES[size_class][1])
 
 
 @gpu_only
@@ -164,8 +203,9 @@ def test_gpu_fp32_real_shapes(t):
 
 
 @gpu_only
-def test_gpu_deterministic_and_captured_in_a_cuda_graph():
-    x, router, gate_up, down = weights(128, QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"], seed=5,
+@pytest.mark.parametrize("t", [1, 17, 128])
+def test_gpu_deterministic_and_captured_in_a_cuda_graph(t):
+    x, router, gate_up, down = weights(t, QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"], seed=5,
                                        dtype=torch.bfloat16)
     eager = moe_block_triton(x, router, gate_up, down, 8, True)
     assert torch.equal(moe_block_triton(x, router, gate_up, down, 8, True), eager)  # no atomics: bitwise repeatable
