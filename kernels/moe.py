@@ -72,10 +72,10 @@ class MoeTile:
 #     python scripts/gpu-lease/moe_kernel_bench.py --sweep   (prints the table to paste here)
 TILES: tuple[tuple[int, MoeTile], ...] = (
     (8, MoeTile(dot=False, block_m=1, gate_up_n=8, down_n=16, block_k=256, num_warps=4, num_stages=3)),
-    (160, MoeTile(dot=False, block_m=4, gate_up_n=8, down_n=16, block_k=128, num_warps=8, num_stages=3)),
+    (160, MoeTile(dot=True, block_m=16, gate_up_n=32, down_n=32, block_k=64, num_warps=4, num_stages=3)),
     (640, MoeTile(dot=True, block_m=16, gate_up_n=32, down_n=64, block_k=64, num_warps=4, num_stages=3)),
     (1280, MoeTile(dot=True, block_m=16, gate_up_n=32, down_n=64, block_k=64, num_warps=4, num_stages=3)),
-    (1 << 62, MoeTile(dot=True, block_m=32, gate_up_n=32, down_n=64, block_k=64, num_warps=4, num_stages=3)),
+    (1 << 62, MoeTile(dot=True, block_m=64, gate_up_n=64, down_n=128, block_k=64, num_warps=8, num_stages=4)),
 )
 
 
