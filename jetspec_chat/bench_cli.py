@@ -191,18 +191,27 @@ def print_engine_only(report, console) -> None:
                 split,
             )
         console.print(t)
-        v = Table(title="verify: target forward over N tree nodes + logits (median ms, ×AR step)", title_justify="left")
+        moe = m.contexts[0].verify[0].experts_per_layer is not None
+        v = Table(title="verify: target forward over N tree nodes + logits (median ms, ×AR step, ×bound); "
+                        + ("bound: expected distinct experts' bytes (uniform routing) + the other weights"
+                           if moe else "bound: weights / copy bandwidth"), title_justify="left")
         v.add_column("nodes", justify="right")
+        if moe:
+            v.add_column("experts/layer", justify="right")
+        v.add_column("weights read", justify="right")
+        v.add_column("bound ms", justify="right")
         for c in m.contexts:
             v.add_column(f"ctx {c.context}", justify="right")
-        for i, n in enumerate(r.nodes for r in m.contexts[0].verify):
-            v.add_row(str(n), *(f"{c.verify[i].ms.median:.3f} ({c.verify[i].over_ar_step:.2f}×)" for c in m.contexts))
+        for i, r in enumerate(m.contexts[0].verify):
+            cells = [str(r.nodes)] + ([f"{r.experts_per_layer:.1f}"] if moe else []) + [_bytes(r.weight_bytes), f"{r.bound_ms:.3f}"]
+            v.add_row(*cells, *(f"{c.verify[i].ms.median:.3f} ({c.verify[i].over_ar_step:.2f}×, {c.verify[i].over_bound:.2f}× bound)"
+                                for c in m.contexts))
         console.print(v)
         b = m.bars
         lines = [(f"context {b.context}: AR step {b.ar_step_ms:.3f} ms vs weights/copy-bandwidth "
                   f"{b.ar_bound_ms:.3f} ms = {b.ar_step_over_bound:.2f}×")]
-        lines += [f"verify {n} nodes {b.verify_ms[n]:.3f} ms = {b.verify_over_ar_step[n]:.2f}× AR step"
-                  for n in b.verify_ms]
+        lines += [f"verify {n} nodes {b.verify_ms[n]:.3f} ms = {b.verify_over_ar_step[n]:.2f}× AR step, "
+                  f"{b.verify_over_bound[n]:.2f}× its weight-bytes bound" for n in b.verify_ms]
         if b.draft_ms is not None:
             lines.append(f"draft forward {b.draft_ms:.3f} ms vs (head + lm_head)/copy-bandwidth {b.draft_bound_ms:.3f} ms "
                          f"= {b.draft_over_bound:.2f}×")

@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..params import MAX_BUDGET, GenerationParams, SpecParams
 from ..tree import build_accum_logp, root_only
 from .gpu_idle import GpuIdle, measure_gpu_idle
+from .moe_bytes import expected_distinct_experts, expected_weight_bytes
 from .report import options_dict
 from .timing import (
     ProgressFn,
@@ -74,6 +75,10 @@ class VerifyResult:
     nodes: int
     ms: Stat
     over_ar_step: float  # verify ms / AR step ms at the same context
+    weight_bytes: int  # weights N rows read: all of a dense model; a MoE's expected distinct experts
+    experts_per_layer: float | None  # MoE: expected distinct experts per MoE layer (uniform routing)
+    bound_ms: float  # weight_bytes / copy bandwidth
+    over_bound: float  # verify ms / bound_ms
 
 
 @dataclass
@@ -107,6 +112,7 @@ class Bars:
     ar_step_over_bound: float
     verify_ms: dict[int, float]  # at 128 and 256 nodes (those measured)
     verify_over_ar_step: dict[int, float]
+    verify_over_bound: dict[int, float]  # verify ms / its weight-bytes bound (MoE: the expected experts')
     draft_ms: float | None
     draft_bound_ms: float | None
     draft_over_bound: float | None
@@ -129,7 +135,7 @@ class EngineOnlyResult:
     copy_bytes: int  # buffer size; a copy reads and writes this many bytes
     copy_ms: Stat
     copy_bandwidth_gb_s: float  # (read + written) bytes / median copy time
-    weight_bytes_per_ar_step: int  # all target weights, lm_head included, one embedding row
+    weight_bytes_per_ar_step: int  # target weights one token reads: lm_head included, one embedding row, k experts
     head_weight_bytes: int  # draft head weights + the target's lm_head
     contexts: list[ContextResult]
     bars: Bars
@@ -148,16 +154,9 @@ class EngineOnlyReport:
 
 def weight_bytes_per_ar_step(target) -> int:
     """Bytes of weights one AR step reads: every target weight once (lm_head included), but only
-    one row of the input embedding (a tied lm_head still reads the full matrix)."""
-    embed = target.model.embed_tokens.weight
-    total = 0
-    for name, p in target.named_parameters():
-        if p is embed or name.endswith("embed_tokens.weight"):
-            continue
-        total += p.numel() * p.element_size()
-    row = embed.shape[1] * embed.element_size()
-    tied = target.lm_head_weight() is embed
-    return total + (embed.numel() * embed.element_size() if tied else row)
+    one row of the input embedding (a tied lm_head still reads the full matrix) and, in a MoE
+    layer, only the k routed experts (the active-weight floor)."""
+    return round(expected_weight_bytes(target, 1))
 
 
 def head_weight_bytes(engine) -> int:
@@ -281,7 +280,11 @@ def _measure_context(engine, opts: EngineOnlyOptions, context: int, bw: float, g
             return engine.target.logits(hidden)
 
         ms = Stat.of(timed(verify_fn))
-        verify.append(VerifyResult(nodes=n, ms=ms, over_ar_step=ms.median / ar.median))
+        nbytes = round(expected_weight_bytes(engine.target, n))
+        experts = expected_distinct_experts(cfg.num_experts, cfg.num_experts_per_tok, n) if cfg.num_experts else None
+        v_bound = bound_ms(nbytes, bw)
+        verify.append(VerifyResult(nodes=n, ms=ms, over_ar_step=ms.median / ar.median, weight_bytes=nbytes,
+                                   experts_per_layer=experts, bound_ms=v_bound, over_bound=ms.median / v_bound))
 
     # (c) draft forward over the full block, (d) a whole round at the round budget.
     draft = draft_bound = draft_bound_kv = round_ms = phases = nodes = dkv = None
@@ -322,6 +325,7 @@ def _bars(opts: EngineOnlyOptions, bw: float, contexts: list[ContextResult], idl
         ar_step_ms=head.ar_step_ms.median, ar_bound_ms=head.ar_bound_ms, ar_step_over_bound=head.ar_step_over_bound,
         verify_ms={n: v.ms.median for n, v in verify.items()},
         verify_over_ar_step={n: v.over_ar_step for n, v in verify.items()},
+        verify_over_bound={n: v.over_bound for n, v in verify.items()},
         draft_ms=head.draft_ms.median if head.draft_ms else None,
         draft_bound_ms=head.draft_bound_ms, draft_over_bound=head.draft_over_bound,
         draft_long_context=long.context if long.draft_ms else None,

@@ -23,7 +23,9 @@ class CompareMixin:
     _compare_trace: AnswerTrace | None  # the run in progress
 
     def action_compare(self) -> None:
-        if self.compare_screen is not None and self.compare_screen.is_mounted:
+        # On the stack, not is_mounted: a popped screen still reads as mounted, which kept F6 from
+        # ever reopening the screen once it was closed with Esc.
+        if self.compare_screen is not None and self.compare_screen in self.screen_stack:
             if self.screen is self.compare_screen:
                 self.pop_screen()
             return
@@ -48,7 +50,8 @@ class CompareMixin:
             else:
                 params = replace(base, spec=replace(base.spec, enabled=True, budget=int(label)))
             entries.append(ew.CompareEntry(label, params))
-        state = CompareState(list(labels), prompt=self.last_user_text() or "", baseline=self.baseline)
+        state = CompareState(list(labels), prompt=self.last_user_text() or "", baseline=self.baseline,
+                             expected_tokens=self._expected_rerun_tokens(base.max_new_tokens))
         state.running = True
         state.job_id = self.worker.submit(ew.CompareCommand(tuple(entries)))
         self.jobs[state.job_id] = Job("compare", None, None, turn=self.turn, pre_session=copy.deepcopy(self.session_data))
@@ -57,6 +60,14 @@ class CompareMixin:
         if self.compare_screen is not None:
             self.compare_screen.set_state(state)
         self.refresh_chrome()
+
+    def _expected_rerun_tokens(self, max_new_tokens: int) -> int:
+        """How long a rerun of the last answer should be: that answer's length, unless it was
+        cut short (Esc), when the rerun may run up to the limit."""
+        last = self.last_answer_trace()
+        if last is None or last.result is None or last.result.finish_reason == "cancelled":
+            return max_new_tokens
+        return last.result.new_tokens
 
     def cancel_compare(self) -> None:
         if self.compare and self.compare.running and self.compare.job_id is not None:

@@ -175,3 +175,57 @@ def test_engine_only_table_prints_gpu_idle_block():
     print_engine_only(report, Console(file=out, width=160))
     text = out.getvalue()
     assert "GPU idle per round 0.500 ms = 25.0%" in text and "gap 900 µs before topk_kernel" in text
+
+
+# --- MoE: the expected-expert-bytes bound ------------------------------------------------------------
+
+
+def test_expected_distinct_experts_formula_and_simulation():
+    from jetspec_chat.engine.bench.moe_bytes import expected_distinct_experts
+
+    assert expected_distinct_experts(128, 8, 1) == pytest.approx(8.0)
+    assert expected_distinct_experts(128, 8, 0) == 0.0
+    qwen = [expected_distinct_experts(128, 8, n) for n in (1, 16, 64, 128, 256)]
+    assert qwen == sorted(qwen) and qwen[-1] == pytest.approx(128.0, abs=1e-4)
+    assert qwen[1] == pytest.approx(82.42, abs=0.01)
+    gen = torch.Generator().manual_seed(0)  # uniform routing, simulated: N rows, each k distinct of E
+    e, k, n, trials = 16, 4, 5, 4000
+    picks = torch.rand(trials, n, e, generator=gen).argsort(-1)[..., :k]
+    hit = torch.zeros(trials, e, dtype=torch.bool).scatter_(1, picks.reshape(trials, -1), True)
+    assert hit.sum(1).float().mean().item() == pytest.approx(expected_distinct_experts(e, k, n), rel=0.01)
+
+
+def test_expected_weight_bytes_of_a_moe_target():
+    from engine_helpers import tiny_engine
+
+    from jetspec_chat.engine.bench.moe_bytes import expected_distinct_experts, expected_weight_bytes
+
+    target = tiny_engine("tiny-qwen3-moe").target
+    cfg = target.cfg
+    embed = target.model.embed_tokens.weight
+    size = lambda t: t.numel() * t.element_size()
+    stacks = [layer.mlp.experts for layer in target.model.layers if hasattr(layer.mlp, "experts")]
+    assert len(stacks) == len(cfg.moe_layers) == 3
+    all_experts = sum(size(s.gate_up_proj) + size(s.down_proj) for s in stacks)
+    one_expert = all_experts // (len(stacks) * cfg.num_experts)
+    rest = sum(size(p) for p in target.parameters()) - all_experts - size(embed)  # routers, attention, dense MLP, lm_head
+    row = embed.shape[1] * embed.element_size()
+    assert expected_weight_bytes(target, 1) == pytest.approx(rest + row + 3 * cfg.num_experts_per_tok * one_expert)
+    assert engine_only.weight_bytes_per_ar_step(target) == round(expected_weight_bytes(target, 1))  # the active floor
+    touched = expected_distinct_experts(cfg.num_experts, cfg.num_experts_per_tok, 16)
+    assert expected_weight_bytes(target, 16) == pytest.approx(rest + 16 * row + 3 * touched * one_expert)
+    assert expected_weight_bytes(target, 500) == pytest.approx(rest + 500 * row + all_experts)  # every expert
+
+
+def test_engine_only_on_a_moe_model_reports_the_expert_bytes_bound(tmp_path, capsys):
+    report, table = bench_json(
+        tmp_path, capsys, "random:tiny-qwen3-moe", "--engine-only", "--contexts", "64", "--tree-sizes", "1,16",
+        "--round-budget", "16", "--warmup", "1", "--reps", "2", "--copy-mib", "8",
+    )
+    (m,) = report["models"]
+    v1, v16 = m["contexts"][0]["verify"]
+    assert v1["experts_per_layer"] == pytest.approx(2.0) and 2.0 < v16["experts_per_layer"] < 8.0
+    assert v1["weight_bytes"] == m["weight_bytes_per_ar_step"] < v16["weight_bytes"]
+    assert all(v["bound_ms"] > 0 and v["over_bound"] == pytest.approx(v["ms"]["median"] / v["bound_ms"]) for v in (v1, v16))
+    assert set(m["bars"]["verify_over_bound"]) == {"1", "16"}
+    assert "experts/layer" in table and "weight-bytes bound" in table
