@@ -14,7 +14,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 
 # 1. correctness on the GPU (~1 min): kernel vs reference at real shapes, graphs, determinism;
 #    the graphed engine on the tiny MoE model (lossless vs transformers, one sync per round).
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe_kernel.py \
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe_kernel.py \
   tests/engine/test_gpu.py -k moe 2>&1 | tee "$OUT/tests.txt" | tail -12
 
 # 2. the MoE block alone, 8 layers per graph (~30 s; --sweep tries ~20 tiles by size class, <= 3.5 min).

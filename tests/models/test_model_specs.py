@@ -513,12 +513,12 @@ EMBEDDED_SHAPES = {"qwen2.5-coder-1.5b": (1536, 28), "qwen2.5-coder-0.5b": (896,
 
 @pytest.mark.parametrize("alias", sorted(EMBEDDED_SHAPES))
 def test_shipped_embedded_heads(alias):
-    """Each embedded model has a trained head in the package, in the published format, under 50 MB."""
+    """Each embedded model has a trained head in the package, in the published format, at most 100 MB (int8 storage allowed)."""
     from jetspec_chat.engine.draft_head import load_head_dir
 
     assert set(embedded.EMBEDDED_HEADS) == set(embedded.EMBEDDED)
     path = Path(embedded.embedded_head_path(alias))
-    assert (path / "config.json").is_file() and (path / "model.safetensors").stat().st_size <= 50_000_000
+    assert (path / "config.json").is_file() and (path / "model.safetensors").stat().st_size <= 100_000_000
     head = load_head_dir(path, torch.device("cpu"), torch.float32)
     hidden, layers = EMBEDDED_SHAPES[alias]
     assert (head.cfg.hidden_size, head.cfg.num_target_layers, head.cfg.causal) == (hidden, layers, True)
