@@ -36,6 +36,7 @@ from jetspec_chat.settings import (
 )
 
 from . import engine_worker as ew
+from .engine_process import EngineProcess
 from .app_commands import BINDINGS as APP_BINDINGS
 from .app_commands import CommandsMixin
 from .app_compare import CompareMixin
@@ -52,6 +53,7 @@ from .chat import (
 )
 from .compare import CompareScreen, CompareState
 from .jobs import Job
+from .liveness import can_update
 from .stats import StatsPanel
 from .styles import APP_CSS
 from .themes import (
@@ -74,7 +76,18 @@ class LoadingPanel(Vertical):
         yield Static("Starting…", id="loading-label")
         yield ProgressBar(total=None, show_eta=False, id="loading-bar")
 
+    _progress: tuple[str, str, float | None] = ("Starting…", "", None)
+
+    def on_mount(self) -> None:
+        self._show(*self._progress)
+
     def set_progress(self, title: str, message: str, fraction: float | None) -> None:
+        """Safe before compose: the latest progress is kept and shown once the panel is mounted."""
+        self._progress = (title, message, fraction)
+        if can_update(self):
+            self._show(title, message, fraction)
+
+    def _show(self, title: str, message: str, fraction: float | None) -> None:
         self.query_one("#loading-label", Static).update(Text.assemble((title, "bold"), "\n", message))
         bar = self.query_one(ProgressBar)
         if fraction is None:
@@ -128,10 +141,13 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         theme: str | None = None,
         session: str | None = None,
         persist_settings: bool = True,
+        engine_process: bool | None = None,
     ) -> None:
         """`backend`: an object with `load_engine`, `ChatSession` (and optionally `TREE_ALGOS`),
         e.g. `jetspec_chat.engine` (the default, imported on the engine thread) or
-        `jetspec_chat.ui.fake_engine.FakeBackend()`."""
+        `jetspec_chat.ui.fake_engine.FakeBackend()`. `engine_process`: run the engine in a spawned
+        child process (the default for the real engine) rather than on a thread of this one
+        (the default for a given backend such as the fake)."""
         super().__init__()
         self.spec = ew.EngineSpec(model, draft_head, device, dtype, max_context)
         self.settings = settings if settings is not None else load_settings()
@@ -139,7 +155,10 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         self.requested_theme = theme
         self.requested_session = session
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.worker = ew.EngineWorker(backend, self.outbox)
+        self.backend = backend
+        self.engine_process = backend is None if engine_process is None else engine_process
+        self.worker: ew.EngineWorker | EngineProcess = self._new_worker()
+        self.engine_stopped: str | None = None  # why the engine process ended, until restarted
         self.store = SessionStore()
         self.history = load_history()
         # engine / load state
@@ -227,6 +246,11 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         ours = list(self.cycle_themes)
         return ours + sorted(n for n in self.available_themes if n not in ours and n != "textual-ansi")
 
+    def _new_worker(self) -> ew.EngineWorker | EngineProcess:
+        if self.engine_process:
+            return EngineProcess(self.backend, self.outbox)
+        return ew.EngineWorker(self.backend, self.outbox)
+
     # ------------------------------------------------------------------ handy getters
 
     @property
@@ -234,7 +258,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         return self.main_screen.query_one(TreePanel)
 
     def _main_ready(self) -> bool:
-        return self.main_screen is not None and self.main_screen.is_mounted
+        return can_update(self.main_screen)
 
     def _q(self, selector: str, kind: type | None = None):
         return self.main_screen.query_one(selector, kind) if kind else self.main_screen.query_one(selector)
@@ -380,7 +404,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
             self.save_settings()
         self.refresh_chrome()
         self._refresh_provenance_all()
-        if self.compare_screen is not None and self.compare_screen.is_mounted:
+        if can_update(self.compare_screen):
             self.compare_screen.refresh_state()
 
     def on_resize(self, event) -> None:
@@ -415,6 +439,11 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
 
     async def send_message(self, text: str) -> bool:
         if not text.strip():
+            return False
+        if self.engine_stopped is not None:
+            await self.add_note_async(
+                "The engine is not running: press ctrl+e to restart it (your message stays in the box).", "error"
+            )
             return False
         if self.load_state == "failed":
             await self.add_note_async(

@@ -6,8 +6,17 @@ from __future__ import annotations
 from jetspec_chat.settings import Settings
 
 from . import engine_worker as ew
-from .app_outbox import NO_HEAD_NOTE
 from .dialogs import BUDGET_STEPS, SpecSettingsScreen, step_in
+
+
+NO_HEAD_NOTE = "no draft head: speculation off (plain AR); pass --draft-head to speculate"
+GPU_BUDGET = 64  # engine bench, 1.5B on an H200: budget 64 is the fastest (README)
+CPU_BUDGET = 4  # the verify forward is compute-bound on a CPU: 4 beats AR there, 64 does not (PERF_NOTES.md)
+
+
+def auto_budget(device: str) -> int:
+    """The default budget for `device` when the user has not chosen one."""
+    return GPU_BUDGET if device.startswith("cuda") else CPU_BUDGET
 
 
 class LiveSpecMixin:
@@ -56,6 +65,7 @@ class LiveSpecMixin:
 
     def set_budget(self, budget: int) -> None:
         self.settings.budget = budget
+        self.settings.budget_auto = False
         if not self.settings.speculation:
             self.settings.speculation = True
         self._changed(f"budget {budget}")
@@ -101,6 +111,8 @@ class LiveSpecMixin:
             new_chat_changed = (values.thinking, values.system_prompt) != (self.settings.thinking, self.settings.system_prompt)
             if values.speculation and not self.has_head:
                 values.speculation = False
+            if values.budget != self.settings.budget:
+                values.budget_auto = False
             before = self.generation_params()
             self.settings = values
             after = self.generation_params()

@@ -14,6 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Static
 
 from .compare_state import AR_LABEL, BudgetListError, CompareRow, CompareState, parse_budget_list
+from .liveness import can_update, dismiss_if_current
 from .stats import fmt
 from .themes import SpecColors
 from .trace import result_round_ms
@@ -116,13 +117,13 @@ class CompareScreen(Screen):
 
     @on(Button.Pressed, "#compare-close")
     def action_close(self) -> None:
-        self.app.pop_screen()
+        dismiss_if_current(self)
 
     def action_cancel_or_close(self) -> None:
         if self.state.running:
             self.app.cancel_compare()  # type: ignore[attr-defined]
         else:
-            self.app.pop_screen()
+            dismiss_if_current(self)
 
     def set_state(self, state: CompareState) -> None:
         self.state = state
@@ -131,7 +132,7 @@ class CompareScreen(Screen):
     # -- drawing
 
     def refresh_state(self) -> None:
-        if not self.is_mounted:
+        if not can_update(self):  # not composed yet, or closed (its children are gone)
             return
         s = self.state
         colors = SpecColors.from_app(self.app)

@@ -219,6 +219,13 @@ class SpecRejected:
 
 
 @dataclass(frozen=True)
+class EngineDied:
+    """The engine process ended without being asked to (killed, out of memory, a crash)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class SessionSnapshot:
     """The session's state after a job, copied on the engine thread (the UI never touches it)."""
 
@@ -241,6 +248,7 @@ OutboxItem = (
     | SpecApplied
     | SpecRejected
     | SessionSnapshot
+    | EngineDied
 )
 
 
@@ -279,8 +287,11 @@ class EngineWorker:
             self._started = True
             self._thread.start()
 
-    def submit(self, command: Command) -> int:
-        job_id = next(self._ids)
+    def submit(self, command: Command, job_id: int | None = None) -> int:
+        """Queue `command`; returns its job id (`job_id` when given: the engine process passes
+        the id its parent chose)."""
+        if job_id is None:
+            job_id = next(self._ids)
         with self._lock:
             self._cancels[job_id] = threading.Event()
         self._commands.put((job_id, command))

@@ -658,3 +658,31 @@ async def test_help_screen():
         await pilot.pause()
         assert app.screen is app.main_screen
         await freeze(pilot)
+
+
+@async_test
+async def test_default_budget_follows_the_device_until_the_user_picks_one():
+    app = make_app(device_budget=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        assert app.engine_info.device == "cpu"
+        assert app.settings.budget == 4 and app.settings.budget_auto  # CPU: 4 beats AR, 64 does not
+        assert any("Budget 4: the default on a CPU" in n for n in notes(app))
+        await pilot.press("f3")
+        assert app.settings.budget == 8 and not app.settings.budget_auto
+    saved = load_settings()
+    assert (saved.budget, saved.budget_auto) == (8, False)  # remembered as the user's choice
+
+
+def test_auto_budget_and_the_budget_flag():
+    import argparse
+
+    from jetspec_chat.ui.app_spec import auto_budget
+    from jetspec_chat.ui.launch import _settings_from_args, add_arguments
+
+    assert (auto_budget("cuda:0"), auto_budget("cuda"), auto_budget("cpu")) == (64, 64, 4)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert _settings_from_args(parser.parse_args([])).budget_auto
+    explicit = _settings_from_args(parser.parse_args(["--budget", "64"]))
+    assert (explicit.budget, explicit.budget_auto) == (64, False)
