@@ -221,7 +221,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         self._apply_theme_classes()
         self._apply_size_classes()
         self.worker.start()
-        self.worker.submit(ew.LoadCommand(self.spec, self.settings.system_prompt, self.settings.thinking))
+        self.worker.submit(self._load_command())
         self.set_interval(1.0 / DRAIN_HZ, self._drain, name="engine-drain")
 
     def main_screen_mounted(self) -> None:
@@ -245,6 +245,12 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         """Ours and the user's first, then Textual's own."""
         ours = list(self.cycle_themes)
         return ours + sorted(n for n in self.available_themes if n not in ours and n != "textual-ansi")
+
+    def _load_command(self) -> ew.LoadCommand:
+        """Load the model and warm the budgets the first answers and the compare screen use."""
+        s = self.settings
+        compare = tuple(int(b) for b in s.compare_budgets if b.isdigit())
+        return ew.LoadCommand(self.spec, s.system_prompt, s.thinking, None if s.budget_auto else s.budget, compare)
 
     def _new_worker(self) -> ew.EngineWorker | EngineProcess:
         if self.engine_process:

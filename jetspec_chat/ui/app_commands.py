@@ -107,7 +107,7 @@ class CommandsMixin:
             return
         self.load_state = "loading"
         self.load_progress = None
-        self.worker.submit(ew.LoadCommand(self.spec, self.settings.system_prompt, self.settings.thinking))
+        self.worker.submit(self._load_command())
         self._show_loading()
         self.refresh_chrome()
 
@@ -123,7 +123,7 @@ class CommandsMixin:
         self.engine_info = None
         self.load_state = "loading"
         self.load_progress = None
-        self.worker.submit(ew.LoadCommand(self.spec, self.settings.system_prompt, self.settings.thinking))
+        self.worker.submit(self._load_command())
         if self.session_data is not None:
             self.worker.submit(ew.RestoreSessionCommand(self.session_data, self.session_name or ""))
         self.add_note("Restarting the engine; the conversation continues where it was.", "info")

@@ -12,7 +12,8 @@ from jetspec_chat.engine.events import FinishEvent, PrefillEvent, RoundEvent
 from jetspec_chat.settings import error_log_path
 
 from . import engine_worker as ew
-from .app_spec import NO_HEAD_NOTE, auto_budget
+from .app_spec import NO_HEAD_NOTE
+from .engine_worker import auto_budget
 from .jobs import Job, OutboxRouter
 from .liveness import can_update
 from .themes import SpecColors
@@ -157,9 +158,14 @@ class OutboxMixin:
             self.settings.budget = auto_budget(info.device)
             where = "a GPU" if info.device.startswith("cuda") else "a CPU"
             budget = f" Budget {self.settings.budget}: the default on {where} (F2/F3 or --budget change it)."
+        warmed = ""
+        if info.warmed:
+            labels = ", ".join("AR" if b == 0 else str(b) for b in info.warmed)
+            warmed = f" Warmed up {labels} (kernels and graphs) in {info.warm_seconds:.1f} s."
         await self.add_note_async(
             f"Loaded {info.model_name}{head} on {info.device} ({info.dtype}), context {info.max_context:,} tokens."
-            + budget,
+            + budget
+            + warmed,
             "info",
         )
         if info.max_depth is None:

@@ -10,15 +10,6 @@ from .dialogs import BUDGET_STEPS, SpecSettingsScreen, step_in
 
 
 NO_HEAD_NOTE = "no draft head: speculation off (plain AR); pass --draft-head to speculate"
-GPU_BUDGET = 64  # engine bench, 1.5B on an H200: budget 64 is the fastest (README)
-CPU_BUDGET = 4  # the verify forward is compute-bound on a CPU: 4 beats AR there, 64 does not (PERF_NOTES.md)
-
-
-def auto_budget(device: str) -> int:
-    """The default budget for `device` when the user has not chosen one."""
-    return GPU_BUDGET if device.startswith("cuda") else CPU_BUDGET
-
-
 class LiveSpecMixin:
     """Part of `JetspecApp`: what F2-F5, ctrl+B and the palette's spec commands change."""
 

@@ -115,3 +115,46 @@ async def test_killed_engine_process_mid_answer_keeps_the_chat_and_restarts():
         assert app.current_trace.result.finish_reason in ("length", "eos"), app.current_trace.error
         users = [m["content"] for m in app.session_messages if m["role"] == "user"]
         assert users == ["Tell me a long story.", "Shorter, please."]
+
+
+@pytest.mark.slow
+def test_worker_warms_the_budgets_before_they_are_timed():
+    """Load warms AR and the app's budget (a GPU would warm the compare budgets too); a compare
+    budget first used later is warmed before its run is timed."""
+    import queue as _queue
+    import time as _time
+
+    from jetspec_chat.engine.params import GenerationParams, SpecParams
+
+    worker = ew.EngineWorker(None)
+    worker.start()
+    try:
+        spec = ew.EngineSpec("random:tiny-qwen3", device="cpu", max_context=512)
+        worker.submit(ew.LoadCommand(spec, budget=8, compare_budgets=(16,)))
+        progress, ready = [], None
+        deadline = _time.monotonic() + TIMEOUT
+        while ready is None and _time.monotonic() < deadline:
+            try:
+                item = worker.outbox.get(timeout=1.0)
+            except _queue.Empty:
+                continue
+            if isinstance(item, ew.LoadProgress):
+                progress.append(item.message)
+            elif isinstance(item, ew.EngineLoadFailed):
+                raise AssertionError(item.message)
+            elif isinstance(item, ew.EngineReady):
+                ready = item.info
+        assert ready is not None and ready.warmed == (0, 8) and ready.warm_seconds > 0  # CPU: not 16 yet
+        assert "Warming up: AR" in progress and "Warming up: budget 8" in progress
+        job = worker.submit(ew.SendCommand("hi", GenerationParams(max_new_tokens=2, spec=SpecParams(budget=8))))
+        entries = (ew.CompareEntry("16", GenerationParams(max_new_tokens=2, spec=SpecParams(budget=16))),)
+        worker.submit(ew.CompareCommand(entries))
+        deadline = _time.monotonic() + TIMEOUT
+        while _time.monotonic() < deadline:
+            item = worker.outbox.get(timeout=TIMEOUT)
+            if isinstance(item, ew.JobFinished) and item.kind == "compare":
+                break
+            assert not isinstance(item, ew.JobFailed), item
+        assert worker._warmed == {0, 8, 16} and job
+    finally:
+        worker.shutdown(timeout=2.0)
