@@ -1,10 +1,16 @@
 """The JetSpec/DFlash draft head: config, published-format load/save, forward, static draft KV.
 
-Format (DESIGN §4): a directory with `config.json` and `model.safetensors`; weights without
+Format (docs/DESIGN.md §4): a directory with `config.json` and `model.safetensors`; weights without
 prefix (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`, `hidden_norm.weight`, `norm.weight`);
 no embedding or lm_head (the target's are used). Published heads also ship `dflash.py` for
 remote code: we never execute it. In memory q/k/v and gate/up are fused (layers.FusedLinear);
 load and save go through `hf_parameters`, i.e. the published names.
+
+Quantized storage (our extension, so a head file holds twice the parameters): config.json carries
+`"quantization": {"method": "int8", "granularity": "per_output_channel"}`; then every 2-D weight
+`X.weight` is stored as int8 [out, in] plus `X.weight_scale`, fp32 [out], with
+weight = int8 * scale (symmetric, scale = max |row| / 127). 1-D weights (norms) stay in
+`torch_dtype`. The loader dequantizes to the run dtype; files without the field load as before.
 
 Forward: ctx = hidden_norm(fc(concat of target taps)); per draft layer, Q from the block
 `[anchor, MASK x D]`, K/V from projections of [ctx ; block] (q/k RMSNorm, RoPE); context
@@ -28,10 +34,14 @@ from .layers import MLP, AttentionWeights, Linear, RMSNorm, Rotary, hf_parameter
 from .model_config import ModelConfig
 
 CAUSAL_KEYS = ("causal_head", "causal", "is_causal")  # JetSpec, vLLM, SGLang spellings
+INT8 = {"method": "int8", "granularity": "per_output_channel"}  # config.json's "quantization"
+SCALE_SUFFIX = "_scale"  # X.weight -> X.weight_scale
+ROPE_TYPES = ("default", "llama3")  # what layers.Rotary implements
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> tuple[int, ...]:
-    """Taps spread evenly from layer 1 to layer num_layers - 3 (the published heads' spacing)."""
+    """Taps spread evenly from layer 1 to layer num_layers - 3 (the published heads' spacing).
+    The reference takes one tap per draft layer when a config names none (`from_json`)."""
     if num_taps == 1:
         return (num_target_layers // 2,)
     start, end = 1, num_target_layers - 3
@@ -55,6 +65,7 @@ class DraftHeadConfig:
     causal: bool
     vocab_size: int | None = None
     max_position_embeddings: int = 32768
+    rope_scaling: dict | None = None  # llama3 scaling as the target's (layers.Rotary); None: plain RoPE
 
     @property
     def max_depth(self) -> int:
@@ -70,8 +81,8 @@ class DraftHeadConfig:
             num_target_layers = cfg["num_target_layers"]
             n_heads = cfg["num_attention_heads"]
             ids = dflash.get("target_layer_ids") or cfg.get("target_layer_ids")
-            if ids is None:
-                ids = default_target_layer_ids(num_target_layers, cfg.get("num_taps", 5))
+            if ids is None:  # the reference's default: one tap per draft layer, evenly spaced
+                ids = default_target_layer_ids(num_target_layers, cfg["num_hidden_layers"])
             mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
             if mask is None:
                 raise KeyError("dflash_config.mask_token_id")
@@ -92,6 +103,7 @@ class DraftHeadConfig:
                 causal=causal,
                 vocab_size=cfg.get("vocab_size"),
                 max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+                rope_scaling=_rope_scaling(cfg),
             )
         except KeyError as e:
             raise DraftHeadError(f"draft head config.json lacks the field {e.args[0]}") from None
@@ -121,6 +133,8 @@ class DraftHeadConfig:
                 "causal_head": self.causal,
             },
             "torch_dtype": "bfloat16",
+            # (omitted when None, so plain heads keep the published format byte for byte)
+            **({"rope_scaling": dict(self.rope_scaling)} if self.rope_scaling else {}),
         }
 
     @classmethod
@@ -146,6 +160,7 @@ class DraftHeadConfig:
             causal=True,
             vocab_size=target.vocab_size,
             max_position_embeddings=target.max_position_embeddings,
+            rope_scaling=target.rope_scaling,
         )
 
     def check_against(self, target: ModelConfig, name: str) -> None:
@@ -166,6 +181,28 @@ class DraftHeadConfig:
             problems.append(f"block_size {self.block_size} drafts nothing")
         if problems:
             raise DraftHeadError(f"draft head {name} does not match the model: " + "; ".join(problems))
+
+
+def _rope_scaling(cfg: dict) -> dict | None:
+    """The head's RoPE scaling as layers.Rotary takes it (None for plain RoPE); a DraftHeadError for
+    a kind it does not implement (the reference would apply it: ignoring it would draft with the
+    wrong positions)."""
+    scaling = cfg.get("rope_scaling") or None
+    params = cfg.get("rope_parameters") or {}
+    if scaling is None and params.get("rope_type", "default") != "default":  # transformers 5 spelling
+        scaling = params
+    if scaling is None:
+        return None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in ROPE_TYPES:
+        raise DraftHeadError(f"draft head rope_scaling of type {kind!r} is not supported "
+                             f"(only {', '.join(ROPE_TYPES)})")
+    if kind == "default":
+        return None
+    need = [k for k in ("factor", "original_max_position_embeddings") if k not in scaling]
+    if need:
+        raise DraftHeadError(f"draft head rope_scaling (llama3) lacks {', '.join(need)}")
+    return dict(scaling)
 
 
 class DraftLayer(nn.Module):
@@ -219,7 +256,7 @@ class DraftHead(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (K, V) of context rows: [N, n_kv, head_dim] each, RoPE applied."""
@@ -291,27 +328,45 @@ class DraftHead(nn.Module):
     def init_random(self, seed: int, std: float = 0.02) -> None:
         init_random_(self, seed, std)
 
-    def save(self, directory: str | Path) -> None:
-        """Write the published format: config.json + model.safetensors (bf16 unless fp32 asked)."""
+    def save(self, directory: str | Path, int8: bool = False) -> None:
+        """Write the published format: config.json + model.safetensors in the weights' dtype; with
+        `int8`, the 2-D weights quantized per output channel (the module docstring's format)."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         # Published names; fused weights are split into copies (safetensors refuses shared storage).
         state = {k: v.detach().to("cpu", copy=True) for k, v in hf_parameters(self)}
+        dtype = next(iter(state.values())).dtype
+        if int8:
+            for name in [k for k, v in state.items() if v.dim() == 2]:
+                state[name], state[name + SCALE_SUFFIX] = quantize_int8(state[name])
         tmp = directory / "model.safetensors.tmp"
         save_file(state, str(tmp), metadata={"format": "pt"})
         tmp.replace(directory / "model.safetensors")
         cfg = self.cfg.to_json()
-        cfg["torch_dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+        cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+        if int8:
+            cfg["quantization"] = dict(INT8)
         (directory / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: (int8 [out, in], fp32 scale [out]), w ~ q * scale[:, None]."""
+    w = w.float()
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale.float()[:, None]
 
 
 def build_head(cfg: DraftHeadConfig, device: torch.device, dtype: torch.dtype) -> DraftHead:
     with torch.device("meta"):
         head = DraftHead(cfg)
     head = head.to_empty(device=device).to(dtype)
-    head.rotary = Rotary(cfg.head_dim, cfg.rope_theta).to(device)
+    head.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
     return head.eval().requires_grad_(False)
 
 
@@ -330,12 +385,19 @@ def load_head_dir(directory: Path, device: torch.device, dtype: torch.dtype) -> 
     if not weights.is_file():
         raise DraftHeadError(f"draft head {directory} has no model.safetensors")
     cfg = DraftHeadConfig.from_json(raw)
+    quantized = raw.get("quantization")
+    if quantized is not None and quantized != INT8:
+        raise DraftHeadError(f"draft head {directory} has an unsupported quantization {quantized!r} "
+                             f"(this version reads {INT8!r})")
     head = build_head(cfg, device, dtype)
     params = dict(hf_parameters(head))  # published name -> parameter (or rows of a fused one)
     seen = set()
     with safe_open(str(weights), framework="pt", device="cpu") as st:
-        for key in st.keys():
-            name = key.removeprefix("model.")  # some exports keep a `model.` prefix
+        tensors = {key.removeprefix("model."): key for key in st.keys()}  # some exports keep a `model.` prefix
+        for name, key in tensors.items():
+            base = name.removesuffix(SCALE_SUFFIX)
+            if name != base and quantized and base in params and params[base].dim() == 2:
+                continue  # read with its weight
             if name not in params:
                 raise DraftHeadError(f"draft head {directory} has an unexpected weight {key}")
             t = st.get_tensor(key)
@@ -343,6 +405,8 @@ def load_head_dir(directory: Path, device: torch.device, dtype: torch.dtype) -> 
                 raise DraftHeadError(
                     f"draft head weight {key} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}"
                 )
+            if t.dtype == torch.int8 or (quantized and t.dim() == 2):
+                t = _dequantized(directory, name, t, tensors, st, quantized is not None)
             with torch.no_grad():
                 params[name].copy_(t.to(device=device, dtype=dtype))
             seen.add(name)
@@ -350,3 +414,27 @@ def load_head_dir(directory: Path, device: torch.device, dtype: torch.dtype) -> 
     if missing:
         raise DraftHeadError(f"draft head {directory} lacks weights: {', '.join(missing[:4])}")
     return head
+
+
+def _dequantized(directory: Path, name: str, q: torch.Tensor, tensors: dict, st, quantized: bool) -> torch.Tensor:
+    """An int8 weight of a quantized head file, dequantized with its scale (fp32); clear errors
+    for anything that does not follow the format."""
+    where = f"draft head {directory}"
+    if q.dim() != 2:
+        raise DraftHeadError(f"{where}: weight {name} is int8, but only 2-D weights may be quantized")
+    if not quantized:
+        raise DraftHeadError(f"{where}: weight {name} is int8 but config.json names no quantization")
+    if q.dtype != torch.int8:
+        raise DraftHeadError(f"{where}: weight {name} is {str(q.dtype).removeprefix('torch.')}, "
+                             "but config.json says its 2-D weights are int8")
+    key = tensors.get(name + SCALE_SUFFIX)
+    if key is None:
+        raise DraftHeadError(f"{where}: int8 weight {name} has no scale {name + SCALE_SUFFIX}")
+    scale = st.get_tensor(key)
+    if scale.shape != (q.shape[0],) or not scale.is_floating_point():
+        raise DraftHeadError(f"{where}: scale {name + SCALE_SUFFIX} must be a float vector of {q.shape[0]} "
+                             f"(one per output channel), got {str(scale.dtype).removeprefix('torch.')} "
+                             f"{tuple(scale.shape)}")
+    if not torch.isfinite(scale).all():
+        raise DraftHeadError(f"{where}: scale {name + SCALE_SUFFIX} holds non-finite values")
+    return dequantize_int8(q, scale)

@@ -137,10 +137,12 @@ class SpecEngine:
 
     def reset(self) -> None:
         if self.kv is not None:
-            self._truncate(0)
+            self.rollback(0)
         self.tokens = []
 
-    def _allocate(self) -> None:
+    def allocate(self) -> None:
+        """Allocate the KV caches and the graph runners for `max_context` (once; `generate` calls
+        it, the bench calls it before timing rounds directly)."""
         if self.kv is not None:
             return
         cfg = self.target.cfg
@@ -171,7 +173,7 @@ class SpecEngine:
                 f"out of device memory allocating the KV cache for {self.max_context} tokens; lower --max-context"
             ) from None
 
-    def _truncate(self, length: int) -> None:
+    def rollback(self, length: int) -> None:
         """Roll the caches back to `length` committed tokens."""
         self.kv.truncate(length)
         if self.draft_kv is not None:
@@ -194,7 +196,7 @@ class SpecEngine:
                 break
             lcp += 1
         lcp = min(lcp, len(prompt_ids) - 1)  # at least one token must run to get the next logits
-        self._truncate(lcp)
+        self.rollback(lcp)
         self.tokens = list(prompt_ids)
         start = lcp
         logits = None
@@ -216,7 +218,7 @@ class SpecEngine:
         return logits, lcp
 
     # -- one round -------------------------------------------------------------------------
-    def _round(self, params: GenerationParams, generator: torch.Generator | None) -> RoundOutput:
+    def round(self, params: GenerationParams, generator: torch.Generator | None) -> RoundOutput:
         """draft -> tree -> verify -> accept -> commit, enqueued without host syncs and started
         from the device anchor; then the round's one device->host copy (the packed integers
         with the tree's scores). Greedy with a fixed-shape tree on CUDA: the draft graph (which
@@ -275,7 +277,7 @@ class SpecEngine:
             ) from None
 
     def _generate(self, prompt_ids, params: GenerationParams, cancel) -> Iterator[Event]:
-        self._allocate()
+        self.allocate()
         self._live_spec = None  # a change made from now on (even during the prefill) applies from round 0
         generator = None
         if not params.sampling.greedy:
@@ -314,11 +316,11 @@ class SpecEngine:
                 break
             t_round = time.perf_counter()
             with torch.inference_mode():
-                out = self._round(params, generator)
+                out = self.round(params, generator)
             base = self.kv.length - len(out.new_tokens)  # committed length before this round
             keep = answer.room_for(out.new_tokens)
             if keep < len(out.new_tokens):
-                self._truncate(base + keep)  # the answer ended mid-round: drop the surplus rows
+                self.rollback(base + keep)  # the answer ended mid-round: drop the surplus rows
             kept = out.new_tokens[:keep]
             self.tokens.extend(kept)
             new_text = answer.add(kept)

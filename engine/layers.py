@@ -3,7 +3,9 @@
 Projections that read the same input are fused into one weight (q/k/v -> `qkv_proj`,
 gate/up -> `gate_up_proj`): batch-1 decoding is launch- and GEMV-bound, so one wide GEMM beats
 two or three narrow ones. Checkpoints (transformers', the published draft heads') keep the
-separate names; `hf_parameters` maps each onto its rows of the fused weight.
+separate names; `hf_parameters` maps each onto its rows of the fused weight. A MoE layer's
+experts are stacked the same way ([E, 2I, H] gate/up, [E, H, I] down, as transformers 5 keeps
+them in memory); checkpoints name each expert's matrices, mapped onto views of the stacks.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import qk_norm_rope, rms_norm, silu_mul
+from ..kernels import moe_block, qk_norm_rope, rms_norm, silu_mul
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,9 +65,13 @@ class FusedLinear(Linear):
 def hf_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(checkpoint name, tensor) for every parameter in the unfused transformers / published
     layout: a FusedLinear yields one row slice (a view) of its weight and bias per part, named
-    as that part next to the fused module. The order is that of the unfused modules' own
+    as that part next to the fused module; MoEExperts one view per expert and matrix
+    (`experts.{e}.gate_proj.weight`, ...). The order is that of the unfused modules' own
     registration (so random init draws the same numbers into the same weights)."""
     for prefix, mod in module.named_modules():
+        if isinstance(mod, MoEExperts):
+            yield from mod.checkpoint_parameters(prefix)
+            continue
         if isinstance(mod, FusedLinear):
             parent = prefix.rpartition(".")[0]
             parent = parent + "." if parent else ""
@@ -112,6 +118,43 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.split(self.gate_up_proj(x))  # strided views: silu_mul reads them in place
         return self.down_proj(silu_mul(gate, up))
+
+
+class MoEExperts(nn.Module):
+    """The experts of one sparse MoE layer, stacked for the grouped GEMMs: gate_up_proj
+    [E, 2I, H] (each expert's gate rows, then its up rows) and down_proj [E, H, I]. The
+    parameter names and layout are transformers 5's Qwen3MoeExperts."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+    def checkpoint_parameters(self, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """Checkpoint names (`{prefix}.{e}.gate_proj.weight`, up_proj, down_proj) -> views."""
+        i = self.intermediate
+        for e in range(self.gate_up_proj.shape[0]):
+            yield f"{prefix}.{e}.gate_proj.weight", self.gate_up_proj[e, :i]
+            yield f"{prefix}.{e}.up_proj.weight", self.gate_up_proj[e, i:]
+            yield f"{prefix}.{e}.down_proj.weight", self.down_proj[e]
+
+
+class SparseMoeBlock(nn.Module):
+    """Qwen3 MoE's MLP: a router (`gate`, [E, H]) picks top_k experts per token; their SwiGLU
+    outputs, weighted by the (renormalised) router probabilities, are summed. One fused Triton
+    path on CUDA (kernels/moe.py), the plain-torch reference elsewhere."""
+
+    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, norm_topk_prob: bool):
+        super().__init__()
+        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.experts = MoEExperts(num_experts, hidden, intermediate)
+        self.gate = nn.Linear(hidden, num_experts, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # tokens [..., H] -> [T, H], as the MLP takes any leading dims
+        out = moe_block(rows, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k, self.norm_topk_prob)
+        return out.view(x.shape)
 
 
 class AttentionWeights(nn.Module):
@@ -171,7 +214,9 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None = None):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        # On the CPU even inside torch.device("meta") (build_target): a meta arange imports
+        # torch._dynamo, seconds of every start. The buffer is moved where the model lives.
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
         if scaling is not None:
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from .errors import ModelNotFoundError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,15 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool  # per-head RMSNorm on q and k (Qwen3)
+    # Mixture of experts (Qwen3 MoE); num_experts 0 for a dense model.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[int, ...] = ()  # decoder layers with a sparse MoE block (the others a dense MLP)
+
+    def is_moe_layer(self, i: int) -> bool:
+        return i in self.moe_layers
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelConfig":
@@ -48,12 +57,24 @@ class ModelConfig:
             "llama3",
         ):
             raise ModelNotFoundError(f"rope scaling {rope_scaling!r} is not supported yet")
+        num_layers = cfg["num_hidden_layers"]
+        moe = model_type == "qwen3_moe"
+        # Missing fields take transformers' Qwen3MoeConfig defaults; transformers 5 writes
+        # num_experts as num_local_experts.
+        num_experts = int(cfg.get("num_experts", cfg.get("num_local_experts", 128))) if moe else 0
+        # transformers' Qwen3MoeDecoderLayer rule: sparse unless listed in mlp_only_layers or off
+        # the decoder_sparse_step grid.
+        mlp_only = set(cfg.get("mlp_only_layers") or ())
+        step = int(cfg.get("decoder_sparse_step", 1) or 1)
+        moe_layers = tuple(
+            i for i in range(num_layers) if num_experts > 0 and i not in mlp_only and (i + 1) % step == 0
+        )
         return cls(
             model_type=model_type,
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
             intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
             head_dim=cfg.get("head_dim") or hidden // num_heads,
@@ -63,5 +84,10 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 32768),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            num_experts=num_experts,
+            num_experts_per_tok=int(cfg.get("num_experts_per_tok", 8)) if num_experts else 0,
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size", 768)) if num_experts else 0,
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)) if num_experts else False,
+            moe_layers=moe_layers,
         )

@@ -1,4 +1,4 @@
-"""`jetspec-chat bench`: options, tables and JSON around engine/bench.py (see engine/BENCH.md).
+"""`jetspec-chat bench`: options, tables and JSON around engine/bench/ (see engine/bench/BENCH.md).
 
     jetspec-chat bench random:tiny-qwen3 --budgets 1,4,16 --modes ar,spec,hf --prompts-n 2
     jetspec-chat bench --engine-only                  # random:Qwen/Qwen3-8B, the performance bars
@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _prompt_sets(args) -> dict[str, list[str]]:
-    from .engine.bench.bench import PROMPT_SETS, load_prompts_jsonl, prompt_set
+    from .engine.bench.end_to_end import PROMPT_SETS, load_prompts_jsonl, prompt_set
     from .engine.errors import ConfigError
 
     names = args.prompt_sets if args.prompt_sets is not None else (() if args.prompts else PROMPT_SETS)
@@ -100,7 +100,7 @@ def _prompt_sets(args) -> dict[str, list[str]]:
 
 
 def end_to_end_options(args):
-    from .engine.bench.bench import EndToEndOptions
+    from .engine.bench.end_to_end import EndToEndOptions
 
     return EndToEndOptions(
         models=list(args.models) or [None], prompt_sets=_prompt_sets(args), modes=tuple(args.modes),
@@ -113,7 +113,7 @@ def end_to_end_options(args):
 
 
 def engine_only_options(args):
-    from .engine.bench.bench import EngineOnlyOptions
+    from .engine.bench.engine_only import EngineOnlyOptions
     from .engine.errors import ConfigError
 
     if args.bar_context is not None and len(args.bar_context) != 1:
@@ -194,18 +194,27 @@ def print_engine_only(report, console) -> None:
                 split,
             )
         console.print(t)
-        v = Table(title="verify: target forward over N tree nodes + logits (median ms, ×AR step)", title_justify="left")
+        moe = m.contexts[0].verify[0].experts_per_layer is not None
+        v = Table(title="verify: target forward over N tree nodes + logits (median ms, ×AR step, ×bound); "
+                        + ("bound: expected distinct experts' bytes (uniform routing) + the other weights"
+                           if moe else "bound: weights / copy bandwidth"), title_justify="left")
         v.add_column("nodes", justify="right")
+        if moe:
+            v.add_column("experts/layer", justify="right")
+        v.add_column("weights read", justify="right")
+        v.add_column("bound ms", justify="right")
         for c in m.contexts:
             v.add_column(f"ctx {c.context}", justify="right")
-        for i, n in enumerate(r.nodes for r in m.contexts[0].verify):
-            v.add_row(str(n), *(f"{c.verify[i].ms.median:.3f} ({c.verify[i].over_ar_step:.2f}×)" for c in m.contexts))
+        for i, r in enumerate(m.contexts[0].verify):
+            cells = [str(r.nodes)] + ([f"{r.experts_per_layer:.1f}"] if moe else []) + [_bytes(r.weight_bytes), f"{r.bound_ms:.3f}"]
+            v.add_row(*cells, *(f"{c.verify[i].ms.median:.3f} ({c.verify[i].over_ar_step:.2f}×, {c.verify[i].over_bound:.2f}× bound)"
+                                for c in m.contexts))
         console.print(v)
         b = m.bars
         lines = [(f"context {b.context}: AR step {b.ar_step_ms:.3f} ms vs weights/copy-bandwidth "
                   f"{b.ar_bound_ms:.3f} ms = {b.ar_step_over_bound:.2f}×")]
-        lines += [f"verify {n} nodes {b.verify_ms[n]:.3f} ms = {b.verify_over_ar_step[n]:.2f}× AR step"
-                  for n in b.verify_ms]
+        lines += [f"verify {n} nodes {b.verify_ms[n]:.3f} ms = {b.verify_over_ar_step[n]:.2f}× AR step, "
+                  f"{b.verify_over_bound[n]:.2f}× its weight-bytes bound" for n in b.verify_ms]
         if b.draft_ms is not None:
             lines.append(f"draft forward {b.draft_ms:.3f} ms vs (head + lm_head)/copy-bandwidth {b.draft_bound_ms:.3f} ms "
                          f"= {b.draft_over_bound:.2f}×")
@@ -234,7 +243,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark the options describe; tables to stdout, progress to stderr."""
     from rich.console import Console
 
-    from .engine.bench import bench
+    from .engine.bench.end_to_end import run_end_to_end
+    from .engine.bench.engine_only import run_engine_only
+    from .engine.bench.report import write_json
     from .engine.errors import EngineError
 
     err = Console(stderr=True)
@@ -247,11 +258,11 @@ def run(args: argparse.Namespace) -> int:
         if args.engine_only:
             opts = engine_only_options(args)
             opts.validate()  # fail fast, before loading a model
-            report = bench.run_engine_only(opts, progress)
+            report = run_engine_only(opts, progress)
         else:
             opts = end_to_end_options(args)
             opts.validate()
-            report = bench.run_end_to_end(opts, progress)
+            report = run_end_to_end(opts, progress)
     except EngineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -261,14 +272,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_end_to_end(report, console)
     if args.json_out:
-        bench.write_json(report, args.json_out)
+        write_json(report, args.json_out)
         err.print(f"[dim]wrote {args.json_out}[/dim]")
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jetspec-chat bench",
-                                description="Measure tokens/s, tau and per-phase times (see engine/BENCH.md).")
+                                description="Measure tokens/s, tau and per-phase times (see engine/bench/BENCH.md).")
     add_arguments(p)
     return p
 

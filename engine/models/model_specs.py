@@ -12,6 +12,7 @@ importing this module stays cheap for the CLI.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.resources
 import json
@@ -42,12 +43,12 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 RANDOM_PREFIX = "random:"
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 # Known architectures we mean to support later: a clearer message than "unknown".
-NOT_YET_SUPPORTED = {"qwen3_moe": "Qwen3 MoE", "qwen2_moe": "Qwen2 MoE"}
+NOT_YET_SUPPORTED = {"qwen2_moe": "Qwen2 MoE"}
 GGUF_ARCH_TO_MODEL_TYPE = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
 
-# Published JetSpec heads for hub targets (DESIGN §4). Keys are lower-cased hub ids.
+# Published JetSpec heads for hub targets (docs/DESIGN.md §4). Keys are lower-cased hub ids.
 DEFAULT_HEADS = {
     "qwen/qwen3-8b": "JetSpec/jetspec-qwen3-8b",
     "qwen/qwen3-30b-a3b": "JetSpec/jetspec-qwen3-30b-a3b",
@@ -107,30 +108,55 @@ def check_model_type(model_type: str | None, name: str) -> None:
     )
 
 
-def resolve_model(spec: str | None, progress: ProgressFn | None = None) -> ModelSource:
-    """Turn a MODEL spec into loadable files, downloading or converting them if needed."""
-    progress = progress or _noop
+def spec_kind(spec: str | None) -> str:
+    """Which kind of MODEL spec this is ("embedded", "random", "local", "gguf", "hub"), from its
+    form and the file system alone (no network, nothing loaded); ModelNotFoundError if it names
+    nothing loadable. The CLI uses it to refuse a bad MODEL (or a mistyped command) up front."""
     spec = (spec or "").strip() or DEFAULT_MODEL
     if spec.lower() in EMBEDDED:
-        return _resolve_embedded(spec.lower(), progress)
+        return "embedded"
     if spec.startswith(RANDOM_PREFIX):
-        return _resolve_random(spec[len(RANDOM_PREFIX):])
+        name = spec[len(RANDOM_PREFIX):]
+        if name not in list_random():
+            raise ModelNotFoundError(
+                f"Unknown random model {RANDOM_PREFIX}{name}; available: "
+                + ", ".join(RANDOM_PREFIX + n for n in list_random()) + "."
+            )
+        return "random"
     path = Path(spec).expanduser()
     if path.is_dir():
-        return _resolve_local(path, spec)
+        return "local"
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return _resolve_gguf(path, spec, progress)
+            return "gguf"
         raise ModelNotFoundError(f"{spec} is a file, not a model directory or a .gguf file.")
     if spec.lower().endswith(".gguf") or spec.startswith((".", "/", "~")):
         raise ModelNotFoundError(f"{spec} does not exist.")
     if _HUB_ID.match(spec):
-        return _resolve_hub(spec, progress)
+        return "hub"
+    close = difflib.get_close_matches(spec.lower(), list(EMBEDDED), n=1, cutoff=0.8)
+    hint = f" (did you mean {close[0]}?)" if close else ""
     raise ModelNotFoundError(
-        f"Unknown model {spec!r}: give an embedded model ({', '.join(EMBEDDED)}), "
+        f"Unknown model {spec!r}{hint}: give an embedded model ({', '.join(EMBEDDED)}), "
         f"random:NAME ({', '.join(list_random())}), a model directory, a .gguf file, "
         f"or a Hugging Face id such as Qwen/Qwen3-8B."
     )
+
+
+def resolve_model(spec: str | None, progress: ProgressFn | None = None) -> ModelSource:
+    """Turn a MODEL spec into loadable files, downloading or converting them if needed."""
+    progress = progress or _noop
+    spec = (spec or "").strip() or DEFAULT_MODEL
+    kind = spec_kind(spec)
+    if kind == "embedded":
+        return _resolve_embedded(spec.lower(), progress)
+    if kind == "random":
+        return _resolve_random(spec[len(RANDOM_PREFIX):])
+    if kind == "local":
+        return _resolve_local(Path(spec).expanduser(), spec)
+    if kind == "gguf":
+        return _resolve_gguf(Path(spec).expanduser(), spec, progress)
+    return _resolve_hub(spec, progress)
 
 
 def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
@@ -200,12 +226,6 @@ def _resolve_local(path: Path, name: str) -> ModelSource:
 
 
 def _resolve_random(name: str) -> ModelSource:
-    available = list_random()
-    if name not in available:
-        raise ModelNotFoundError(
-            f"Unknown random model {RANDOM_PREFIX}{name}; available: "
-            + ", ".join(RANDOM_PREFIX + n for n in available) + "."
-        )
     resource = importlib.resources.files(__package__ + ".configs") / (name.replace("/", "--") + ".json")
     config = json.loads(resource.read_text(encoding="utf-8"))
     head = config.pop("jetspec_random_head", None)

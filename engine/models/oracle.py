@@ -18,8 +18,13 @@ def transformers_model(engine: SpecEngine):
     else:  # random weights exist only in our model: copy them over
         cfg = transformers.AutoConfig.for_model(**source.hf_config)
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=engine.torch_dtype)
-        missing, unexpected = model.load_state_dict(dict(hf_parameters(engine.target)), strict=False)
-        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        # Checkpoint names, plus our own ones: transformers 5 keeps MoE experts stacked in memory
+        # (mlp.experts.gate_up_proj / down_proj), exactly as we do.
+        ours = dict(hf_parameters(engine.target)) | dict(engine.target.named_parameters())
+        theirs = model.state_dict()
+        lacking = set(theirs) - set(ours) - {"lm_head.weight"}  # tied embeddings have no lm_head of ours
+        assert not lacking, sorted(lacking)[:5]
+        model.load_state_dict({k: ours[k] for k in theirs if k in ours}, strict=False)
     return model.to(engine.torch_device).eval()
 
 

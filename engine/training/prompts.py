@@ -10,8 +10,8 @@ Generators (deterministic for a seed on a given Python version):
               templates with random numbers.
 None of them draws on public benchmarks (HumanEval, MBPP, GSM8K, MATH, MT-Bench,
 LiveCodeBench). Prompts are split into train/dev by a hash of their text, so a dev prompt
-is never trained on whatever the seed or count. The EVAL_SETS below are hand-written and
-disjoint from the generators' output; `eval_prompts(kind)` exposes them (bench reuses them).
+is never trained on whatever the seed or count. The evaluation sets (engine/eval_sets.py) are
+hand-written, disjoint from the generators' output, and kept out of every training set.
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ import textwrap
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from ..eval_sets import EVAL_SETS
 
 DEV_PER_MILLE = 20  # ~2% of generated prompts are held out for evaluation
 DEV_SEED = 0  # the dev prompts come from this stream whatever the run's seed
@@ -424,15 +426,34 @@ def clean_proposal(text: str) -> str | None:
     return line
 
 
+# A training prompt: one user message (str), or a multi-turn context (chat messages, the last one
+# the user's turn the target answers).
+Prompt = str | list[dict[str, str]]
+
+
+def prompt_key(prompt: Prompt) -> str:
+    """The text that identifies a prompt (dedupe, the dev split, the data's prompt hashes)."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
+
+
+def as_messages(prompt: Prompt) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+
+
 def is_dev(prompt: str, per_mille: int = DEV_PER_MILLE) -> bool:
     """The train/dev split: a pure function of the prompt text, so it never changes between runs."""
     return int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16) % 1000 < per_mille
 
 
-def split_prompts(prompts: list[str], per_mille: int = DEV_PER_MILLE) -> tuple[list[str], list[str]]:
-    train = [p for p in prompts if not is_dev(p, per_mille)]
-    dev = [p for p in prompts if is_dev(p, per_mille)]
+def split_prompts(prompts: list[Prompt], per_mille: int = DEV_PER_MILLE) -> tuple[list[Prompt], list[Prompt]]:
+    train = [p for p in prompts if not is_dev(prompt_key(p), per_mille)]
+    dev = [p for p in prompts if is_dev(prompt_key(p), per_mille)]
     return train, dev
+
+
+def distinct(prompts: list[Prompt]) -> list[Prompt]:
+    """The prompts without repeats, in order."""
+    return list({prompt_key(p): p for p in reversed(prompts)}.values())[::-1]
 
 
 def builtin_prompts(num_train: int, num_dev: int, seed: int = 0, per_mille: int = DEV_PER_MILLE,
@@ -440,7 +461,7 @@ def builtin_prompts(num_train: int, num_dev: int, seed: int = 0, per_mille: int 
     """`num_train` distinct training prompts from the stream of `seed`, and up to `num_dev`
     distinct dev prompts, always from the stream of DEV_SEED: runs with other seeds report τ on
     the same held-out prompts (is_dev keeps them out of every run's training side)."""
-    held_out = set(eval_prompts("coding")) | set(eval_prompts("chat"))
+    held_out = {p for prompts in EVAL_SETS.values() for p in prompts}
 
     def take(stream_seed: int, n: int, want_dev: bool) -> list[str]:
         out: list[str] = []
@@ -457,75 +478,29 @@ def builtin_prompts(num_train: int, num_dev: int, seed: int = 0, per_mille: int 
     return take(seed, num_train, False), take(DEV_SEED, num_dev, True)
 
 
-def load_prompts_file(path: str | Path) -> list[str]:
-    """One JSON object per line with a "prompt" field (blank lines skipped)."""
-    out = []
+def load_prompts_file(path: str | Path) -> list[Prompt]:
+    """One JSON object per line (blank lines skipped): {"prompt": "..."} for one user message, or
+    {"messages": [{"role": "user" | "assistant" | "system", "content": "..."}, ...]} for a
+    multi-turn context ending in the user's turn the target answers."""
+    out: list[Prompt] = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            prompt = json.loads(line)["prompt"]
+            row = json.loads(line)
+            prompt = row["prompt"] if "prompt" in row else row["messages"]
         except (ValueError, KeyError, TypeError):
-            raise ValueError(f'{path}:{n}: expected a JSON object with a "prompt" field') from None
-        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f'{path}:{n}: expected a JSON object with a "prompt" or "messages" field') from None
+        if isinstance(prompt, list):
+            if not _valid_messages(prompt):
+                raise ValueError(f'{path}:{n}: "messages" must be role/content objects ending in a user turn')
+        elif not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{path}:{n}: the prompt must be a non-empty string")
         out.append(prompt)
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Built-in evaluation sets (hand-written here; reused by the bench command)
-
-EVAL_SETS: dict[str, tuple[str, ...]] = {
-    "coding": (
-        "Write a Python function that returns the second largest distinct value in a list, or None if there is none.",
-        "Write a Python class `Matrix2x2` with addition, multiplication and a determinant method.",
-        "Implement a Python generator that yields the lines of a file in reverse order without reading it all at once.",
-        "Write a JavaScript function that deep-clones an object containing arrays, dates and nested objects.",
-        "Write a Python function `slugify(title)` that turns a blog post title into a URL slug.",
-        "Implement a simple tokenizer in Python that splits a string of Lisp code into parentheses, symbols and numbers.",
-        "Write a SQL query that returns, for each customer, the date of their most recent order and its total.",
-        "Write a Bash script that backs up a directory into a timestamped tar.gz file and keeps only the five newest.",
-        "Write a Python function that checks whether a 9x9 grid of digits contains every digit once in each row.",
-        "Write a Rust function that counts the vowels in a string slice.",
-        "Implement a Python context manager that measures and prints how long its block took.",
-        "Write a Python function that converts a list of (parent, child) pairs into a nested dictionary tree.",
-        "Write a Go function that reverses the words in a sentence.",
-        "Write a Python script that reads numbers from standard input and prints their mean and standard deviation.",
-        "Implement a circular buffer class in Python with a fixed capacity.",
-        "Write a TypeScript interface for a blog post and a function that sorts posts by publication date.",
-        "Write a Python function that finds all pairs of words in a list that are reverses of each other.",
-        "Write a C function that copies a string into a buffer safely, always terminating it.",
-        "Write a Python decorator that caches a function's results to a JSON file on disk.",
-        "Write a Python function that pretty-prints a duration given in seconds, like '2 h 5 min 7 s'.",
-    ),
-    "chat": (
-        "What is the difference between a list and a tuple in Python, and when should I use each?",
-        "Explain how a hash map handles collisions, in simple terms.",
-        "I'm preparing a talk for new engineers about code reviews. What should I cover?",
-        "Why does the sky look blue during the day and red at sunset?",
-        "Give me a weekly meal-prep plan for a vegetarian on a budget.",
-        "How do I politely decline a meeting invitation that conflicts with my focus time?",
-        "Explain the difference between concurrency and parallelism with an everyday analogy.",
-        "What should I look for when choosing a first programming language?",
-        "Write a short motivational note for a friend starting a new job.",
-        "What are some good habits for keeping a codebase maintainable over years?",
-        "Describe how a bill becomes a law in a parliamentary system, in a few steps.",
-        "How can I get better at estimating how long software tasks will take?",
-        "Explain what an API is to someone who has never programmed.",
-        "What are the main causes of the seasons on Earth?",
-        "Suggest a beginner-friendly weekend project to learn about microcontrollers.",
-        "How does compound interest work? Use a small numeric example.",
-        "What is technical debt, and how do teams decide when to pay it down?",
-        "Give me tips for writing clear documentation for an open-source library.",
-        "How do noise-cancelling headphones work?",
-        "Compare reading on paper and reading on a screen for learning.",
-    ),
-}
-
-
-def eval_prompts(kind: str) -> list[str]:
-    """A built-in evaluation set: `coding` or `chat` (about 20 prompts each)."""
-    if kind not in EVAL_SETS:
-        raise ValueError(f"unknown eval set {kind!r}; choose {', '.join(EVAL_SETS)}")
-    return list(EVAL_SETS[kind])
+def _valid_messages(messages: list) -> bool:
+    ok = all(isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+             and isinstance(m.get("content"), str) for m in messages)
+    return ok and bool(messages) and messages[-1]["role"] == "user"

@@ -11,7 +11,7 @@ What it is for: the real decoder costs one verify forward per round and per sett
 forwards are paid once and every (budget, width, tree temperature) setting costs only tree
 builds. That makes it cheap, also on a CPU with the 1.5B target, to ask where τ is lost: in the
 head (the answer's token is not among the top-K at that depth at all) or in the tree (it was,
-but the budget went elsewhere). The reported τ of a head stays the real decoder's (train.py's
+but the budget went elsewhere). The reported τ of a head stays the real decoder's (evaluate.py's
 Evaluator); this is the analysis tool behind `jetspec-chat train-head --stage replay`.
 """
 from __future__ import annotations
@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from ...kernels import accum_tree
-from .batch_decode import BatchDecoder
 from ..draft_head import DraftHead
 from ..params import MAX_WIDTH
-from .train import block_attention_mask, block_ids, context_len, head_forward, target_features
 from ..tree import static_tree_size
+from .batch_decode import BatchDecoder
+from .forward import block_attention_mask, block_ids, context_len, head_forward
+from .target import target_features
 
 
 @dataclass(frozen=True)

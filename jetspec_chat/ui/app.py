@@ -71,29 +71,54 @@ DRAIN_HZ = 12
 KEEP_ROUNDS_OF_LAST = 20  # answers whose per-round trees stay in memory (for stepping and export)
 
 
+def context_label(used: int, limit: int) -> str:
+    """The status bar's context counter; the engine's count can run one past the window when
+    it fills (the token that did not fit), so it is clamped and says full."""
+    if used >= limit:
+        return f"context full ({limit:,} / {limit:,} tokens)"
+    return f"context {used:,} / {limit:,} tokens"
+
+
 class LoadingPanel(Vertical):
+    """The loading phase now under way, with the seconds it has taken so far (phases without a
+    fraction, like reading a tokenizer, would otherwise look stalled) and a bar when there is one."""
+
+    _title = ""
+    _message = ""
+    _started = 0.0
+    _fraction: float | None = None
+
     def compose(self) -> ComposeResult:
         yield Static("Starting…", id="loading-label")
         yield ProgressBar(total=None, show_eta=False, id="loading-bar")
 
-    _progress: tuple[str, str, float | None] = ("Starting…", "", None)
-
     def on_mount(self) -> None:
-        self._show(*self._progress)
+        self.set_interval(1.0, self._draw_label)
+        self._draw()
 
     def set_progress(self, title: str, message: str, fraction: float | None) -> None:
-        """Safe before compose: the latest progress is kept and shown once the panel is mounted."""
-        self._progress = (title, message, fraction)
+        """Safe before compose: the latest progress is kept and drawn once the panel is mounted."""
+        if message != self._message:
+            self._started = time.monotonic()
+        self._title, self._message, self._fraction = title, message, fraction
         if can_update(self):
-            self._show(title, message, fraction)
+            self._draw()
 
-    def _show(self, title: str, message: str, fraction: float | None) -> None:
-        self.query_one("#loading-label", Static).update(Text.assemble((title, "bold"), "\n", message))
+    def _draw(self) -> None:
+        self._draw_label()
+        fraction = self._fraction
         bar = self.query_one(ProgressBar)
         if fraction is None:
             bar.update(total=None)
         else:
             bar.update(total=100, progress=max(0.0, min(100.0, fraction * 100)))
+
+    def _draw_label(self) -> None:
+        if not self.display or not self._title or not can_update(self):
+            return
+        elapsed = f" · {time.monotonic() - self._started:.0f} s"
+        self.query_one("#loading-label", Static).update(Text.assemble((self._title, "bold"), "\n",
+                                                                      self._message, (elapsed, "dim")))
 
 
 class MainScreen(Screen):
@@ -142,6 +167,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         session: str | None = None,
         persist_settings: bool = True,
         engine_process: bool | None = None,
+        demo: bool = False,
     ) -> None:
         """`backend`: an object with `load_engine`, `ChatSession` (and optionally `TREE_ALGOS`),
         e.g. `jetspec_chat.engine` (the default, imported on the engine thread) or
@@ -152,6 +178,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         self.spec = ew.EngineSpec(model, draft_head, device, dtype, max_context)
         self.settings = settings if settings is not None else load_settings()
         self.persist_settings = persist_settings
+        self.demo = demo  # --demo: the header says the engine and its numbers are scripted
         self.requested_theme = theme
         self.requested_session = session
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -191,7 +218,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         self._startup_notes: list[tuple[str, str]] = []
         self.main_screen: MainScreen | None = None
         self.cycle_themes: list[str] = []
-        self.last_export: tuple[Path, Path] | None = None
+        self.last_export: tuple[Path, Path | None] | None = None  # (screenshot, round trace if any)
 
     # ------------------------------------------------------------------ setup
 
@@ -303,6 +330,13 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
             sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, seed=seed),
         )
 
+    def last_answer_trace(self) -> AnswerTrace | None:
+        """The trace of the answer now last in the chat (a chat turn or a kept rerun)."""
+        for trace in reversed(self.traces):
+            if trace.kind in ("chat", "rerun") and trace.result is not None:
+                return trace
+        return None
+
     def last_user_text(self) -> str | None:
         for m in reversed(self.session_messages):
             if m.get("role") == "user":
@@ -342,7 +376,10 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         if info is not None:
             top.append(f"  {info.model_name}", style="bold")
             top.append(f" + {info.head_name}" if info.head_name else "  (no draft head)", style=colors.muted)
-            top.append(f"  {info.device} {info.dtype}", style=colors.muted)
+            if self.demo:
+                top.append("  DEMO: a scripted engine, its numbers are made up", style=f"bold {colors.bonus}")
+            else:
+                top.append(f"  {info.device} {info.dtype}", style=colors.muted)
         elif self.load_state == "loading":
             top.append(f"  loading {self.spec.model or 'the default model'}…", style=colors.muted)
         else:
@@ -394,7 +431,9 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
             live = self.jobs.get(self.chat_job) if self.chat_job is not None else None
             if live is not None and live.trace is not None and live.trace.rounds:
                 context = live.trace.rounds[-1].context_tokens  # while streaming: the engine's count
-            t.append(f"  ·  context {context:,} / {self.engine_info.max_context:,} tokens", style=colors.muted)
+            full = context >= self.engine_info.max_context
+            t.append(f"  ·  {context_label(context, self.engine_info.max_context)}",
+                     style=f"bold {colors.bonus}" if full else colors.muted)
         if self.last_prefill is not None:
             t.append(f"  ·  {prefill_line(self.last_prefill)}", style=colors.muted)
         return t

@@ -48,7 +48,8 @@ class CompareMixin:
             else:
                 params = replace(base, spec=replace(base.spec, enabled=True, budget=int(label)))
             entries.append(ew.CompareEntry(label, params))
-        state = CompareState(list(labels), prompt=self.last_user_text() or "", baseline=self.baseline)
+        state = CompareState(list(labels), prompt=self.last_user_text() or "", baseline=self.baseline,
+                             expected_tokens=self._expected_rerun_tokens(base.max_new_tokens))
         state.running = True
         state.job_id = self.worker.submit(ew.CompareCommand(tuple(entries)))
         self.jobs[state.job_id] = Job("compare", None, None, turn=self.turn, pre_session=copy.deepcopy(self.session_data))
@@ -57,6 +58,14 @@ class CompareMixin:
         if self.compare_screen is not None:
             self.compare_screen.set_state(state)
         self.refresh_chrome()
+
+    def _expected_rerun_tokens(self, max_new_tokens: int) -> int:
+        """How long a rerun of the last answer should be: that answer's length, unless it was
+        cut short (Esc), when the rerun may run up to the limit."""
+        last = self.last_answer_trace()
+        if last is None or last.result is None or last.result.finish_reason == "cancelled":
+            return max_new_tokens
+        return last.result.new_tokens
 
     def cancel_compare(self) -> None:
         if self.compare and self.compare.running and self.compare.job_id is not None:

@@ -157,10 +157,21 @@ class SessionsMixin:
         self.worker.submit(ew.RestoreSessionCommand(before))
         self.session_data = before
         self.session_messages = tuple(before.get("messages", []))
-        self.add_note(
-            "Kept the original answer (the rerun's text differed); its KV cache is rebuilt on the next turn.",
-            "info",
-        )
+        self.add_note(f"Kept the original answer ({self._why_texts_differ(job)}); "
+                      "its KV cache is rebuilt on the next turn.", "info")
+
+    def _why_texts_differ(self, job: Job) -> str:
+        """Why a rerun's text is not the original's, as a parenthesis for the note above."""
+        original = next((t for t in reversed(self.traces) if t is not job.trace and t.kind in ("chat", "rerun")
+                         and t.result is not None), None)
+        reason = original.result.finish_reason if original is not None else ""
+        if reason == "cancelled":
+            return "it was stopped with Esc, so the rerun went on past where it was cut short"
+        if reason in ("length", "context_full"):
+            return "it was cut at the token limit, which the rerun did not hit at the same place"
+        if self.settings.temperature > 0 or (original is not None and original.params.sampling.temperature > 0):
+            return "sampling at temperature > 0 drew a different text"
+        return "the rerun's text differed"
 
     def action_export(self) -> None:
         directory = exports_dir()
@@ -168,15 +179,22 @@ class SessionsMixin:
             directory.mkdir(parents=True, exist_ok=True)
             stamp = time.strftime("%Y%m%d-%H%M%S")
             svg = self.save_screenshot(f"jetspec-{stamp}.svg", str(directory))
-            trace_path = directory / f"jetspec-{stamp}.trace.jsonl"
             lines: list[str] = []
             for i, trace in enumerate(self.traces):
                 lines.extend(trace.to_jsonl_lines(i))
-            atomic_write_text(trace_path, "\n".join(lines) + ("\n" if lines else ""))
+            trace_path = None
+            if lines:  # answers reopened from a saved session have no trace: nothing to write
+                trace_path = directory / f"jetspec-{stamp}.trace.jsonl"
+                atomic_write_text(trace_path, "\n".join(lines) + "\n")
         except OSError as err:
             self.add_note(f"Export failed: {err}", "error")
             return
-        rounds = sum(len(t.rounds) for t in self.traces)
         self.last_export = (Path(svg), trace_path)
+        if trace_path is None:
+            self.add_note(f"Saved the screen to {svg}; there is no round trace to write (no answer in this chat was "
+                          "generated in this run of the app: saved sessions keep their text, not their rounds).", "info")
+            self.notify(f"Saved {svg}\n(no round trace to write)", timeout=6)
+            return
+        rounds = sum(len(t.rounds) for t in self.traces)
         self.add_note(f"Saved the screen to {svg} and the round trace ({rounds} rounds) to {trace_path}.", "info")
         self.notify(f"Saved {svg}\nand {trace_path}", timeout=6)

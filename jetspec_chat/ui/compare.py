@@ -140,7 +140,7 @@ class CompareScreen(Screen):
         self.query_one("#compare-title", Static).update(title)
         self.query_one("#compare-run", Button).disabled = s.running
         bar = self.query_one(ProgressBar)
-        bar.update(total=max(1, len(s.rows)), progress=s.done_count)
+        bar.update(total=max(1, len(s.rows)), progress=s.progress)
         self.query_one("#compare-status", Static).update(self._status_text(colors))
         self._fill_table(colors)
         draw_scaling_plot(self.query_one("#compare-plot", PlotextPlot), s, colors)

@@ -72,6 +72,9 @@ class CompareState:
     running: bool = False
     cancelled: bool = False
     baseline: ArBaseline | None = None  # used when the list has no AR entry
+    # The answer's expected length in tokens, for the bar inside a run (0: unknown). Every run
+    # reruns the same prompt, so once one finished its length is the estimate.
+    expected_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.rows:
@@ -92,6 +95,17 @@ class CompareState:
         """(budgets, tokens/s, tau) of the finished budget runs, by budget: the scaling plot."""
         rows = sorted((r for r in self.rows if r.label != AR_LABEL and r.tps is not None), key=lambda r: int(r.label))
         return [int(r.label) for r in rows], [r.tps or 0.0 for r in rows], [r.tau or 0.0 for r in rows]
+
+    @property
+    def progress(self) -> float:
+        """Runs done, plus the running one's share (its tokens so far over the expected length)."""
+        running = next((r for r in self.rows if r.status == "running"), None)
+        if running is None:
+            return float(self.done_count)
+        finished = next((r.result.new_tokens for r in self.rows if r.status == "done" and r.result), 0)
+        expected = finished or self.expected_tokens
+        share = min(running.live_tokens / expected, 0.99) if expected else 0.0
+        return self.done_count + share
 
     def ar_tps(self) -> tuple[float | None, str]:
         for r in self.rows:

@@ -117,6 +117,7 @@ def build_app(args: argparse.Namespace):
         settings=_settings_from_args(args),
         theme=getattr(args, "theme", None),
         session=getattr(args, "session", None),
+        demo=backend is not None,
     )
 
 

@@ -27,10 +27,10 @@ def _isolated(monkeypatch, tmp_path):
     isolate(monkeypatch, tmp_path)
 
 
-def real_app(**settings) -> JetspecApp:
+def real_app(model: str = MODEL, **settings) -> JetspecApp:
     base = {"budget": 16, "budget_auto": False, "max_new_tokens": 12, "theme": "jetspec-dark", "compare_budgets": ["AR", "4", "16"]}
     base.update(settings)
-    return JetspecApp(model=MODEL, device="cpu", max_context=1024, settings=Settings(**base))
+    return JetspecApp(model=model, device="cpu", max_context=1024, settings=Settings(**base))
 
 
 async def ready(pilot) -> None:

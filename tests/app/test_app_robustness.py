@@ -35,7 +35,7 @@ def ui_errors() -> str:
 def test_loading_panel_takes_progress_before_it_is_composed():
     panel = LoadingPanel(id="loading")
     panel.set_progress("Loading x", "reading weights", 0.5)  # was: NoMatches('#loading-label')
-    assert panel._progress == ("Loading x", "reading weights", 0.5)
+    assert (panel._title, panel._message, panel._fraction) == ("Loading x", "reading weights", 0.5)
 
 
 @async_test

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from jetspec_chat.bench_cli import main
-from jetspec_chat.engine.bench import bench
+from jetspec_chat.engine.bench import end_to_end, engine_only, gpu_idle, timing
+from jetspec_chat.engine.errors import ConfigError
 
 
 def bench_json(tmp_path, capsys, *args) -> tuple[dict, str]:
@@ -86,12 +87,12 @@ def test_weight_bytes_per_ar_step_counts_one_embedding_row():
     embed = target.model.embed_tokens.weight
     everything = sum(p.numel() * p.element_size() for p in target.parameters())
     expected = everything - embed.numel() * embed.element_size() + embed.shape[1] * embed.element_size()
-    assert bench.weight_bytes_per_ar_step(target) == expected
+    assert engine_only.weight_bytes_per_ar_step(target) == expected
 
 
 def test_time_fn_runs_setup_untimed_and_returns_reps():
     calls = []
-    samples = bench.time_fn(lambda: calls.append("fn"), warmup=2, reps=3, device=torch.device("cpu"),
+    samples = timing.time_fn(lambda: calls.append("fn"), warmup=2, reps=3, device=torch.device("cpu"),
                             setup=lambda: calls.append("setup"))
     assert len(samples) == 3 and all(s >= 0 for s in samples)
     assert calls == ["setup", "fn"] * 5
@@ -102,7 +103,7 @@ def test_idle_from_trace_splits_leading_between_trailing():
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
 
     events = [
-        x("user_annotation", bench.ROUND_LABEL, 1000.0, 100.0),
+        x("user_annotation", gpu_idle.ROUND_LABEL, 1000.0, 100.0),
         x("kernel", "a", 1010.0, 20.0),  # leading idle 10
         x("kernel", "b", 1025.0, 10.0),  # overlaps a: merged 1010-1035
         x("gpu_memcpy", "c", 1060.0, 20.0),  # gap 25
@@ -110,23 +111,23 @@ def test_idle_from_trace_splits_leading_between_trailing():
         x("kernel", "outside", 2000.0, 10.0),
         x("cpu_op", "aten::mm", 1000.0, 50.0),
     ]
-    (r,) = bench.idle_from_trace(events, min_gap_us=5.0)
+    (r,) = gpu_idle.idle_from_trace(events, min_gap_us=5.0)
     assert r["span_us"] == 100.0 and r["busy_us"] == 25.0 + 20.0 + 18.0
     assert (r["leading_us"], r["between_us"], r["trailing_us"]) == (10.0, 27.0, 0.0)
     assert r["gaps"] == [{"us": 25.0, "before": "c"}]
     # Per-kernel time inside the rounds only (the one round here), largest first.
-    table = bench.kernel_table(events)
+    table = gpu_idle.kernel_table(events)
     assert [(k["name"], k["us_per_round"], k["count_per_round"]) for k in table] == [
         ("d", 40.0, 1), ("a", 20.0, 1), ("c", 20.0, 1), ("b", 10.0, 1)]
 
 
 def test_prompt_sets_and_jsonl_errors(tmp_path):
-    for kind in bench.PROMPT_SETS:
-        assert len(bench.prompt_set(kind)) >= 8 and all(p.strip() for p in bench.prompt_set(kind))
+    for kind in end_to_end.PROMPT_SETS:
+        assert len(end_to_end.prompt_set(kind)) >= 8 and all(p.strip() for p in end_to_end.prompt_set(kind))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
-    with pytest.raises(bench.ConfigError, match="bad.jsonl:2"):
-        bench.load_prompts_jsonl(bad)
+    with pytest.raises(ConfigError, match="bad.jsonl:2"):
+        end_to_end.load_prompts_jsonl(bad)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -162,10 +163,10 @@ def test_engine_only_table_prints_gpu_idle_block():
 
     from jetspec_chat.bench_cli import print_engine_only
 
-    opts = bench.EngineOnlyOptions(models=["random:tiny-qwen3"], device="cpu", contexts=(32,), tree_sizes=(1, 8),
+    opts = engine_only.EngineOnlyOptions(models=["random:tiny-qwen3"], device="cpu", contexts=(32,), tree_sizes=(1, 8),
                                    round_budget=8, warmup=0, reps=1, copy_mib=1)
-    report = bench.run_engine_only(opts)
-    report.models[0].gpu_idle = bench.GpuIdle(
+    report = engine_only.run_engine_only(opts)
+    report.models[0].gpu_idle = gpu_idle.GpuIdle(
         method="test", rounds=1, round_ms=2.0, busy_ms=1.5, idle_ms=0.5, idle_fraction=0.25, profiled_round_ms=3.0,
         profiled_idle_ms=1.5, leading_ms=0.1, between_ms=1.3, trailing_ms=0.1, gaps_over_threshold=4,
         largest_gaps=[{"us": 900.0, "before": "topk_kernel"}],
@@ -174,3 +175,57 @@ def test_engine_only_table_prints_gpu_idle_block():
     print_engine_only(report, Console(file=out, width=160))
     text = out.getvalue()
     assert "GPU idle per round 0.500 ms = 25.0%" in text and "gap 900 µs before topk_kernel" in text
+
+
+# --- MoE: the expected-expert-bytes bound ------------------------------------------------------------
+
+
+def test_expected_distinct_experts_formula_and_simulation():
+    from jetspec_chat.engine.bench.moe_bytes import expected_distinct_experts
+
+    assert expected_distinct_experts(128, 8, 1) == pytest.approx(8.0)
+    assert expected_distinct_experts(128, 8, 0) == 0.0
+    qwen = [expected_distinct_experts(128, 8, n) for n in (1, 16, 64, 128, 256)]
+    assert qwen == sorted(qwen) and qwen[-1] == pytest.approx(128.0, abs=1e-4)
+    assert qwen[1] == pytest.approx(82.42, abs=0.01)
+    gen = torch.Generator().manual_seed(0)  # uniform routing, simulated: N rows, each k distinct of E
+    e, k, n, trials = 16, 4, 5, 4000
+    picks = torch.rand(trials, n, e, generator=gen).argsort(-1)[..., :k]
+    hit = torch.zeros(trials, e, dtype=torch.bool).scatter_(1, picks.reshape(trials, -1), True)
+    assert hit.sum(1).float().mean().item() == pytest.approx(expected_distinct_experts(e, k, n), rel=0.01)
+
+
+def test_expected_weight_bytes_of_a_moe_target():
+    from engine_helpers import tiny_engine
+
+    from jetspec_chat.engine.bench.moe_bytes import expected_distinct_experts, expected_weight_bytes
+
+    target = tiny_engine("tiny-qwen3-moe").target
+    cfg = target.cfg
+    embed = target.model.embed_tokens.weight
+    size = lambda t: t.numel() * t.element_size()
+    stacks = [layer.mlp.experts for layer in target.model.layers if hasattr(layer.mlp, "experts")]
+    assert len(stacks) == len(cfg.moe_layers) == 3
+    all_experts = sum(size(s.gate_up_proj) + size(s.down_proj) for s in stacks)
+    one_expert = all_experts // (len(stacks) * cfg.num_experts)
+    rest = sum(size(p) for p in target.parameters()) - all_experts - size(embed)  # routers, attention, dense MLP, lm_head
+    row = embed.shape[1] * embed.element_size()
+    assert expected_weight_bytes(target, 1) == pytest.approx(rest + row + 3 * cfg.num_experts_per_tok * one_expert)
+    assert engine_only.weight_bytes_per_ar_step(target) == round(expected_weight_bytes(target, 1))  # the active floor
+    touched = expected_distinct_experts(cfg.num_experts, cfg.num_experts_per_tok, 16)
+    assert expected_weight_bytes(target, 16) == pytest.approx(rest + 16 * row + 3 * touched * one_expert)
+    assert expected_weight_bytes(target, 500) == pytest.approx(rest + 500 * row + all_experts)  # every expert
+
+
+def test_engine_only_on_a_moe_model_reports_the_expert_bytes_bound(tmp_path, capsys):
+    report, table = bench_json(
+        tmp_path, capsys, "random:tiny-qwen3-moe", "--engine-only", "--contexts", "64", "--tree-sizes", "1,16",
+        "--round-budget", "16", "--warmup", "1", "--reps", "2", "--copy-mib", "8",
+    )
+    (m,) = report["models"]
+    v1, v16 = m["contexts"][0]["verify"]
+    assert v1["experts_per_layer"] == pytest.approx(2.0) and 2.0 < v16["experts_per_layer"] < 8.0
+    assert v1["weight_bytes"] == m["weight_bytes_per_ar_step"] < v16["weight_bytes"]
+    assert all(v["bound_ms"] > 0 and v["over_bound"] == pytest.approx(v["ms"]["median"] / v["bound_ms"]) for v in (v1, v16))
+    assert set(m["bars"]["verify_over_bound"]) == {"1", "16"}
+    assert "experts/layer" in table and "weight-bytes bound" in table

@@ -14,9 +14,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    return load_engine("random:tiny-qwen3", None, device="cuda", dtype="float32", max_context=2048)
+@pytest.fixture(scope="module", params=["tiny-qwen3", "tiny-qwen3-moe"])
+def engine(request):
+    """The dense target and the MoE one (fused MoE kernel inside the same graphs)."""
+    return load_engine(f"random:{request.param}", None, device="cuda", dtype="float32", max_context=2048)
 
 
 @pytest.mark.parametrize("budget,width,algo", [(1, 1, "accum_logp"), (2, 2, "accum_logp"), (16, 4, "accum_logp"),
@@ -48,7 +49,7 @@ def test_graphs_serve_every_context_length_and_turn(engine):
 @contextlib.contextmanager
 def eager_runners(engine):
     """The same engine without CUDA graphs (exact tree sizes, finish_round run eagerly)."""
-    engine._allocate()
+    engine.allocate()
     runners = [r for r in (engine.verify, engine.drafter) if r is not None]
     for r in runners:
         r.use_graphs = False

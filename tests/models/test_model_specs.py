@@ -77,6 +77,35 @@ def test_required_random_shapes():
     assert big.random_head == {"num_hidden_layers": 5, "block_size": 16}
 
 
+def test_moe_random_shapes():
+    from jetspec_chat.engine.model_config import ModelConfig
+
+    big = resolve_model("random:Qwen/Qwen3-30B-A3B")
+    cfg = ModelConfig.from_hf(big.hf_config)
+    assert (cfg.model_type, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (
+        "qwen3_moe", 2048, 48, 32, 4, 128)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob) == (128, 8, 768, True)
+    assert (cfg.vocab_size, cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings) == (151936, 1e6, 1e-6, 40960)
+    assert cfg.qk_norm and not cfg.tie_word_embeddings and cfg.moe_layers == tuple(range(48))
+    assert big.random_head == {"num_hidden_layers": 5, "block_size": 16}
+    tiny = ModelConfig.from_hf(tiny_config("tiny-qwen3-moe"))
+    assert tiny.moe_layers == (0, 1, 3)  # mlp_only_layers [2]: one dense layer in between
+
+
+@pytest.mark.parametrize("step,mlp_only,moe_layers", [(1, [], (0, 1, 2, 3, 4, 5)), (2, [], (1, 3, 5)),
+                                                      (2, [3], (1, 5)), (1, [0, 5], (1, 2, 3, 4))])
+def test_moe_sparse_layers_follow_transformers(step, mlp_only, moe_layers):
+    """decoder_sparse_step / mlp_only_layers pick the same MoE layers as transformers' model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from jetspec_chat.engine.model_config import ModelConfig
+
+    config = tiny_config("tiny-qwen3-moe") | {"num_hidden_layers": 6, "decoder_sparse_step": step, "mlp_only_layers": mlp_only}
+    assert ModelConfig.from_hf(config).moe_layers == moe_layers
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+    assert tuple(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts")) == moe_layers
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 def test_tiny_configs_build_in_transformers(name):
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -192,7 +221,7 @@ def test_local_dir_missing_shard(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "model_type, message", [("qwen3_moe", "not supported yet"), ("mamba", "cannot run"), (None, "no model_type")]
+    "model_type, message", [("qwen2_moe", "not supported yet"), ("mamba", "cannot run"), (None, "no model_type")]
 )
 def test_unsupported_model_type(tmp_path, model_type, message):
     config = tiny_config()
@@ -243,10 +272,10 @@ def test_hub_offline_not_cached_no_network(monkeypatch):
 
 def test_hub_unsupported_architecture_before_weights(tmp_path):
     config = tiny_config()
-    config["model_type"] = "qwen3_moe"
-    fake_hub_repo(tmp_path / "hf", "Qwen/Qwen3-30B-A3B", config)
+    config["model_type"] = "qwen2_moe"
+    fake_hub_repo(tmp_path / "hf", "Qwen/Qwen1.5-MoE-A2.7B", config)
     with pytest.raises(ModelNotFoundError, match="not supported yet"):
-        resolve_model("Qwen/Qwen3-30B-A3B")
+        resolve_model("Qwen/Qwen1.5-MoE-A2.7B")
 
 
 def test_download_hub_dir_error_class():
@@ -368,7 +397,7 @@ def test_gguf_keeps_its_template_and_rejects_unsupported_arch(tmp_path):
     src = resolve_model(str(write_tiny_gguf(tmp_path / "t.gguf", with_template=True)))
     assert load_tokenizer(src).chat_template == "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(ModelNotFoundError, match="not supported yet"):
-        resolve_model(str(write_tiny_gguf(tmp_path / "moe.gguf", arch="qwen3moe")))
+        resolve_model(str(write_tiny_gguf(tmp_path / "moe.gguf", arch="qwen2moe")))
 
 
 def test_failed_conversion_leaves_no_half_cache(tmp_path, monkeypatch):

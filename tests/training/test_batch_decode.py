@@ -1,4 +1,4 @@
-"""The data stage's batched decoder (engine/batch_decode.py) answers exactly as single-stream
+"""The data stage's batched decoder (engine/training/batch_decode.py) answers exactly as single-stream
 greedy decoding does: transformers' `generate` on the same weights is the oracle. CPU, fp32,
 tiny random targets (q/k norm, qkv bias, plain Llama), prompts of different lengths (left
 padding), batches with unused rows, stop tokens."""

@@ -9,14 +9,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from jetspec_chat.engine.eval_sets import EVAL_SETS
 from jetspec_chat.engine.training import prompts as P
 from jetspec_chat.engine.draft_head import DraftHead, DraftKVCache, load_head_dir
 from jetspec_chat.engine.errors import ConfigError
-from jetspec_chat.engine.training.train import (
-    Evaluator, Sampler, Sequence, TrainConfig, Trainer, Workspace, anchor_range, block_attention_mask, block_ids,
-    context_len, distill_loss, export_head, generate_data, head_forward, load_sequences, make_batch,
-    prepare_prompts, run_training, sample_anchors, target_features, train, training_step_loss,
-)
+from jetspec_chat.engine.training.config import TrainConfig
+from jetspec_chat.engine.training.data import generate_data, load_sequences, prepare_prompts
+from jetspec_chat.engine.training.evaluate import Evaluator
+from jetspec_chat.engine.training.export import export_head
+from jetspec_chat.engine.training.forward import block_attention_mask, block_ids, context_len, head_forward
+from jetspec_chat.engine.training.loop import Sampler, Trainer, train, training_step_loss
+from jetspec_chat.engine.training.loss import Sequence, anchor_range, distill_loss, make_batch, sample_anchors
+from jetspec_chat.engine.training.run import run_training
+from jetspec_chat.engine.training.target import target_features
+from jetspec_chat.engine.training.workspace import Workspace
 from jetspec_chat.train_cli import main as train_head_main
 
 TINY = "random:tiny-qwen3"
@@ -323,11 +329,20 @@ def test_export_then_load_gives_identical_logits(tmp_path):
         for name, p in bf16.state_dict().items():
             assert torch.equal(p, head.state_dict()[name].to(torch.bfloat16).float())
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    # --export-dtype int8: int8 weights (draft_head's format), bf16 norms; loads back close to the head.
+    export_head(head, tmp_path / "int8", torch.bfloat16, int8=True)
+    int8 = load_head_dir(tmp_path / "int8", CPU, torch.float32)
+    assert json.loads((tmp_path / "int8" / "config.json").read_text())["quantization"]["method"] == "int8"
+    with torch.no_grad():
+        ref, got = inference_logits(head, taps, ids, 17), inference_logits(int8, taps, ids, 17)
+        assert (got - ref).abs().max() <= 0.02 * ref.abs().max()
+    with pytest.raises(ConfigError, match="--export-dtype"):
+        tiny_cfg(tmp_path, export_dtype="int4").validate()
 
 
 def test_target_init_copies_the_last_layers_into_the_fused_projections():
     from jetspec_chat.engine.layers import hf_parameters
-    from jetspec_chat.engine.training.train import init_head
+    from jetspec_chat.engine.training.export import init_head
 
     head = random_head(layers=2)
     hf = workspace().hf
@@ -342,7 +357,7 @@ def test_target_init_copies_the_last_layers_into_the_fused_projections():
 
 
 def test_init_from_a_trained_head_directory_continues_it(tmp_path):
-    from jetspec_chat.engine.training.train import init_head
+    from jetspec_chat.engine.training.export import init_head
 
     trained = random_head(layers=1, seed=11)
     export_head(trained, tmp_path / "h", torch.float32)
@@ -352,6 +367,11 @@ def test_init_from_a_trained_head_directory_continues_it(tmp_path):
         assert torch.equal(a, b), name
     with pytest.raises(ConfigError, match="another shape.*num_hidden_layers"):
         init_head(random_head(layers=2), str(tmp_path / "h"), 0)
+    export_head(trained, tmp_path / "h8", torch.bfloat16, int8=True)  # an int8 head continues dequantized
+    from_int8 = random_head(layers=1, seed=12)
+    init_head(from_int8, str(tmp_path / "h8"), 0)
+    for (name, a), b in zip(trained.state_dict().items(), from_int8.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=0, atol=float(a.abs().max()) / 200 + 1e-3, msg=name)
     with pytest.raises(ConfigError, match="--init must be"):
         tiny_cfg(tmp_path, init=str(tmp_path / "missing")).validate()
     with pytest.raises(ConfigError, match="--attention-heads must be a multiple of the target's 2 KV heads"):
@@ -422,7 +442,7 @@ def test_train_head_cli_end_to_end(tmp_path, capsys):
     assert head.cfg.num_heads == 2 != workspace().engine.target.cfg.num_heads  # evaluated by the real decoder below
     report = json.loads((out / "eval.json").read_text())
     assert [r["budget"] for r in report["dev"]] == [8, 16] and all(r["tau"] >= 1.0 for r in report["dev"])
-    assert report["sets"]["chat"]["prompts"] >= 1
+    assert [r["budget"] for r in report["sets"]["chat"]] == [8, 16] and report["sets"]["chat"][0]["prompts"] == 20
     summary = json.loads((out / "summary.json").read_text())
     assert summary["train"]["steps"] == 20 and "tau_before" in summary
     assert "tau" in err and "budget" in err
@@ -468,7 +488,7 @@ def test_builtin_prompts_deterministic_distinct_and_split():
     other, other_dev = P.builtin_prompts(300, 20, seed=1)
     assert other != train_a[:300]
     assert other_dev == dev_a  # one held-out set whatever the seed: τ stays comparable across runs
-    evals = set(P.eval_prompts("coding")) | set(P.eval_prompts("chat"))
+    evals = set(EVAL_SETS["coding"]) | set(EVAL_SETS["chat"])
     assert not evals & set(train_a)
     kinds = {"reimplements": 0, "```python": 0, "Write a": 0, "Explain": 0}
     for p in train_a:
@@ -495,7 +515,7 @@ def test_clean_proposal_keeps_the_request_only():
 
 
 def test_collect_proposals_dedupes_and_skips_excluded_and_dev_prompts():
-    from jetspec_chat.engine.training.train import collect_proposals
+    from jetspec_chat.engine.training.data import collect_proposals
 
     texts = ["How do tides work on other planets?", "How do tides work on other planets?", "no",
              "What is a good first programming language?", "Explain the rules of chess briefly, please."]
@@ -535,14 +555,66 @@ def test_self_prompts_come_from_the_target_and_are_recorded(tmp_path):
 
 
 def test_eval_sets_and_prompts_file(tmp_path):
+    from jetspec_chat.engine.eval_sets import eval_prompts
+
     for kind in ("coding", "chat"):
-        s = P.eval_prompts(kind)
+        s = eval_prompts(kind)
         assert 18 <= len(s) <= 30 and len(set(s)) == len(s)
     with pytest.raises(ValueError):
-        P.eval_prompts("math")
+        eval_prompts("poetry")
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n')
     assert P.load_prompts_file(f) == ["a", "b"]
     f.write_text('{"text": "a"}\n')
     with pytest.raises(ValueError, match="prompt"):
         P.load_prompts_file(f)
+
+
+def test_sharegpt_contexts_go_through_the_data_stage_as_message_lists(tmp_path, monkeypatch):
+    """--prompt-source sharegpt: multi-turn contexts (the dataset's earlier answers included) are
+    rendered by the chat template over the whole message list, answered by the target, and the
+    dev prompts stay the built-in ones. A tiny fixture stands in for the packaged file."""
+    import contextlib
+    import io
+
+    from jetspec_chat.engine.training import sharegpt as S
+
+    convs = [{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Tell me about {a}."}, {"from": "gpt", "value": f"{a} are nice."},
+        {"from": "human", "value": f"And {b}?"}]} for i, (a, b) in enumerate(itertools.product(WORDS[:4], WORDS[4:7]))]
+    text = json.dumps(convs, indent=2)
+    monkeypatch.setattr(S, "open_sharegpt", lambda: contextlib.nullcontext(io.StringIO(text[:-40])))  # cut
+    ws = workspace()
+    cfg = tiny_cfg(tmp_path, prompt_source="sharegpt", num_prompts=10, max_new_tokens=8)
+    train_p, dev_p = prepare_prompts(cfg, quiet, ws)
+    assert dev_p == P.builtin_prompts(0, len(dev_p), seed=cfg.seed)[1]
+    assert len(train_p) == 10 and all(isinstance(p, list) and p[-1]["role"] == "user" for p in train_p)
+    multi = next(p for p in train_p if len(p) == 3)
+    assert prepare_prompts(cfg, quiet, ws)[0] == train_p  # cached in prompts.jsonl, lists and all
+    generate_data(ws, cfg, train_p, None, quiet)
+    data = torch.load(sorted((tmp_path / "data").glob("shard-*.pt"))[0], weights_only=True)
+    rendered = {tuple(ids[:n].tolist()) for ids, n in zip(data["ids"], data["prompt_len"])}
+    assert tuple(ws.prompt_ids(multi)) in rendered
+    assert multi[1]["content"] in ws.tokenizer.decode(ws.prompt_ids(multi))  # the earlier answer is in context
+    with pytest.raises(ConfigError, match="exclude each other"):
+        tiny_cfg(tmp_path, prompt_source="sharegpt", prompts_file="x.jsonl").validate()
+
+
+def test_prompts_stage_makes_sharegpt_contexts_without_the_target(tmp_path, monkeypatch):
+    """--stage prompts with ShareGPT loads no model; a later run with the same flags (on the GPU,
+    where the dataset package is absent) reuses the file instead of reading the dataset."""
+    import contextlib
+    import io
+
+    from jetspec_chat.engine.training import run as R
+    from jetspec_chat.engine.training import sharegpt as S
+
+    convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i} about {w}?"},
+                                              {"from": "gpt", "value": "An answer."}]} for i, w in enumerate(WORDS)]
+    monkeypatch.setattr(S, "open_sharegpt", lambda: contextlib.nullcontext(io.StringIO(json.dumps(convs))))
+    monkeypatch.setattr(R, "Workspace", lambda *a: pytest.fail("the prompts stage loaded the target"))
+    summary = R.run_training(tiny_cfg(tmp_path, stage="prompts", prompt_source="sharegpt", num_prompts=5))
+    assert summary["prompts"]["train"] == 5 and "head" not in summary
+    monkeypatch.setattr(S, "open_sharegpt", lambda: pytest.fail("read the dataset again"))
+    train_p, _ = prepare_prompts(tiny_cfg(tmp_path, stage="data", prompt_source="sharegpt", num_prompts=5), quiet)
+    assert len(train_p) == 5 and all(p[0]["content"].startswith("Question") for p in train_p)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The device tool sends the working tree, at most 64 MiB, and the shipped heads alone are ~90 MB.
-# Before a lease:  scripts/heads_aside.sh out   (engine/models/heads -> .stage/heads, git-ignored)
-# After it:        scripts/heads_aside.sh in
+# Before a lease:  scripts/gpu-lease/heads_aside.sh out   (engine/models/heads -> .stage/heads, git-ignored)
+# After it:        scripts/gpu-lease/heads_aside.sh in
 # Carry a head the run needs from .stage/ (e.g. copy it to .stage/h15 and name that in carry).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 case ${1:?out or in} in
 out) [ -d engine/models/heads ] && mkdir -p .stage && mv engine/models/heads .stage/heads && echo "engine/models/heads -> .stage/heads" ;;
 in)  [ -d .stage/heads ] && mv .stage/heads engine/models/heads && echo ".stage/heads -> engine/models/heads" ;;

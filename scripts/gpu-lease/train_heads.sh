@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# GPU-LEASE WORKFLOW SCRIPT: trains the embedded models' draft heads on a leased GPU machine
+# reached through the device tool (each call sends the working tree, at most 64 MiB; the
+# machine starts bare, reaches nothing, and is given back 30 s after a call). Not part of the
+# app; TRAINING.md explains the recipe, this file only moves files and starts runs.
+#
+# Here, before the lease (CPU, no GPU):
+#   scripts/gpu-lease/train_heads.sh prepare KEY [GGUF]   split the model's GGUF (default: assembled
+#       from the installed weight packages) into .stage/cNN/ (one <=60 MiB chunk a folder), make the
+#       ShareGPT training contexts (train-head --stage prompts, the `train` extra) gzipped into
+#       .stage/prompts-KEY/, copy the shipped head to .stage/h-KEY; then scripts/gpu-lease/heads_aside.sh out,
+#       and the device calls it prints.
+# On the machine, one device call each, back to back (OUT is the device tool's $OUT):
+#   setup                 installs the carried .whl wheels and this checkout, copies what .stage/ carries
+#                         to /root/stage, runs the GPU tests of the kernels a run depends on
+#   stage                 copies the carried .stage/ folders to /root/stage (GGUF chunks, heads, prompts)
+#   launch KEY [MINUTES]  assembles the GGUF (sha256 checked) and starts, in the background (setsid),
+#                         the ShareGPT run (`run_sharegpt` below, ~MINUTES, default 11.5) into /root/runs/KEY
+#                         (it runs this script's `run` verb)
+#   poll SECONDS          waits (at most SECONDS, less once every run is DONE) and shows the logs
+#   collect KEY           tars head/, eval.json, the baseline's eval, logs and summaries into $OUT (15 MB parts)
+#   evaluate NAME KEY HEAD  τ of a head folder in /root/stage on the dev prompts and eval sets, in the background
+#   compare KEY STEPS "A" "B"  two head shapes from scratch on the same (built-in) data and steps
+# KEY: q15 (qwen2.5-coder-1.5b) or q05 (qwen2.5-coder-0.5b).
+set -uo pipefail
+OUT=${OUT:-./gpu-out}
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site JETSPEC_CHAT_CACHE=/root/cache
+STAGE=/root/stage RUNS=/root/runs APP=/root/app  # on the leased machine
+verb=${1:?verb}; shift
+
+declare -A ALIAS=([q05]=qwen2.5-coder-0.5b [q15]=qwen2.5-coder-1.5b)
+declare -A SHA=(
+  [q05]=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+  [q15]=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+)
+# The shipped heads' shapes (an --init head must match exactly).
+declare -A HEAD=(
+  [q05]="--draft-layers 2 --intermediate-size 2432"
+  [q15]="--draft-layers 1 --intermediate-size 2048 --taps 1,9,17,25"
+)
+# The ShareGPT prompts: the SAME flags here (prepare) and there (launch), so the run finds the
+# carried OUT/prompts.jsonl (its prompts.meta.json key matches) and never reads the dataset.
+# 16,000 contexts (~2/3 multi-turn, <= 3,072 characters) are more than the data stage answers in
+# its ~3 minutes; it answers a seeded random order of length-sorted batches, so what it reaches
+# is a fair sample.
+PROMPTS="--prompt-source sharegpt --num-prompts 16000 --seed 1 --max-prompt-tokens 1024 --eval-prompts 8"
+DATA="--max-new-tokens 256 --gen-batch-size 512 --temperature 0"
+# Continue the shipped head: its recipe (block 16, 16 x 128 blocks a step, depth decay 8) at the
+# gentler peak lr of the earlier --init runs; int8 export. The time budget ends it.
+FIT="--lr 4e-4 --block-size 16 --batch-size 16 --anchors-per-seq 128 --epochs 2 --eval-every 0 --export-dtype int8"
+EVAL="--eval-budgets 16,32,64,128,256 --eval-sets coding,chat --eval-width 8 --eval-max-new-tokens 128"
+
+# /root/models/KEY.gguf from the staged parts (once), checked against its sha256; prints the path.
+assemble() {
+  local key=$1 gguf=/root/models/$1.gguf
+  mkdir -p /root/models
+  if [ ! -f $gguf ]; then
+    ls $STAGE/$key.gguf.part* > /dev/null || { echo "no $key.gguf.part* in $STAGE" >&2; return 1; }
+    cat $STAGE/$key.gguf.part* > $gguf.tmp && rm -f $STAGE/$key.gguf.part*
+    local sum=$(sha256sum $gguf.tmp | cut -d' ' -f1)
+    [ "$sum" = "${SHA[$key]}" ] || { echo "sha256 mismatch for $key: $sum" >&2; rm -f $gguf.tmp; return 1; }
+    mv $gguf.tmp $gguf
+  fi
+  echo $gguf
+}
+
+# Carried .stage/cNN/ chunk files land flat in /root/stage; any other .stage/NAME folder as /root/stage/NAME.
+take_stage() {
+  mkdir -p $STAGE
+  for d in .stage/*/; do
+    [ -d "$d" ] || continue
+    name=$(basename "$d")
+    case $name in
+      c[0-9]*) mv "$d"* $STAGE/ ;;  # moved: a chunk left in the working copy is not copied twice
+      heads) ;;  # the shipped heads set aside: never carried
+      *) rm -rf "$STAGE/$name" && cp -r "$d" "$STAGE/$name" ;;
+    esac
+  done
+  ls $STAGE
+}
+
+# One run, ~11.5 minutes on an H100 for the 1.5B: data (ShareGPT contexts answered by the target,
+# until 3.75 min), then training the shipped head further (until +4.5 min) while the shipped head
+# itself is measured beside it (same machine, same prompts: the baseline), then τ of the exported
+# int8 head on the dev prompts and both eval sets at every budget. Each step writes DIR/stage.txt.
+run_sharegpt() {
+  local key=$1 gguf=$2 minutes=$3 dir=$RUNS/$1 t0=$(date +%s)
+  local cmd="python3 -m jetspec_chat train-head $gguf --quiet $PROMPTS"
+  left() { python3 -c "print(round(max(0.5, $minutes - ($(date +%s) - $t0) / 60 - $1), 2))"; }
+  echo "data $(date +%T)" >> $dir/stage.txt
+  $cmd --out $dir --stage data $DATA --time-budget-min $(left 7.75) > $dir/data.txt 2>&1 || return 1
+  echo "train + baseline $(date +%T)" >> $dir/stage.txt
+  mkdir -p $dir/baseline && cp -r $STAGE/h-$key $dir/baseline/head
+  $cmd --out $dir/baseline --stage eval $EVAL > $dir/baseline/eval.txt 2>&1 &
+  $cmd --out $dir --stage train ${HEAD[$key]} --init $STAGE/h-$key $FIT $EVAL --time-budget-min $(left 2.25) \
+    > $dir/train.txt 2>&1 || return 1
+  wait
+  echo "eval $(date +%T)" >> $dir/stage.txt
+  $cmd --out $dir --stage eval $EVAL > $dir/eval.txt 2>&1
+  echo "done $(date +%T), $(( ($(date +%s) - t0) / 60 )) min" >> $dir/stage.txt
+}
+
+case $verb in
+prepare)  # here, on the CPU: prepare KEY [GGUF]
+  key=${1:?key (q05 or q15)} gguf=${2:-} assembled=
+  cd "$(dirname "$0")/../.."
+  [ -n "${ALIAS[$key]:-}" ] || { echo "unknown key $key" >&2; exit 2; }
+  if [ -z "$gguf" ]; then  # from the installed weight packages (the embedded / embedded-small extras)
+    gguf=.stage/$key.gguf assembled=$gguf && mkdir -p .stage
+    python3 -c "import sys; from pathlib import Path; from jetspec_chat.engine.models import embedded as E
+m = E.EMBEDDED[sys.argv[1]]; E.assemble_gguf(m, E.find_parts(m), Path(sys.argv[2]))" ${ALIAS[$key]} $gguf || exit 1
+  fi
+  sum=$(sha256sum "$gguf" | cut -d' ' -f1)
+  [ "$sum" = "${SHA[$key]}" ] || { echo "$gguf is not the $key GGUF (sha256 $sum)" >&2; exit 1; }
+  # 60 MiB chunks (as ../shared/tools/split-for-transfer makes them), one a folder: one a call
+  rm -rf .stage/split-$key .stage/c[0-9]* && mkdir -p .stage/split-$key
+  split -b 60m -d -a 3 "$gguf" .stage/split-$key/$key.gguf.part
+  i=0; for part in .stage/split-$key/$key.gguf.part*; do
+    c=$(printf ".stage/c%02d" $i); mkdir -p $c && mv $part $c/; i=$((i+1))
+  done
+  rm -rf .stage/split-$key $assembled
+  rm -rf .stage/prompts-run-$key .stage/prompts-$key
+  python3 -m jetspec_chat train-head ${ALIAS[$key]} --out .stage/prompts-run-$key --stage prompts $PROMPTS --quiet \
+    || { echo "the ShareGPT prompts need: pip install -e '.[train]'" >&2; exit 1; }
+  mkdir -p .stage/prompts-$key
+  gzip -c .stage/prompts-run-$key/prompts.jsonl > .stage/prompts-$key/prompts.jsonl.gz
+  cp .stage/prompts-run-$key/prompts.meta.json .stage/prompts-$key/
+  heads=engine/models/heads; [ -d $heads ] || heads=.stage/heads
+  rm -rf .stage/h-$key && cp -r $heads/${ALIAS[$key]} .stage/h-$key
+  du -sh .stage/c* .stage/h-$key .stage/prompts-$key .whl 2>/dev/null
+  last=$(printf "c%02d" $((i-1)))
+  echo "calls: setup (carry .whl .stage/h-$key .stage/prompts-$key), then stage (carry .stage/cNN) for c00..$last,"
+  echo "       the last one as 'stage && launch $key', then poll 590 until DONE, then collect $key"
+  ;;
+setup)
+  date +%s > /root/t0
+  mkdir -p $STAGE $RUNS
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  rm -rf $APP && mkdir -p $APP && tar --exclude=./.stage --exclude=./.whl -cf - . | tar -xf - -C $APP
+  (cd $APP && python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2)
+  take_stage
+  # the kernels the run depends on, on this GPU (the fused loss; sampling inside the decode graph)
+  (cd $APP && timeout 120 python3 -P -m pytest -q -x -p no:cacheprovider tests/kernels/test_distill_kernel.py \
+    tests/engine/test_gpu.py::test_graphed_batch_sampling_runs_inside_the_graph 2>&1 | tail -3)
+  ;;
+stage)
+  take_stage | wc -l
+  ;;
+launch)
+  key=${1:?key} minutes=${2:-11.5}
+  gguf=$(assemble $key) || exit 1
+  [ -d $STAGE/h-$key ] && [ -f $STAGE/prompts-$key/prompts.jsonl.gz ] || { echo "carry .stage/h-$key and .stage/prompts-$key first" >&2; exit 1; }
+  rm -rf $RUNS/$key && mkdir -p $RUNS/$key
+  gunzip -c $STAGE/prompts-$key/prompts.jsonl.gz > $RUNS/$key/prompts.jsonl
+  cp $STAGE/prompts-$key/prompts.meta.json $RUNS/$key/
+  echo "launching $key: ${minutes} min"
+  cd $APP && setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
+    > $RUNS/$key/run.txt 2>&1 < /dev/null &
+  sleep 20; cat $RUNS/$key/stage.txt; tail -3 $RUNS/$key/data.txt
+  ;;
+run)  # (started by launch, in the background) run KEY GGUF MINUTES
+  run_sharegpt "$@"; echo "exit $?"; touch $RUNS/${1:?key}/DONE
+  ;;
+evaluate)  # evaluate NAME KEY HEAD: τ of /root/stage/HEAD on the dev prompts and both eval sets, every budget
+  name=${1:?name} key=${2:?key} head=${3:?head folder in /root/stage}
+  gguf=$(assemble $key) || exit 1
+  rm -rf $RUNS/$name && mkdir -p $RUNS/$name && cp -r $STAGE/$head $RUNS/$name/head
+  cd $APP && setsid nohup bash -c "python3 -m jetspec_chat train-head $gguf --out $RUNS/$name --stage eval \
+    --eval-prompts 8 $EVAL --quiet > $RUNS/$name/eval.txt 2>&1; touch $RUNS/$name/DONE" > /dev/null 2>&1 < /dev/null &
+  sleep 5; tail -3 $RUNS/$name/eval.txt
+  ;;
+compare)  # compare KEY STEPS "HEAD ARGS A" "HEAD ARGS B": two heads from scratch on the same data, same steps
+  key=${1:?key} steps=${2:?steps} a=${3:?head args A} b=${4:?head args B}
+  gguf=$(assemble $key) || exit 1
+  rm -rf $RUNS/cmpA $RUNS/cmpB && mkdir -p $RUNS/cmpA $RUNS/cmpB
+  data="--num-prompts 30000 --gen-batch-size 512 --max-new-tokens 256 --max-prompt-tokens 768 --seed 1 --self-prompts 0.3"
+  fit="--steps $steps --lr 6e-4 --block-size 16 --batch-size 16 --anchors-per-seq 128 --eval-every 0 --eval-prompts 8"
+  cd $APP && setsid nohup bash -c "python3 -m jetspec_chat train-head $gguf --out $RUNS/cmpA --stage data $data --quiet \
+      > $RUNS/cmpA/data.txt 2>&1 && cp -r $RUNS/cmpA/data $RUNS/cmpA/prompts.jsonl $RUNS/cmpA/prompts.meta.json $RUNS/cmpB/ && \
+    { python3 -m jetspec_chat train-head $gguf --out $RUNS/cmpA --stage train $data $fit $a --quiet > $RUNS/cmpA/train.txt 2>&1 &
+      python3 -m jetspec_chat train-head $gguf --out $RUNS/cmpB --stage train $data $fit $b --quiet > $RUNS/cmpB/train.txt 2>&1;
+      wait; }; touch $RUNS/cmpA/DONE $RUNS/cmpB/DONE" > /dev/null 2>&1 < /dev/null &
+  sleep 15; tail -3 $RUNS/cmpA/data.txt
+  ;;
+poll)
+  secs=${1:?seconds}; t=0
+  while [ $t -lt "$secs" ]; do
+    n=0; for d in $RUNS/*/; do [ -f $d/DONE ] || n=$((n+1)); done
+    [ $n -eq 0 ] && break
+    sleep 10; t=$((t+10))
+  done
+  for d in $RUNS/*/; do
+    echo "== $d $( [ -f $d/DONE ] && echo DONE)"
+    [ -f $d/stage.txt ] && cat $d/stage.txt
+    for f in run.txt data.txt train.txt eval.txt baseline/eval.txt; do [ -f $d/$f ] && { echo "-- $f"; tail -4 $d/$f; }; done
+    [ -f $d/log.jsonl ] && tail -1 $d/log.jsonl
+  done
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+  ;;
+collect)
+  key=${1:?key}
+  mkdir -p "$OUT"
+  [ -f $RUNS/$key/baseline/eval.json ] && cp $RUNS/$key/baseline/eval.json $RUNS/$key/baseline-eval.json
+  tar -C $RUNS/$key -cf /root/$key.tar $(cd $RUNS/$key && ls -d head eval.json baseline-eval.json summary.json \
+    run_config.json log.jsonl stage.txt run.txt data.txt train.txt eval.txt baseline/eval.txt data/meta.json 2>/dev/null)
+  split -b 15m -d -a 2 /root/$key.tar "$OUT/$key.tar.part" && ls -l "$OUT" && sha256sum /root/$key.tar
+  ;;
+*) echo "unknown verb $verb" >&2; exit 2 ;;
+esac

@@ -1,0 +1,50 @@
+"""The app on a MoE target (random:tiny-qwen3-moe, real engine, CPU): one answer with its trees
+and stats, then a budget comparison. The MoE block changes nothing the app sees but the model."""
+from __future__ import annotations
+
+import pytest
+from app_support import async_test, isolate, wait_until
+from test_app_real import SIZE, TIMEOUT, ask, content, idle, ready, real_app
+
+from jetspec_chat.ui.chat import AssistantMessage
+from jetspec_chat.ui.compare import CompareScreen
+from jetspec_chat.ui.tree_view import TreePanel
+
+pytestmark = pytest.mark.slow
+
+MODEL = "random:tiny-qwen3-moe"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    isolate(monkeypatch, tmp_path)
+
+
+@async_test
+async def test_moe_model_answers_with_trees_stats_and_compare():
+    app = real_app(MODEL, max_new_tokens=8, compare_budgets=["AR", "16"])
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.engine_info.model_name == MODEL and app.engine_info.head_name.startswith("random")
+        await ask(pilot, "Route this through the experts.")
+        trace = app.current_trace
+        result = trace.result
+        assert result is not None and result.finish_reason in ("length", "eos"), trace.error
+        assert trace.rounds and all(len(r.tree_texts) > 1 for r in trace.rounds)  # real trees
+        assert list(app.main_screen.query(AssistantMessage))[-1].raw == result.text
+        n = len(trace.rounds)
+        assert f"round {n}/{n}" in app.main_screen.query_one(TreePanel).border_title
+        lines = content(app, "#stats-lines")
+        assert "tok/s" in lines and "τ" in lines and f"rounds {n}" in lines
+        await pilot.press("f6")
+        await pilot.pause()
+        assert isinstance(app.screen, CompareScreen)
+        await pilot.press("enter")
+        await wait_until(
+            pilot, lambda: app.compare.job_id is not None and not app.compare.running, timeout=TIMEOUT, what="the comparison"
+        )
+        await idle(pilot)
+        rows = app.compare.rows
+        assert [r.label for r in rows] == ["AR", "16"]
+        assert all(r.status == "done" and r.result is not None for r in rows), [(r.label, r.status, r.error) for r in rows]
+        assert {r.result.text for r in rows} == {result.text}  # greedy: the same answer at every budget

@@ -1,0 +1,96 @@
+"""The layout's promises (docs/DESIGN.md §1): the runtime imports no training or bench code, and no
+two modules of jetspec_chat import each other, directly or around a longer loop."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import jetspec_chat
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"jetspec_chat": ROOT / "jetspec_chat", "jetspec_chat.engine": ROOT / "engine",
+            "jetspec_chat.kernels": ROOT / "kernels", "jetspec_chat.themes": ROOT / "themes"}
+
+
+def test_the_runtime_imports_no_training_bench_or_ui_module():
+    code = ("import sys, jetspec_chat.engine; "
+            "print('\\n'.join(m for m in sys.modules if m.startswith('jetspec_chat')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "jetspec_chat.engine.engine" in loaded  # the check sees the runtime's own modules
+    banned = ("jetspec_chat.engine.training", "jetspec_chat.engine.bench", "jetspec_chat.ui")
+    assert not [m for m in loaded if m.startswith(banned)]
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the distribution by dotted name (packages as their __init__)."""
+    out = {}
+    for pkg, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("").parts
+            if rel[-1] == "__init__":
+                rel = rel[:-1]
+            name = ".".join((pkg, *rel))
+            if not any(name.startswith(other + ".") or name == other
+                       for other in PACKAGES if other != pkg and other.startswith(pkg + ".")):
+                out[name] = path
+    return out
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The jetspec_chat modules `name` imports anywhere in its body (lazy imports included)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:  # `from pkg import module` names a module
+                if f"{target}.{alias.name}" in known:
+                    found.add(f"{target}.{alias.name}")
+                elif target in known:
+                    found.add(target)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in known}
+    found.discard(name)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle_inside_jetspec_chat():
+    mods = modules()
+    assert "jetspec_chat.engine.training.replay" in mods and "jetspec_chat.ui.app" in mods
+    graph = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_version_is_the_distributions():
+    assert jetspec_chat.__version__
