@@ -105,7 +105,7 @@ def run(args, end_to_end_options, say, console) -> int:
     """The engine bench, then the app on the same options; one table."""
     from rich.table import Table
 
-    from .engine.bench import bench
+    from .engine.bench.end_to_end import run_end_to_end
 
     opts = end_to_end_options(args)
     opts.modes = tuple(m for m in opts.modes if m in ("ar", "spec")) or ("ar", "spec")
@@ -113,7 +113,7 @@ def run(args, end_to_end_options, say, console) -> int:
     if len(opts.models) != 1:
         say("--app takes one model")
         return 2
-    engine_report = bench.run_end_to_end(opts, say)
+    engine_report = run_end_to_end(opts, say)
     configs = [(name, budget) for name, mode, budget in opts.configs() if mode in ("ar", "spec")]
     with tempfile.TemporaryDirectory(prefix="jetspec-app-bench-") as tmp:
         # the app's history and settings go to a scratch directory, not the user's
