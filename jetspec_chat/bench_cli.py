@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--thinking", action="store_true", help="let Qwen3 models think (off by default)")
+    g.add_argument("--app", action="store_true",
+                   help="also drive the real app headless through the same prompts and configs (ar, spec): "
+                        "app tok/s next to engine tok/s, and the first answer against the second")
     e = p.add_argument_group("engine only")
     e.add_argument("--engine-only", action="store_true",
                    help="time one AR step, one verify per tree size, one draft forward and one round per context")
@@ -248,6 +251,10 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     progress = lambda msg: err.print(f"[dim]\\[bench] {msg}[/dim]")
     try:
+        if args.app:
+            from .app_bench import run as run_app_bench
+
+            return run_app_bench(args, end_to_end_options, progress, Console(width=max(Console().width, 140)))
         if args.engine_only:
             opts = engine_only_options(args)
             opts.validate()  # fail fast, before loading a model

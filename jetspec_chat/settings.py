@@ -111,6 +111,7 @@ class Settings:
 
     theme: str = "jetspec-dark"
     budget: int = 64
+    budget_auto: bool = True  # the budget follows the device (auto_budget) until the user picks one
     depth: int | None = None  # None: the head's full block
     width: int = 8
     tree_algo: str = "accum_logp"

@@ -28,8 +28,14 @@ def isolate(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("JETSPEC_CHAT_CONFIG", str(tmp_path / "config"))
 
 
-def make_app(backend: FakeBackend | None = None, settings: Settings | None = None, **kwargs) -> JetspecApp:
-    return JetspecApp(backend=backend or FakeBackend(), settings=settings or Settings(), **kwargs)
+def make_app(
+    backend: FakeBackend | None = None, settings: Settings | None = None, *, device_budget: bool = False, **kwargs
+) -> JetspecApp:
+    """The app on the fake engine. The budget stays what `settings` say (64 by default) unless
+    `device_budget`: then it follows the (fake, CPU) device as for a user who never chose one."""
+    settings = settings or Settings()
+    settings.budget_auto = device_budget
+    return JetspecApp(backend=backend or FakeBackend(), settings=settings, **kwargs)
 
 
 async def wait_until(pilot, cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:

@@ -36,6 +36,7 @@ from jetspec_chat.settings import (
 )
 
 from . import engine_worker as ew
+from .engine_process import EngineProcess
 from .app_commands import BINDINGS as APP_BINDINGS
 from .app_commands import CommandsMixin
 from .app_compare import CompareMixin
@@ -52,6 +53,7 @@ from .chat import (
 )
 from .compare import CompareScreen, CompareState
 from .jobs import Job
+from .liveness import can_update
 from .stats import StatsPanel
 from .styles import APP_CSS
 from .themes import (
@@ -84,6 +86,7 @@ class LoadingPanel(Vertical):
     _title = ""
     _message = ""
     _started = 0.0
+    _fraction: float | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("Starting…", id="loading-label")
@@ -91,12 +94,19 @@ class LoadingPanel(Vertical):
 
     def on_mount(self) -> None:
         self.set_interval(1.0, self._draw_label)
+        self._draw()
 
     def set_progress(self, title: str, message: str, fraction: float | None) -> None:
+        """Safe before compose: the latest progress is kept and drawn once the panel is mounted."""
         if message != self._message:
             self._started = time.monotonic()
-        self._title, self._message = title, message
+        self._title, self._message, self._fraction = title, message, fraction
+        if can_update(self):
+            self._draw()
+
+    def _draw(self) -> None:
         self._draw_label()
+        fraction = self._fraction
         bar = self.query_one(ProgressBar)
         if fraction is None:
             bar.update(total=None)
@@ -104,7 +114,7 @@ class LoadingPanel(Vertical):
             bar.update(total=100, progress=max(0.0, min(100.0, fraction * 100)))
 
     def _draw_label(self) -> None:
-        if not self.display or not self._title:
+        if not self.display or not self._title or not can_update(self):
             return
         elapsed = f" · {time.monotonic() - self._started:.0f} s"
         self.query_one("#loading-label", Static).update(Text.assemble((self._title, "bold"), "\n",
@@ -156,11 +166,14 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         theme: str | None = None,
         session: str | None = None,
         persist_settings: bool = True,
+        engine_process: bool | None = None,
         demo: bool = False,
     ) -> None:
         """`backend`: an object with `load_engine`, `ChatSession` (and optionally `TREE_ALGOS`),
         e.g. `jetspec_chat.engine` (the default, imported on the engine thread) or
-        `jetspec_chat.ui.fake_engine.FakeBackend()`."""
+        `jetspec_chat.ui.fake_engine.FakeBackend()`. `engine_process`: run the engine in a spawned
+        child process (the default for the real engine) rather than on a thread of this one
+        (the default for a given backend such as the fake)."""
         super().__init__()
         self.spec = ew.EngineSpec(model, draft_head, device, dtype, max_context)
         self.settings = settings if settings is not None else load_settings()
@@ -169,7 +182,10 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         self.requested_theme = theme
         self.requested_session = session
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.worker = ew.EngineWorker(backend, self.outbox)
+        self.backend = backend
+        self.engine_process = backend is None if engine_process is None else engine_process
+        self.worker: ew.EngineWorker | EngineProcess = self._new_worker()
+        self.engine_stopped: str | None = None  # why the engine process ended, until restarted
         self.store = SessionStore()
         self.history = load_history()
         # engine / load state
@@ -232,7 +248,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         self._apply_theme_classes()
         self._apply_size_classes()
         self.worker.start()
-        self.worker.submit(ew.LoadCommand(self.spec, self.settings.system_prompt, self.settings.thinking))
+        self.worker.submit(self._load_command())
         self.set_interval(1.0 / DRAIN_HZ, self._drain, name="engine-drain")
 
     def main_screen_mounted(self) -> None:
@@ -257,6 +273,17 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         ours = list(self.cycle_themes)
         return ours + sorted(n for n in self.available_themes if n not in ours and n != "textual-ansi")
 
+    def _load_command(self) -> ew.LoadCommand:
+        """Load the model and warm the budgets the first answers and the compare screen use."""
+        s = self.settings
+        compare = tuple(int(b) for b in s.compare_budgets if b.isdigit())
+        return ew.LoadCommand(self.spec, s.system_prompt, s.thinking, None if s.budget_auto else s.budget, compare)
+
+    def _new_worker(self) -> ew.EngineWorker | EngineProcess:
+        if self.engine_process:
+            return EngineProcess(self.backend, self.outbox)
+        return ew.EngineWorker(self.backend, self.outbox)
+
     # ------------------------------------------------------------------ handy getters
 
     @property
@@ -264,7 +291,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         return self.main_screen.query_one(TreePanel)
 
     def _main_ready(self) -> bool:
-        return self.main_screen is not None and self.main_screen.is_mounted
+        return can_update(self.main_screen)
 
     def _q(self, selector: str, kind: type | None = None):
         return self.main_screen.query_one(selector, kind) if kind else self.main_screen.query_one(selector)
@@ -422,7 +449,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
             self.save_settings()
         self.refresh_chrome()
         self._refresh_provenance_all()
-        if self.compare_screen is not None and self.compare_screen.is_mounted:
+        if can_update(self.compare_screen):
             self.compare_screen.refresh_state()
 
     def on_resize(self, event) -> None:
@@ -457,6 +484,11 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
 
     async def send_message(self, text: str) -> bool:
         if not text.strip():
+            return False
+        if self.engine_stopped is not None:
+            await self.add_note_async(
+                "The engine is not running: press ctrl+e to restart it (your message stays in the box).", "error"
+            )
             return False
         if self.load_state == "failed":
             await self.add_note_async(

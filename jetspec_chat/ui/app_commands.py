@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from textual.binding import Binding
-from textual.screen import Screen
+from textual import on
 from textual.app import SystemCommand
+from textual.binding import Binding
+from textual.command import CommandList, CommandPalette
+from textual.screen import Screen
+from textual.widgets import Button, Input
 
 from . import engine_worker as ew
 from .dialogs import BUDGET_STEPS, HelpScreen
@@ -33,18 +36,49 @@ BINDINGS = [
     Binding("ctrl+l", "copy_answer", "Copy answer", show=False),
     Binding("ctrl+g", "copy_code", "Copy code", show=False),
     Binding("ctrl+backslash", "toggle_provenance", "Provenance", show=False),
+    # priority, as the chat input binds ctrl+e (line end); it takes the key only while the
+    # engine is stopped (check_action), so the input keeps it otherwise
+    Binding("ctrl+e", "restart_engine", "Restart engine", show=False, priority=True),
 ]
 
 # actions that only make sense on the main screen (disabled under dialogs and the compare screen)
 _MAIN_ONLY_ACTIONS = {
     "stop", "help", "budget", "next_algo", "toggle_spec", "compare", "tree_pause", "tree_step", "replay",
     "spec_settings", "measure_ar", "new_chat", "save_session", "open_session", "copy_answer", "copy_code",
-    "toggle_provenance", "next_theme", "export",
+    "toggle_provenance", "next_theme", "export", "restart_engine",
 }
+
+
+class Palette(CommandPalette):
+    """Textual's command palette, minus two crashes (Textual 8.2) found by the random walk in
+    tests/app/test_app_robustness.py: PageUp/PageDown before the list has laid out its lines
+    (a small terminal, or no matches yet) raise KeyError in OptionList._move_page; a second
+    Enter queued before the first one closed the palette dismisses it again, which pops the
+    main screen (ScreenStackError) and would run the command twice."""
+
+    @on(Input.Submitted)
+    @on(Button.Pressed)
+    def _select_or_command(self, event: Input.Submitted | Button.Pressed | None = None) -> None:
+        if event is not None:
+            event.prevent_default()  # instead of CommandPalette's own handler, not after it
+            event.stop()
+        if self.is_current:
+            super()._select_or_command()
+
+    def _action_command_list(self, action: str) -> None:
+        if action in ("page_up", "page_down"):
+            commands = self.query_one(CommandList)
+            if not commands._lines:
+                return
+        super()._action_command_list(action)
 
 
 class CommandsMixin:
     """Part of `JetspecApp`: key checks, themes, help and the command palette."""
+
+    def action_command_palette(self) -> None:
+        if self.use_command_palette and not CommandPalette.is_open(self):
+            self.push_screen(Palette(id="--command-palette"))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in _MAIN_ONLY_ACTIONS and self.screen is not self.main_screen:
@@ -52,6 +86,8 @@ class CommandsMixin:
                 return False
         if action == "stop":
             return True if self.busy else None
+        if action == "restart_engine":
+            return self.engine_stopped is not None or self.load_state == "failed"
         return True
 
     def action_next_theme(self) -> None:
@@ -66,9 +102,31 @@ class CommandsMixin:
     def action_retry_load(self) -> None:
         if self.load_state != "failed":
             return
+        if self.engine_stopped is not None or not self.worker.alive:
+            self.action_restart_engine()
+            return
         self.load_state = "loading"
         self.load_progress = None
-        self.worker.submit(ew.LoadCommand(self.spec, self.settings.system_prompt, self.settings.thinking))
+        self.worker.submit(self._load_command())
+        self._show_loading()
+        self.refresh_chrome()
+
+    def action_restart_engine(self) -> None:
+        """A new engine (process): load the model again and put the conversation back."""
+        if self.engine_stopped is None and self.worker.alive and self.load_state != "failed":
+            self.notify("The engine is running.", timeout=2)
+            return
+        self.worker.shutdown(timeout=0.2)
+        self.worker = self._new_worker()
+        self.worker.start()
+        self.engine_stopped = None
+        self.engine_info = None
+        self.load_state = "loading"
+        self.load_progress = None
+        self.worker.submit(self._load_command())
+        if self.session_data is not None:
+            self.worker.submit(ew.RestoreSessionCommand(self.session_data, self.session_name or ""))
+        self.add_note("Restarting the engine; the conversation continues where it was.", "info")
         self._show_loading()
         self.refresh_chrome()
 
@@ -136,7 +194,9 @@ class CommandsMixin:
             yield c(f"Theme: {name}", "Switch the color theme", lambda n=name: setattr(self, "theme", n))
         yield c("Export screen and round trace", "SVG of the screen and JSONL of every round", self.action_export)
         yield c("Help: keys", "All keys and what the tree shows", self.action_help)
-        if self.load_state == "failed":
+        if self.engine_stopped is not None:
+            yield c("Restart the engine", "Start the engine again and continue this conversation", self.action_restart_engine)
+        elif self.load_state == "failed":
             yield c("Retry loading the model", "Try to load the model again", self.action_retry_load)
 
     def _toggle_scores(self) -> None:

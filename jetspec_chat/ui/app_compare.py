@@ -11,6 +11,7 @@ from . import engine_worker as ew
 from .compare import CompareScreen
 from .compare_state import AR_LABEL, CompareState
 from .jobs import Job
+from .liveness import can_update, dismiss_if_current
 from .trace import AnswerTrace, ArBaseline
 
 
@@ -23,11 +24,8 @@ class CompareMixin:
     _compare_trace: AnswerTrace | None  # the run in progress
 
     def action_compare(self) -> None:
-        # On the stack, not is_mounted: a popped screen still reads as mounted, which kept F6 from
-        # ever reopening the screen once it was closed with Esc.
-        if self.compare_screen is not None and self.compare_screen in self.screen_stack:
-            if self.screen is self.compare_screen:
-                self.pop_screen()
+        if can_update(self.compare_screen):  # open: F6 closes it
+            dismiss_if_current(self.compare_screen)
             return
         if self.compare is None or not self.compare.running:
             if not self._ready_for_rerun("compare budgets"):

@@ -12,12 +12,14 @@ from jetspec_chat.engine.events import FinishEvent, PrefillEvent, RoundEvent
 from jetspec_chat.settings import error_log_path
 
 from . import engine_worker as ew
+from .app_spec import NO_HEAD_NOTE
+from .engine_worker import auto_budget
 from .jobs import Job, OutboxRouter
+from .liveness import can_update
 from .themes import SpecColors
 from .trace import AnswerTrace, ArBaseline
 
 MAX_ITEMS_PER_DRAIN = 5000
-NO_HEAD_NOTE = "no draft head: speculation off (plain AR); pass --draft-head to speculate"
 
 
 class OutboxMixin:
@@ -26,7 +28,8 @@ class OutboxMixin:
     _router: OutboxRouter | None = None
 
     async def _drain(self) -> None:
-        if self._draining:
+        # Reports wait in the outbox until the main screen is composed: their handlers update it.
+        if self._draining or not self._main_ready():
             return
         self._draining = True
         try:
@@ -65,6 +68,7 @@ class OutboxMixin:
                 ew.SpecApplied: self._on_spec_applied,
                 ew.SpecRejected: self._on_spec_rejected,
                 ew.SessionSnapshot: self._engine_snapshot,
+                ew.EngineDied: self._on_engine_died,
             }
         )
 
@@ -78,6 +82,43 @@ class OutboxMixin:
     def _on_load_progress(self, item: ew.LoadProgress) -> None:
         self.load_progress = item
         self._dirty.add("loading")
+
+    async def _on_engine_died(self, item: ew.EngineDied) -> None:
+        """The engine process is gone: end what it was doing (answers keep their text), keep
+        the conversation, and say how to get the engine back."""
+        self.engine_stopped = item.message
+        self.load_state = "failed"
+        self.load_error = "the engine process stopped"
+        self._dirty.add("loading")
+        for job_id, job in list(self.jobs.items()):
+            if job.kind == "chat" and job.message is not None and job.trace is not None:
+                await self._finish_message(job)
+                job.trace.error = "the engine process stopped"
+                job.message.set_meta("⚠ stopped: the engine process ended", "error")
+                self._keep_partial_turn(job.trace)
+            self.jobs.pop(job_id, None)
+        self.chat_job = self.aux_job = None
+        if self.compare is not None and self.compare.running:
+            self.compare.finished(cancelled=True)
+            self._dirty.add("compare")
+        self.stopping = False
+        self._dirty.update({"tree", "stats"})
+        await self.add_note_async(
+            f"{item.message} The conversation is kept: press ctrl+e to restart the engine.", "error"
+        )
+
+    def _keep_partial_turn(self, trace: AnswerTrace) -> None:
+        """Add the interrupted turn to the session mirror, as a cancel would have kept it: the
+        restarted engine continues from the conversation on screen."""
+        if self.session_data is None or not trace.user_text:
+            return
+        data = dict(self.session_data)
+        messages = [dict(m) for m in data.get("messages", [])]
+        messages.append({"role": "user", "content": trace.user_text})
+        messages.append({"role": "assistant", "content": trace.text})
+        data["messages"] = messages
+        self.session_data = data
+        self.session_messages = tuple(messages)
 
     def _on_job_started(self, item: ew.JobStarted) -> None:
         """Nothing to show: the app set the job up when it submitted it."""
@@ -98,7 +139,7 @@ class OutboxMixin:
             self.tree_panel.rounds_updated()
         if "stats" in dirty or "tree" in dirty:
             self._update_stats()
-        if "compare" in dirty and self.compare_screen is not None and self.compare_screen.is_mounted:
+        if "compare" in dirty and can_update(self.compare_screen):
             self.compare_screen.refresh_state()
         self.refresh_chrome()
 
@@ -112,8 +153,19 @@ class OutboxMixin:
         if self.settings.tree_algo not in info.tree_algos:
             self.settings.tree_algo = info.tree_algos[0]
         head = f" with draft head {info.head_name}" if info.head_name else ""
+        budget = ""
+        if self.settings.budget_auto:
+            self.settings.budget = auto_budget(info.device)
+            where = "a GPU" if info.device.startswith("cuda") else "a CPU"
+            budget = f" Budget {self.settings.budget}: the default on {where} (F2/F3 or --budget change it)."
+        warmed = ""
+        if info.warmed:
+            labels = ", ".join("AR" if b == 0 else str(b) for b in info.warmed)
+            warmed = f" Warmed up {labels} (kernels and graphs) in {info.warm_seconds:.1f} s."
         await self.add_note_async(
-            f"Loaded {info.model_name}{head} on {info.device} ({info.dtype}), context {info.max_context:,} tokens.",
+            f"Loaded {info.model_name}{head} on {info.device} ({info.dtype}), context {info.max_context:,} tokens."
+            + budget
+            + warmed,
             "info",
         )
         if info.max_depth is None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from jetspec_chat.settings import Settings
 
 from . import engine_worker as ew
-from .app_outbox import NO_HEAD_NOTE
 from .dialogs import BUDGET_STEPS, SpecSettingsScreen, step_in
 
 
+NO_HEAD_NOTE = "no draft head: speculation off (plain AR); pass --draft-head to speculate"
 class LiveSpecMixin:
     """Part of `JetspecApp`: what F2-F5, ctrl+B and the palette's spec commands change."""
 
@@ -56,6 +56,7 @@ class LiveSpecMixin:
 
     def set_budget(self, budget: int) -> None:
         self.settings.budget = budget
+        self.settings.budget_auto = False
         if not self.settings.speculation:
             self.settings.speculation = True
         self._changed(f"budget {budget}")
@@ -101,6 +102,8 @@ class LiveSpecMixin:
             new_chat_changed = (values.thinking, values.system_prompt) != (self.settings.thinking, self.settings.system_prompt)
             if values.speculation and not self.has_head:
                 values.speculation = False
+            if values.budget != self.settings.budget:
+                values.budget_auto = False
             before = self.generation_params()
             self.settings = values
             after = self.generation_params()

@@ -12,6 +12,7 @@ from textual.message import Message
 from textual.widgets import Collapsible, Markdown, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
 
+from .liveness import can_update
 from .themes import SpecColors
 
 THINK_OPEN = "<think>"
@@ -153,6 +154,8 @@ class AssistantMessage(Vertical):
             self._stream = None
 
     async def _sync(self, final: bool) -> None:
+        if not can_update(self):  # removed (new chat, reopened session): `raw` still has the text
+            return
         split = split_thinking(self.raw, thinking_enabled=self.thinking_enabled, final=final)
         self._show_thinking(split)
         md = self.query_one(".answer", Markdown)
@@ -173,16 +176,20 @@ class AssistantMessage(Vertical):
     def set_label(self, label: str) -> None:
         """The role line: 'jetspec · budget 64 · …' (live tree changes append to it)."""
         self.label = label
-        if self.is_mounted:
+        if can_update(self):
             self.query_one(".role", Static).update(label or "jetspec")
 
     def set_meta(self, text: str | Text, kind: str = "") -> None:
+        if not can_update(self):
+            return
         meta = self.query_one(".meta", Static)
         meta.update(text)
         meta.set_class(kind == "error", "-error")
         meta.set_class(kind == "warning", "-warning")
 
     def show_provenance(self, segments: list[tuple[str, str]] | None, colors: SpecColors) -> None:
+        if not can_update(self):
+            return
         view = self.query_one(".provenance", Static)
         if segments is None:
             t = Text(self.raw)

@@ -1,10 +1,13 @@
 """Compare budgets: rerun the last prompt at several budgets (and plain AR), side by side.
 
 The app owns the run (it talks to the engine thread); this screen edits the budget list,
-starts and cancels, and renders `CompareState` as a table and a text bar plot.
+starts and cancels, and renders `CompareState` as a table and a budget-scaling plot (textual-plotext).
 """
 from __future__ import annotations
 
+import math
+
+from rich.color import Color as RichColor
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -12,50 +15,44 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Static
+from textual_plotext import PlotextPlot
 
 from .compare_state import AR_LABEL, BudgetListError, CompareRow, CompareState, parse_budget_list
+from .liveness import can_update, dismiss_if_current
 from .stats import fmt
 from .themes import SpecColors
 from .trace import result_round_ms
 
-__all__ = ["AR_LABEL", "BudgetListError", "CompareRow", "CompareScreen", "CompareState", "parse_budget_list", "plot_text"]
+__all__ = ["AR_LABEL", "BudgetListError", "CompareRow", "CompareScreen", "CompareState", "draw_scaling_plot", "parse_budget_list"]
 
 
-def plot_text(state: CompareState, colors: SpecColors, width: int) -> Text:
-    """Two horizontal bar charts against budget: tokens/s and tau."""
-    rows = [r for r in state.rows if r.tps is not None]
-    t = Text(no_wrap=True, overflow="ellipsis")
-    if not rows:
-        t.append("Results appear here as each run finishes.", style=colors.muted)
-        return t
-    label_w = max(len(r.label) for r in rows) + 1
-    bar_w = max(4, width - label_w - 10)
-    eighths = " ▏▎▍▌▋▊▉█"
+def draw_scaling_plot(plot: PlotextPlot, state: CompareState, colors: SpecColors) -> None:
+    """tokens/s (left axis) and τ (right axis) against budget on a log-2 axis, AR's tokens/s as
+    a horizontal baseline."""
+    plt = plot.plt
+    plt.clear_data()
+    plt.clear_figure()
+    budgets, tps, taus = state.scaling_points()
+    ar, _source = state.ar_tps()
+    plt.title("tokens/s and τ against budget")
+    if not budgets:
+        plt.xlabel("results appear as each run finishes")
+        plot.refresh()
+        return
+    xs = [math.log2(b) for b in budgets]
+    plt.plot(xs, tps, marker="braille", color=_rgb(colors.bonus), label="tok/s")
+    plt.plot(xs, taus, marker="braille", color=_rgb(colors.accepted), label="τ", yside="right")
+    if ar:
+        plt.hline(ar, color=_rgb(colors.muted))
+        plt.text("AR", x=xs[0], y=ar, color=_rgb(colors.muted), alignment="left")
+    plt.xticks(xs, [str(b) for b in budgets])
+    plt.xlabel("budget (log 2)")
+    plot.refresh()
 
-    def bar(value: float, top: float) -> str:
-        cells = value / top * bar_w if top > 0 else 0
-        full = int(cells)
-        rem = int(round((cells - full) * 8))
-        if rem == 8:
-            full, rem = full + 1, 0
-        return "█" * full + (eighths[rem] if rem else "")
 
-    best_tps = max(r.tps or 0 for r in rows)
-    t.append("tokens/s\n", style="bold")
-    for r in rows:
-        style = f"bold {colors.bonus}" if (r.tps or 0) == best_tps else colors.bonus
-        t.append(f"{r.label:>{label_w - 1}} ", style=colors.muted)
-        b = bar(r.tps or 0, best_tps)
-        t.append(b, style=style)
-        t.append(f" {r.tps:.1f}\n", style=style)
-    taus = [r.tau or 0 for r in rows]
-    top_tau = max(taus) or 1
-    t.append("\nτ  tokens per round\n", style="bold")
-    for r in rows:
-        t.append(f"{r.label:>{label_w - 1}} ", style=colors.muted)
-        t.append(bar(r.tau or 0, top_tau), style=colors.accepted)
-        t.append(f" {r.tau:.2f}\n", style=colors.accepted)
-    return t
+def _rgb(color: str) -> tuple[int, int, int]:
+    triplet = RichColor.parse(color).get_truecolor()
+    return (triplet.red, triplet.green, triplet.blue)
 
 
 class CompareScreen(Screen):
@@ -85,13 +82,13 @@ class CompareScreen(Screen):
             yield Static("", id="compare-status")
         with Horizontal(id="compare-body"):
             yield DataTable(id="compare-table", cursor_type="row", zebra_stripes=True)
-            yield Static("", id="compare-plot")
+            yield PlotextPlot(id="compare-plot")
         yield Footer()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_column("budget")
-        for label in ("tokens/s", "τ", "speedup", "ms/round", "rounds", "tokens"):
+        for label in ("tokens/s", "τ", "speedup", "ms/round", "rounds", "tokens", "=AR"):
             table.add_column(Text(label, justify="right"))
         table.add_column("status")
         self.query_one(Input).focus()
@@ -116,13 +113,13 @@ class CompareScreen(Screen):
 
     @on(Button.Pressed, "#compare-close")
     def action_close(self) -> None:
-        self.app.pop_screen()
+        dismiss_if_current(self)
 
     def action_cancel_or_close(self) -> None:
         if self.state.running:
             self.app.cancel_compare()  # type: ignore[attr-defined]
         else:
-            self.app.pop_screen()
+            dismiss_if_current(self)
 
     def set_state(self, state: CompareState) -> None:
         self.state = state
@@ -131,7 +128,7 @@ class CompareScreen(Screen):
     # -- drawing
 
     def refresh_state(self) -> None:
-        if not self.is_mounted:
+        if not can_update(self):  # not composed yet, or closed (its children are gone)
             return
         s = self.state
         colors = SpecColors.from_app(self.app)
@@ -146,8 +143,7 @@ class CompareScreen(Screen):
         bar.update(total=max(1, len(s.rows)), progress=s.progress)
         self.query_one("#compare-status", Static).update(self._status_text(colors))
         self._fill_table(colors)
-        plot = self.query_one("#compare-plot", Static)
-        plot.update(plot_text(s, colors, max(20, plot.content_region.width or 40)))
+        draw_scaling_plot(self.query_one("#compare-plot", PlotextPlot), s, colors)
 
     def _status_text(self, colors: SpecColors) -> Text:
         s = self.state
@@ -191,5 +187,7 @@ class CompareScreen(Screen):
                 Text(fmt(ms, ".1f"), justify="right"),
                 Text(rounds, justify="right"),
                 Text(tokens, justify="right"),
+                Text({True: "yes", False: "no", None: "—"}[self.state.same_as_ar(r)], justify="right",
+                     style="bold red" if self.state.same_as_ar(r) is False else ""),
                 Text(status, style="bold red" if r.error else ("" if r.status == "done" else colors.muted)),
             )

@@ -84,6 +84,18 @@ class CompareState:
     def done_count(self) -> int:
         return sum(1 for r in self.rows if r.status in ("done", "error", "cancelled"))
 
+    def same_as_ar(self, row: CompareRow) -> bool | None:
+        """Whether `row`'s answer is token-identical to the AR row's (None: nothing to compare)."""
+        ar = next((r for r in self.rows if r.label == AR_LABEL and r.result is not None), None)
+        if ar is None or row.result is None or row is ar:
+            return None
+        return row.result.token_ids == ar.result.token_ids
+
+    def scaling_points(self) -> tuple[list[int], list[float], list[float]]:
+        """(budgets, tokens/s, tau) of the finished budget runs, by budget: the scaling plot."""
+        rows = sorted((r for r in self.rows if r.label != AR_LABEL and r.tps is not None), key=lambda r: int(r.label))
+        return [int(r.label) for r in rows], [r.tps or 0.0 for r in rows], [r.tau or 0.0 for r in rows]
+
     @property
     def progress(self) -> float:
         """Runs done, plus the running one's share (its tokens so far over the expected length)."""

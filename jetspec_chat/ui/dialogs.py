@@ -17,6 +17,8 @@ from textual.widgets.option_list import Option
 from jetspec_chat.engine.params import MAX_BUDGET, MAX_WIDTH
 from jetspec_chat.settings import SessionInfo, Settings
 
+from .liveness import dismiss_if_current
+
 BUDGET_STEPS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 WIDTH_STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 TEMPERATURE_STEPS = (0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 1.0, 1.2, 1.5)
@@ -187,7 +189,7 @@ class SpecSettingsScreen(ModalScreen[Settings | None]):
         self.query_one(SettingsEditor).focus()
 
     def action_dismiss_none(self) -> None:
-        self.dismiss(None)
+        dismiss_if_current(self, None)
 
     def action_apply(self) -> None:
         editor = self.query_one(SettingsEditor)
@@ -195,7 +197,7 @@ class SpecSettingsScreen(ModalScreen[Settings | None]):
             return
         values = editor.values
         values.system_prompt = self.query_one("#system-prompt", Input).value.strip() or None
-        self.dismiss(values)
+        dismiss_if_current(self, values)
 
 
 # ----------------------------------------------------------------------------- sessions
@@ -241,10 +243,10 @@ class SaveSessionScreen(ModalScreen[str | None]):
         from jetspec_chat.settings import sanitize_session_name
 
         if sanitize_session_name(event.value):
-            self.dismiss(event.value.strip())
+            dismiss_if_current(self, event.value.strip())
 
     def action_dismiss_none(self) -> None:
-        self.dismiss(None)
+        dismiss_if_current(self, None)
 
 
 class OpenSessionScreen(ModalScreen[str | None]):
@@ -278,10 +280,10 @@ class OpenSessionScreen(ModalScreen[str | None]):
 
     @on(OptionList.OptionSelected)
     def _selected(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(event.option.id)
+        dismiss_if_current(self, event.option.id)
 
     def action_dismiss_none(self) -> None:
-        self.dismiss(None)
+        dismiss_if_current(self, None)
 
 
 # ----------------------------------------------------------------------------- help
@@ -349,4 +351,4 @@ class HelpScreen(ModalScreen[None]):
             yield Markdown(help_text())
 
     def action_dismiss_none(self) -> None:
-        self.dismiss(None)
+        dismiss_if_current(self, None)

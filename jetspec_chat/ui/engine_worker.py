@@ -18,6 +18,7 @@ import os
 import queue
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -76,6 +77,8 @@ class LoadCommand:
     spec: EngineSpec
     system_prompt: str | None = None
     thinking: bool = False
+    budget: int | None = None  # the app's budget, warmed during the load; None: auto_budget(device)
+    compare_budgets: tuple[int, ...] = ()  # warmed during the load on a GPU, before their first run otherwise
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,8 @@ class EngineInfo:
     max_depth: int | None
     max_context: int
     tree_algos: tuple[str, ...]
+    warmed: tuple[int, ...] = ()  # budgets (0 = AR) run once before the first answer
+    warm_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -219,6 +224,13 @@ class SpecRejected:
 
 
 @dataclass(frozen=True)
+class EngineDied:
+    """The engine process ended without being asked to (killed, out of memory, a crash)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class SessionSnapshot:
     """The session's state after a job, copied on the engine thread (the UI never touches it)."""
 
@@ -241,7 +253,18 @@ OutboxItem = (
     | SpecApplied
     | SpecRejected
     | SessionSnapshot
+    | EngineDied
 )
+
+
+GPU_BUDGET = 64  # engine bench, 1.5B on an H200: budget 64 is the fastest (README)
+CPU_BUDGET = 4  # the verify forward is compute-bound on a CPU: 4 beats AR there, 64 does not (PERF_NOTES.md)
+WARM_PROMPT = "Hello"
+
+
+def auto_budget(device: str) -> int:
+    """The default budget for `device` when the user has not chosen one."""
+    return GPU_BUDGET if device.startswith("cuda") else CPU_BUDGET
 
 
 def describe_error(err: BaseException) -> tuple[str, bool]:
@@ -271,6 +294,7 @@ class EngineWorker:
         self._session: Any = None
         self._load_error: str | None = None
         self._threads_before: int | None = None  # torch's CPU thread count before we changed it
+        self._warmed: set[int] = set()  # budgets (0 = AR) whose kernels and graphs exist
 
     # -- UI-thread API: none of these block
 
@@ -279,8 +303,11 @@ class EngineWorker:
             self._started = True
             self._thread.start()
 
-    def submit(self, command: Command) -> int:
-        job_id = next(self._ids)
+    def submit(self, command: Command, job_id: int | None = None) -> int:
+        """Queue `command`; returns its job id (`job_id` when given: the engine process passes
+        the id its parent chose)."""
+        if job_id is None:
+            job_id = next(self._ids)
         with self._lock:
             self._cancels[job_id] = threading.Event()
         self._commands.put((job_id, command))
@@ -394,6 +421,17 @@ class EngineWorker:
         before = leave_a_core_for_the_ui(engine)
         if self._threads_before is None:
             self._threads_before = before
+        device = str(getattr(engine, "device", spec.device))
+        budgets = [0, cmd.budget or auto_budget(device)]
+        if device.startswith("cuda"):  # graphs and kernels per tree size: all of them now
+            budgets += list(cmd.compare_budgets)
+        t0 = time.perf_counter()
+        try:
+            self._warm(budgets, progress)
+        except BaseException as err:  # noqa: BLE001 - a failed warm-up leaves a usable engine
+            message, _ = describe_error(err)
+            progress(f"warming up failed ({message}); the first answers compile as they go", None)
+        warm_s = time.perf_counter() - t0
         self._post(
             EngineReady(
                 EngineInfo(
@@ -404,10 +442,33 @@ class EngineWorker:
                     max_depth=getattr(engine, "max_depth", None),
                     max_context=int(getattr(engine, "max_context", 0) or 0),
                     tree_algos=tree_algos(self.backend),
+                    warmed=tuple(sorted(self._warmed)),
+                    warm_seconds=warm_s,
                 )
             )
         )
         self._snapshot(0)
+
+    def _warm(self, budgets: list[int], progress: Callable[[str, float | None], None] | None = None) -> None:
+        """Run a two-token answer at each budget not warmed yet (0 = AR), untimed: Triton
+        compiles its kernels and the engine captures its graphs for that tree size here, not
+        inside an answer whose speed is shown. Engines without `generate` (the fake) need none."""
+        engine = self._engine
+        if not hasattr(engine, "generate") or not hasattr(engine, "tokenizer"):
+            return
+        todo = [b for b in dict.fromkeys(budgets) if b not in self._warmed]
+        ids = list(engine.tokenizer.encode(WARM_PROMPT)) or [0]
+        for i, budget in enumerate(todo):
+            if budget and getattr(engine, "max_depth", None) is None:
+                continue  # no draft head: only AR exists
+            if progress is not None:
+                progress(f"Warming up: {'AR' if budget == 0 else f'budget {budget}'}", i / max(1, len(todo)))
+            spec = SpecParams(budget=budget or 1, enabled=budget > 0)
+            for _ in engine.generate(ids, GenerationParams(max_new_tokens=2, spec=spec)):
+                pass
+            self._warmed.add(budget)
+        if todo:
+            engine.reset()  # the warm-up prompt is not part of any conversation
 
     def _generate(self, job_id: int, kind: str, start: Callable[[], Any], cancel: threading.Event) -> None:
         self._post(JobStarted(job_id, kind))
@@ -452,6 +513,11 @@ class EngineWorker:
         for index, entry in enumerate(cmd.entries):
             if cancel.is_set():
                 break
+            spec = entry.params.spec
+            try:  # compile before the clock runs: the compare screen never times a compilation
+                self._warm([spec.budget if spec.enabled else 0])
+            except BaseException:  # noqa: BLE001 - the timed run reports any real problem
+                pass
             self._post(CompareRunStarted(job_id, index, entry.label))
             result: GenerationResult | None = None
             try:

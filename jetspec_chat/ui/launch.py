@@ -77,6 +77,7 @@ def _settings_from_args(args: argparse.Namespace):
     s = load_settings()
     if getattr(args, "budget", None) is not None:
         s.budget = args.budget
+        s.budget_auto = False
     if getattr(args, "depth", None) is not None:
         s.depth = None if args.depth == "full" else args.depth
     if getattr(args, "width", None) is not None:

@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Digits, Sparkline, Static
 
+from .liveness import can_update
 from .themes import SpecColors
 from .trace import Stats
 
@@ -66,7 +67,7 @@ class StatsPanel(Vertical):
 
     def show(self, stats: Stats, *, replay_round: int | None = None) -> None:
         self._stats = stats
-        if not self.is_mounted:
+        if not can_update(self):
             return
         colors = SpecColors.from_app(self.app)
         live = stats.finish_reason == "" and stats.rounds > 0

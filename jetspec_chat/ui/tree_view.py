@@ -23,6 +23,7 @@ from textual.widgets import Static
 
 from jetspec_chat.engine.events import RoundEvent
 
+from .liveness import can_update
 from .themes import SpecColors
 from .trace import AnswerTrace, split_provenance
 
@@ -396,7 +397,7 @@ class TreePanel(Vertical, can_focus=True):
         self.border_subtitle = f"{n} node{'s' if n != 1 else ''} · depth {depth} · accepted {acc} + bonus"
 
     def redraw(self) -> None:
-        if not self.is_mounted:
+        if not can_update(self):
             return
         try:
             body = self.query_one("#tree-body", Static)

@@ -331,7 +331,9 @@ async def test_compare_budgets_flow():
         assert "1.00×" in str(table.get_row_at(0)[3])
         assert app.baseline is not None and "comparison" in app.baseline.source
         assert app.settings.compare_budgets == ["AR", "16", "64"]
-        assert "tokens/s" in str(screen.query_one("#compare-plot").content)
+        budgets, tps, taus = app.compare.scaling_points()  # what the plot draws
+        assert budgets == [16, 64] and tps == [rows[1].tps, rows[2].tps] and taus == [rows[1].tau, rows[2].tau]
+        assert [str(table.get_row_at(i)[7]) for i in range(3)] == ["—", "yes", "yes"]  # =AR: token-identical
         # the answer is unchanged (greedy is lossless)
         await pilot.press("escape")
         await pilot.pause()
@@ -658,3 +660,52 @@ async def test_help_screen():
         await pilot.pause()
         assert app.screen is app.main_screen
         await freeze(pilot)
+
+
+@async_test
+async def test_default_budget_follows_the_device_until_the_user_picks_one():
+    app = make_app(device_budget=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        assert app.engine_info.device == "cpu"
+        assert app.settings.budget == 4 and app.settings.budget_auto  # CPU: 4 beats AR, 64 does not
+        assert any("Budget 4: the default on a CPU" in n for n in notes(app))
+        await pilot.press("f3")
+        assert app.settings.budget == 8 and not app.settings.budget_auto
+    saved = load_settings()
+    assert (saved.budget, saved.budget_auto) == (8, False)  # remembered as the user's choice
+
+
+def test_auto_budget_and_the_budget_flag():
+    import argparse
+
+    from jetspec_chat.ui.engine_worker import auto_budget
+    from jetspec_chat.ui.launch import _settings_from_args, add_arguments
+
+    assert (auto_budget("cuda:0"), auto_budget("cuda"), auto_budget("cpu")) == (64, 64, 4)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert _settings_from_args(parser.parse_args([])).budget_auto
+    explicit = _settings_from_args(parser.parse_args(["--budget", "64"]))
+    assert (explicit.budget, explicit.budget_auto) == (64, False)
+
+
+@async_test
+async def test_tree_redraws_at_most_about_15_times_a_second_and_keeps_every_round(monkeypatch):
+    """Whatever the round rate, the UI redraws the tree once per drain (12 Hz) with the latest
+    round; the trace keeps every round for stepping and replay."""
+    import time as _time
+
+    redraws = []
+    real_redraw = TreePanel.redraw
+    monkeypatch.setattr(TreePanel, "redraw", lambda self: (redraws.append(_time.monotonic()), real_redraw(self))[1])
+    app = make_app(FakeBackend(round_delay_s=0.0005))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        redraws.clear()
+        start = _time.monotonic()
+        await send(pilot, "/long go")
+        elapsed = _time.monotonic() - start
+        trace = app.current_trace
+        assert len(trace.rounds) == trace.result.rounds > 100
+        assert len(redraws) <= 15 * elapsed + 5, (len(redraws), elapsed)

@@ -28,7 +28,7 @@ def _isolated(monkeypatch, tmp_path):
 
 
 def real_app(model: str = MODEL, **settings) -> JetspecApp:
-    base = {"budget": 16, "max_new_tokens": 12, "theme": "jetspec-dark", "compare_budgets": ["AR", "4", "16"]}
+    base = {"budget": 16, "budget_auto": False, "max_new_tokens": 12, "theme": "jetspec-dark", "compare_budgets": ["AR", "4", "16"]}
     base.update(settings)
     return JetspecApp(model=model, device="cpu", max_context=1024, settings=Settings(**base))
 

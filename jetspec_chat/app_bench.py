@@ -1,0 +1,139 @@
+"""`jetspec-chat bench --app MODEL ...`: the real app, headless, against the engine bench.
+
+One run does both: first the end-to-end engine bench (engine/bench/bench.py, modes ar and
+spec, the same prompts, budgets and generation options), then the Textual app driven by its
+pilot (`App.run_test`) through the same prompts and configs, each answer in a new chat (a
+fresh prefill, as the bench resets the engine). It prints app tok/s next to engine tok/s and
+their ratio per config, and the first answer after start against the second (cold vs warm).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+APP_TIMEOUT_S = 1800.0  # one answer; a hung app fails the run instead of blocking it
+
+
+@dataclass
+class AppConfigResult:
+    name: str  # "ar" or "spec@N", as the engine bench names them
+    set_name: str
+    tokens_per_s: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.tokens_per_s) if self.tokens_per_s else 0.0
+
+
+@dataclass
+class AppReport:
+    configs: list[AppConfigResult]
+    first_answer_tps: float
+    second_answer_tps: float
+    load_seconds: float
+
+
+def app_settings(opts, budget: int | None):
+    from .settings import Settings
+
+    return Settings(
+        budget=budget or 64, budget_auto=False, depth=opts.depth, width=opts.width, tree_algo=opts.tree_algo,
+        speculation=budget is not None, temperature=opts.temperature, top_p=opts.top_p, seed=opts.seed,
+        max_new_tokens=opts.max_new_tokens, thinking=opts.thinking,
+    )
+
+
+async def _answer(app, pilot, prompt: str) -> float:
+    """One answer in a new chat; its decode tokens/s as the engine measured it inside the app."""
+    app.action_new_chat()
+    await _until(pilot, lambda: not app.busy and app.outbox.empty())
+    await app.drain_now()
+    if not await app.send_message(prompt):
+        raise RuntimeError("the app did not take the prompt")
+    trace = app.current_trace
+    await _until(pilot, lambda: trace.result is not None or bool(trace.error))
+    if trace.error or trace.result is None:
+        raise RuntimeError(f"the app's answer failed: {trace.error}")
+    return trace.result.tokens_per_second
+
+
+async def _until(pilot, cond, timeout: float = APP_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError("timed out waiting for the app")
+        await pilot.pause(0.01)
+
+
+async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]], say) -> AppReport:
+    from .ui.app import JetspecApp
+
+    app = JetspecApp(
+        model=model, draft_head=opts.draft_head, device=opts.device, dtype=opts.dtype, max_context=opts.max_context,
+        settings=app_settings(opts, configs[0][1]), persist_settings=False,
+    )
+    results: list[AppConfigResult] = []
+    async with app.run_test(size=(160, 48), headless=True) as pilot:
+        t0 = time.perf_counter()
+        await _until(pilot, lambda: app.load_state != "loading")
+        if app.load_state != "ready":
+            raise RuntimeError(f"the app could not load the model: {app.load_error}")
+        load_s = time.perf_counter() - t0
+        first_prompt = next(iter(opts.prompt_sets.values()))[0]
+        say("app: first and second answer after start")
+        first = await _answer(app, pilot, first_prompt)
+        second = await _answer(app, pilot, first_prompt)
+        for set_name, prompts in opts.prompt_sets.items():
+            for name, budget in configs:
+                app.settings = app_settings(opts, budget)
+                for _ in range(opts.warmup):
+                    await _answer(app, pilot, prompts[0])
+                result = AppConfigResult(name, set_name)
+                for i, prompt in enumerate(prompts):
+                    for rep in range(opts.reps):
+                        say(f"app {set_name} {name}: prompt {i + 1}/{len(prompts)} rep {rep + 1}")
+                        result.tokens_per_s.append(await _answer(app, pilot, prompt))
+                results.append(result)
+    return AppReport(results, first, second, load_s)
+
+
+def run(args, end_to_end_options, say, console) -> int:
+    """The engine bench, then the app on the same options; one table."""
+    from rich.table import Table
+
+    from .engine.bench.end_to_end import run_end_to_end
+
+    opts = end_to_end_options(args)
+    opts.modes = tuple(m for m in opts.modes if m in ("ar", "spec")) or ("ar", "spec")
+    opts.validate()
+    if len(opts.models) != 1:
+        say("--app takes one model")
+        return 2
+    engine_report = run_end_to_end(opts, say)
+    configs = [(name, budget) for name, mode, budget in opts.configs() if mode in ("ar", "spec")]
+    with tempfile.TemporaryDirectory(prefix="jetspec-app-bench-") as tmp:
+        # the app's history and settings go to a scratch directory, not the user's
+        os.environ["JETSPEC_CHAT_DATA"] = os.path.join(tmp, "data")
+        os.environ["JETSPEC_CHAT_CONFIG"] = os.path.join(tmp, "config")
+        app_report = asyncio.run(run_app(opts.models[0], opts, configs, say))
+    engine = {(s.name, c.name): c.decode_tokens_per_s for s in engine_report.models[0].sets for c in s.configs}
+    m = engine_report.models[0]
+    t = Table(title=f"app vs engine · {m.model} · head {m.draft_head or '-'} · {m.device} {m.dtype}", title_justify="left")
+    for col in ("set", "config", "engine tok/s", "app tok/s", "app/engine"):
+        t.add_column(col, justify="left" if col in ("set", "config") else "right")
+    for r in app_report.configs:
+        e = engine.get((r.set_name, r.name))
+        t.add_row(r.set_name, r.name, f"{e:.1f}" if e else "-", f"{r.median:.1f}",
+                  f"{r.median / e:.2f}×" if e else "-")
+    console.print(t)
+    ratio = app_report.first_answer_tps / app_report.second_answer_tps if app_report.second_answer_tps else 0.0
+    console.print(
+        f"first answer after start {app_report.first_answer_tps:.1f} tok/s, second {app_report.second_answer_tps:.1f} "
+        f"tok/s (first/second {ratio:.2f}); app load {app_report.load_seconds:.1f} s. tok/s: median decode tokens/s "
+        "per config (prefill excluded), measured by the engine inside the app for the app column."
+    )
+    return 0

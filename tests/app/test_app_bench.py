@@ -1,0 +1,31 @@
+"""`jetspec-chat bench --app`: the real app (headless pilot) next to the engine bench, one run."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from app_support import isolate
+
+from jetspec_chat import bench_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    isolate(monkeypatch, tmp_path)
+
+
+def test_bench_app_prints_app_and_engine_tokens_per_second(capsys):
+    code = bench_cli.main([
+        "random:tiny-qwen3", "--app", "--device", "cpu", "--budgets", "4", "--prompt-sets", "coding",
+        "--prompts-n", "1", "--max-new-tokens", "8", "--warmup", "0",
+    ])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = {m.group(1): m for m in re.finditer(r"coding\s+│\s+(ar|spec@4)\s+│\s+([\d.]+)\s+│\s+([\d.]+)\s+│\s+([\d.]+)×", out)}
+    assert set(rows) == {"ar", "spec@4"}, out
+    for m in rows.values():
+        engine, app, ratio = (float(m.group(i)) for i in (2, 3, 4))
+        assert engine > 0 and app > 0 and ratio == pytest.approx(app / engine, rel=0.05)  # the table rounds each number
+    assert re.search(r"first answer after start [\d.]+ tok/s, second [\d.]+ tok/s", out), out
