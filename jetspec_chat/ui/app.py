@@ -161,7 +161,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         device: str = "auto",
         dtype: str = "auto",
         max_context: int | None = None,
-        backend: Any | None = None,
+        backend: ew.Backend | None = None,
         settings: Settings | None = None,
         theme: str | None = None,
         session: str | None = None,

@@ -53,7 +53,7 @@ class EngineProcess:
     """`EngineWorker`'s UI-side API (start, submit, cancel, update_spec, shutdown, alive,
     outbox, backend) with the worker in a spawned child process."""
 
-    def __init__(self, backend: Any | None = None, outbox: "queue.SimpleQueue | None" = None) -> None:
+    def __init__(self, backend: ew.Backend | None = None, outbox: "queue.SimpleQueue | None" = None) -> None:
         self.backend = backend  # None: the real engine, imported in the child
         self.outbox: queue.SimpleQueue = outbox if outbox is not None else queue.SimpleQueue()
         self._ids = itertools.count(1)
@@ -160,7 +160,7 @@ class EngineProcess:
 # ----------------------------------------------------------------------------- the child
 
 
-def child_main(commands: Any, events: Any, backend: Any | None) -> None:
+def child_main(commands: Any, events: Any, backend: ew.Backend | None) -> None:
     """The engine process: an EngineWorker fed from the command pipe, its outbox forwarded
     over the event pipe in batches."""
     _quiet_output()

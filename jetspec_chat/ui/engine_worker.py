@@ -38,14 +38,14 @@ class Backend(Protocol):
     ChatSession: Any
 
 
-def real_backend() -> Any:
+def real_backend() -> Backend:
     """The real engine module (imported lazily: it pulls in torch)."""
     import jetspec_chat.engine as engine
 
     return engine
 
 
-def tree_algos(backend: Any) -> tuple[str, ...]:
+def tree_algos(backend: Backend) -> tuple[str, ...]:
     algos = getattr(backend, "TREE_ALGOS", None)
     if algos is None:
         try:
@@ -279,7 +279,7 @@ def describe_error(err: BaseException) -> tuple[str, bool]:
 
 
 class EngineWorker:
-    def __init__(self, backend: Any | None, outbox: "queue.SimpleQueue[OutboxItem] | None" = None) -> None:
+    def __init__(self, backend: Backend | None, outbox: "queue.SimpleQueue[OutboxItem] | None" = None) -> None:
         self.backend = backend
         self.outbox: queue.SimpleQueue = outbox if outbox is not None else queue.SimpleQueue()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
