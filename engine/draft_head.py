@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..kernels import add_rms_norm, pack_tree_mask, paged_tree_attention, write_kv
+from ..kernels import add_rms_norm, paged_tree_attention, visible_keys, write_kv
 from .errors import DraftHeadError
 from .kv_cache import BLOCK_SIZE as KV_BLOCK
 from .kv_cache import TrackedLength
@@ -309,7 +309,7 @@ class DraftHead(nn.Module):
         cos, sin = self.rotary.cos_sin(rows, h.dtype)
         mask = torch.ones(b, b, dtype=torch.bool, device=h.device)
         mask = mask.tril() if self.cfg.causal else mask
-        mask = pack_tree_mask(mask) if h.is_cuda else mask
+        keys = visible_keys(mask) if h.is_cuda else None  # the Triton kernel's form, once for all layers
         eps = self.cfg.rms_norm_eps
         x = self.layers[0].input_layernorm(h)
         for i, layer in enumerate(self.layers):
@@ -317,7 +317,7 @@ class DraftHead(nn.Module):
             q, k, v = attn.qkv_rope(x, cos, sin)
             k_pool, v_pool = cache.pools(i)
             write_kv(k_pool, v_pool, rows, k, v)
-            o = paged_tree_attention(q, k_pool, v_pool, cache.block_table, length, mask, attn.head_dim**-0.5)
+            o = paged_tree_attention(q, k_pool, v_pool, cache.block_table, length, mask, attn.head_dim**-0.5, keys)
             # Residual adds fused with the following norm, as in the target model.
             x, h = add_rms_norm(attn.o_proj(o.reshape(b, -1)), h, layer.post_attention_layernorm.weight, eps)
             next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm

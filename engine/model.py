@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..kernels import add_rms_norm, pack_tree_mask, paged_tree_attention, write_kv
+from ..kernels import add_rms_norm, paged_tree_attention, visible_keys, write_kv
 from .kv_cache import PagedKVCache
 from .layers import (
     MLP,
@@ -134,8 +134,8 @@ class TargetModel(nn.Module):
         h = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
         slots = kv.slots_of(batch.prefix_len + torch.arange(t, device=h.device))
-        # The Triton kernel reads the mask as bits: pack it once for all layers.
-        mask = pack_tree_mask(batch.tree_mask) if h.is_cuda else batch.tree_mask
+        # The Triton kernel reads each row's keys in its own order: derive that once for all layers.
+        keys = visible_keys(batch.tree_mask) if h.is_cuda else None
         layers = self.model.layers
         eps = self.cfg.rms_norm_eps
         taps: dict[int, torch.Tensor] = {}
@@ -145,7 +145,7 @@ class TargetModel(nn.Module):
             q, k, v = attn.qkv_rope(x, cos, sin)
             k_pool, v_pool = kv.layer(i)
             write_kv(k_pool, v_pool, slots, k, v)
-            o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, batch.prefix_len, mask, self.scale)
+            o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, batch.prefix_len, batch.tree_mask, self.scale, keys)
             # Residual add fused with the next norm: h += o_proj(o); x = norm(h) (same for the MLP,
             # whose add also applies the next layer's input norm, or the final norm).
             x, h = add_rms_norm(attn.o_proj(o.reshape(t, -1)), h, layer.post_attention_layernorm.weight, eps)

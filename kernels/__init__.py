@@ -27,16 +27,18 @@ from .reference import (
     write_kv_ref,
 )
 from .tree_attention import (
-    pack_tree_mask,
+    VisibleKeys,
     paged_tree_attention,
     paged_tree_attention_triton,
-    unpack_tree_mask,
+    split_len_for,
+    visible_keys,
     write_kv,
     write_kv_triton,
 )
 from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
+    "VisibleKeys",
     "accum_tree",
     "accum_tree_ref",
     "accum_tree_triton",
@@ -55,7 +57,6 @@ __all__ = [
     "moe_group_triton",
     "moe_route_ref",
     "moe_route_triton",
-    "pack_tree_mask",
     "paged_tree_attention",
     "paged_tree_attention_ref",
     "paged_tree_attention_triton",
@@ -69,7 +70,8 @@ __all__ = [
     "silu_mul",
     "silu_mul_ref",
     "silu_mul_triton",
-    "unpack_tree_mask",
+    "split_len_for",
+    "visible_keys",
     "write_kv",
     "write_kv_ref",
     "write_kv_triton",

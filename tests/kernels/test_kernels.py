@@ -12,11 +12,10 @@ triton = pytest.importorskip("triton")
 
 from jetspec_chat.kernels import (  # after the importorskip
     logical_to_slots,
-    pack_tree_mask,
     paged_tree_attention,
     paged_tree_attention_ref,
     paged_tree_attention_triton,
-    unpack_tree_mask,
+    visible_keys,
     write_kv_ref,
     write_kv_triton,
 )
@@ -69,32 +68,41 @@ def make_inputs(t, prefix_len, n_heads, n_kv, head_dim, *, seed=0, dtype=torch.f
             block_table.to(device), tree_mask.to(device))
 
 
-def check(t, prefix_len, n_heads, n_kv, head_dim, *, mask="tree", num_splits=None, seed=0,
+def check(t, prefix_len, n_heads, n_kv, head_dim, *, mask="tree", split_len=None, seed=0,
           dtype=torch.float32, block_size=16, rtol=1e-4, atol=1e-5):
     q, k_pool, v_pool, block_table, tree_mask = make_inputs(
         t, prefix_len, n_heads, n_kv, head_dim, seed=seed, dtype=dtype, block_size=block_size, mask=mask)
     scale = head_dim ** -0.5
     out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale,
-                                      num_splits=num_splits)
+                                      split_len=split_len)
     ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
     assert out.dtype == q.dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)
     return out
 
 
-# ----------------------------------------------------------------------------- mask packing
+# ----------------------------------------------------------------------------- visible keys
 
 
-@pytest.mark.parametrize("t", [1, 5, 63, 64, 65, 128, 200])
-def test_pack_tree_mask_roundtrip(t):
+@pytest.mark.parametrize("t", [1, 5, 64, 130])
+def test_visible_keys_lists_each_rows_columns_in_order(t):
     gen = torch.Generator().manual_seed(t)
-    mask = torch.rand(t, t, generator=gen) < 0.5
-    packed = pack_tree_mask(mask)
-    assert packed.dtype == torch.int64 and packed.shape == (t, (t + 63) // 64)
-    assert torch.equal(unpack_tree_mask(packed, t), mask)
-    # bit j % 64 of word j // 64
-    i, j = t - 1, t - 1
-    assert (int(packed[i, j // 64]) >> (j % 64)) & 1 == int(mask[i, j])
+    mask = torch.rand(t, t, generator=gen) < 0.4
+    keys = visible_keys(mask)
+    assert keys.order.dtype == torch.int32 and keys.order.shape == (t, t)
+    for i in range(t):
+        cols = mask[i].nonzero().flatten().tolist()
+        assert int(keys.count[i]) == len(cols)
+        assert keys.order[i, : len(cols)].tolist() == cols
+
+
+def test_visible_keys_of_a_tree_are_ancestors_by_depth():
+    gen = torch.Generator().manual_seed(3)
+    mask = random_tree_mask(40, gen)
+    keys = visible_keys(mask)
+    for i in range(40):
+        anc = keys.order[i, : int(keys.count[i])].tolist()
+        assert anc[-1] == i and all(mask[b, a] for a, b in zip(anc, anc[1:]))  # each one a parent's child
 
 
 # ----------------------------------------------------------------------------- attention (fp32)
@@ -131,10 +139,10 @@ def test_tree_attention_matches_reference(t, prefix_len, n_heads, n_kv, head_dim
     check(t, prefix_len, n_heads, n_kv, head_dim, mask=mask, seed=t * 1000 + prefix_len)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 20])
-def test_split_k_counts(num_splits, poisoned_alloc):
-    """Any split count is exact, including more splits than prefix tiles (empty splits)."""
-    check(9, 300, 4, 2, 16, num_splits=num_splits, seed=num_splits)
+@pytest.mark.parametrize("split_len", [64, 128, 256, 1024])
+def test_split_lengths(split_len, poisoned_alloc):
+    """Any split length is exact: rows of one split, of several, and splits past every row."""
+    check(9, 300, 4, 2, 16, split_len=split_len, seed=split_len)
 
 
 def test_arbitrary_mask(poisoned_alloc):
@@ -145,34 +153,34 @@ def test_arbitrary_mask(poisoned_alloc):
     mask = (torch.rand(t, t, generator=gen) < 0.3) | torch.eye(t, dtype=torch.bool)
     mask[5] = False  # a row that sees no new token at all (only the prefix)
     mask = mask.to(DEVICE)
-    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, 50, mask, d ** -0.5, num_splits=2)
+    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, 50, mask, d ** -0.5, split_len=64)
     ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, 50, mask, d ** -0.5)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_short_prefix_many_splits(poisoned_alloc):
-    check(2, 17, 8, 1, 16, num_splits=5)
+def test_short_prefix_short_splits(poisoned_alloc):
+    check(2, 17, 8, 1, 16, split_len=64)
 
 
 @pytest.mark.parametrize("mask", ["tree", "causal"])
-def test_tree_tiles_spread_over_splits(mask, poisoned_alloc):
-    """T > 64: the tree's 64-column tiles are dealt over the splits (3 tiles, 2 and 4 splits)."""
-    check(130, 40, 2, 1, 16, mask=mask, num_splits=2, seed=1)
-    check(130, 0, 2, 1, 16, mask=mask, num_splits=4, seed=2)
+def test_new_tokens_spread_over_splits(mask, poisoned_alloc):
+    """T > 64: rows whose own keys cross split bounds (prefix 40 and 0, splits of 64)."""
+    check(130, 40, 2, 1, 16, mask=mask, split_len=64, seed=1)
+    check(130, 0, 2, 1, 16, mask=mask, split_len=64, seed=2)
 
 
 def test_block_size_not_tile_multiple(poisoned_alloc):
     """Pages of 8 and 32 positions: tiles straddle pages either way."""
-    check(5, 150, 4, 2, 16, block_size=8, num_splits=2)
+    check(5, 150, 4, 2, 16, block_size=8, split_len=64)
     check(5, 150, 4, 2, 16, block_size=32)
 
 
-def test_prefix_len_tensor_and_packed_mask(poisoned_alloc):
-    """prefix_len as a 0-d / 1-element int32 tensor, mask pre-packed: same result, and the
-    compiled kernel is reused across prefix lengths (prefix_len is read from memory)."""
+def test_prefix_len_tensor_and_visible_keys(poisoned_alloc):
+    """prefix_len as a 0-d / 1-element int32 tensor, keys built beforehand: same result, and
+    the compiled kernel is reused across prefix lengths (prefix_len is read from memory)."""
     t, n_heads, n_kv, d = 7, 4, 2, 16
     q, k_pool, v_pool, block_table, tree_mask = make_inputs(t, 300, n_heads, n_kv, d, seed=3)
-    packed = pack_tree_mask(tree_mask)
+    packed = visible_keys(tree_mask)
     for prefix_len in (300, 123, 0):
         # The pools hold K/V for prefix 300; a shorter prefix just means the tree's K/V
         # sits at prefix_len .. prefix_len + t - 1 of the same table (all non-NaN slots).
@@ -180,7 +188,7 @@ def test_prefix_len_tensor_and_packed_mask(poisoned_alloc):
         for p in (torch.tensor(prefix_len, dtype=torch.int32, device=DEVICE),
                   torch.tensor([prefix_len], dtype=torch.int32, device=DEVICE)):
             out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, p, packed, d ** -0.5,
-                                              num_splits=3)
+                                              split_len=128)
             torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
@@ -199,12 +207,56 @@ def test_strided_q_and_out_buffer():
 
 
 def test_dispatch_matches_reference():
-    """The public entry: Triton on CUDA tensors, the reference on CPU; packed masks accepted."""
+    """The public entry: Triton on CUDA tensors, the reference on CPU; prebuilt keys accepted."""
     q, k_pool, v_pool, block_table, tree_mask = make_inputs(5, 30, 4, 2, 16, seed=7)
     ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, 30, tree_mask, 0.25)
-    for m in (tree_mask, pack_tree_mask(tree_mask)):
-        out = paged_tree_attention(q, k_pool, v_pool, block_table, 30, m, 0.25)
+    for keys in (None, visible_keys(tree_mask)):
+        out = paged_tree_attention(q, k_pool, v_pool, block_table, 30, tree_mask, 0.25, keys)
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- batch invariance
+
+
+def ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, split_len):
+    """For each new token j: the output of the AR step that would compute it, i.e. a T=1 call
+    after j's visible new tokens were accepted (moved to logical prefix_len, prefix_len+1, ...)."""
+    block_size, n_kv, d = k_pool.shape[1], k_pool.shape[2], k_pool.shape[3]
+    keys = visible_keys(tree_mask.cpu())
+    outs = []
+    for j in range(q.shape[0]):
+        order = keys.order[j, : int(keys.count[j])].long()
+        k_ar, v_ar = k_pool.clone(), v_pool.clone()
+        src = logical_to_slots(block_table, (prefix_len + order).to(block_table.device), block_size)
+        dst = logical_to_slots(block_table, torch.arange(prefix_len, prefix_len + len(order), device=block_table.device), block_size)
+        for pool, new in ((k_pool, k_ar), (v_pool, v_ar)):
+            new.view(-1, n_kv, d)[dst] = pool.view(-1, n_kv, d)[src]
+        one = torch.ones(1, 1, dtype=torch.bool, device=tree_mask.device)
+        outs.append(paged_tree_attention_triton(q[j : j + 1], k_ar, v_ar, block_table, prefix_len + len(order) - 1,
+                                                one, scale, split_len=split_len))
+    return torch.cat(outs)
+
+
+def assert_batch_invariant(t, prefix_len, n_heads, n_kv, d, *, mask="tree", split_len=64, dtype=torch.float32, seed=0):
+    q, k_pool, v_pool, block_table, tree_mask = make_inputs(t, prefix_len, n_heads, n_kv, d, seed=seed,
+                                                            dtype=dtype, mask=mask)
+    # The AR layouts write past the tree: give the table room (NaN-free spare blocks).
+    k_pool[torch.isnan(k_pool)] = 0.0
+    v_pool[torch.isnan(v_pool)] = 0.0
+    scale = d ** -0.5
+    tree = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, split_len=split_len)
+    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(tree.float(), ref.float(), rtol=tol, atol=tol)
+    ar = ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, split_len)
+    assert torch.equal(tree, ar), f"{int((tree != ar).any(-1).any(-1).sum())} of {t} rows differ from their AR step"
+
+
+@pytest.mark.parametrize("t,prefix_len,mask", [(12, 57, "tree"), (20, 120, "tree"), (9, 0, "causal"), (70, 3, "tree")])
+def test_rows_equal_their_ar_step(t, prefix_len, mask):
+    """(The previous kernel, which reduced a node's keys in tree order, fails this.) Bitwise: a verified node's output is the AR step's for the same token and keys, also when
+    the prefix ends inside a tile, rows cross split bounds (splits of 64) and siblings share tiles."""
+    assert_batch_invariant(t, prefix_len, 4, 2, 16, mask=mask, seed=t)
 
 
 # ----------------------------------------------------------------------------- write_kv
@@ -254,7 +306,7 @@ def test_cuda_graph_replay_across_prefix_lengths():
     """Captured once, replayed with other prefix lengths written into the device scalar."""
     t, n_heads, n_kv, d = 32, 32, 8, 128
     q, k_pool, v_pool, block_table, tree_mask = make_inputs(t, 5000, n_heads, n_kv, d, dtype=torch.bfloat16)
-    packed = pack_tree_mask(tree_mask)
+    packed = visible_keys(tree_mask)
     prefix = torch.tensor([5000], dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
 
@@ -271,6 +323,14 @@ def test_cuda_graph_replay_across_prefix_lengths():
         graph.replay()
         ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, d ** -0.5)
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+@gpu_only
+@pytest.mark.parametrize("t,prefix_len,mask", [(64, 1000, "tree"), (256, 3000, "tree"), (33, 500, "causal")])
+@pytest.mark.parametrize("n_heads,n_kv", [(12, 2), (32, 8)])
+def test_bf16_rows_equal_their_ar_step(t, prefix_len, mask, n_heads, n_kv):
+    """Batch invariance in bf16 on the GPU (Qwen2.5-1.5B and Qwen3-8B head shapes)."""
+    assert_batch_invariant(t, prefix_len, n_heads, n_kv, 128, mask=mask, split_len=256, dtype=torch.bfloat16)
 
 
 @gpu_only
