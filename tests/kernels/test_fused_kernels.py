@@ -264,11 +264,11 @@ def test_silu_mul_strided_fused_gate_up(poisoned_alloc):
 # (T, Hq, Hk, D, heads_per_program): Qwen2.5-0.5B (14/2 x 64), 1.5B (12/2 x 64),
 # Qwen3-8B (32/8 x 128), small test heads (16/32), one and several heads per program.
 ROPE_CASES = [
-    (1, 14, 2, 64, None),
-    (3, 12, 2, 64, None),
-    (17, 4, 1, 32, None),
-    (64, 6, 2, 16, None),   # default: 4 heads per program, a partial head block
-    (1, 32, 8, 128, None),
+    (1, 14, 2, 64, 1),      # 1 head per program: the default, whatever T (batch invariance)
+    (3, 12, 2, 64, 1),
+    (17, 4, 1, 32, 1),
+    (64, 6, 2, 16, 4),      # 4 heads per program, a partial head block
+    (1, 32, 8, 128, 1),
     (3, 14, 2, 64, 4),
     (5, 3, 3, 16, 2),
 ]
