@@ -129,8 +129,10 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--thinking", action="store_true", help="let Qwen3 models think (off by default)")
     p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    p.add_argument("--check-lossless", action="store_true",
-                   help="also decode with transformers generate on the same weights and compare (greedy only)")
+    p.add_argument("--check-lossless", nargs="?", const="transformers", choices=("transformers", "ar"), default=None,
+                   help="also decode greedily without speculation and compare token for token: with transformers "
+                        "generate on the same weights (default; exact in fp32) or with this engine's own AR "
+                        "(=ar; exact in bf16 too)")
     return p
 
 
@@ -201,7 +203,7 @@ def run_generate(argv: list[str]) -> int:
     if args.check_lossless:
         from .engine.models.oracle import check_lossless
 
-        out.update(check_lossless(engine, prompt_ids, result, args.max_new_tokens))
+        out.update(check_lossless(engine, prompt_ids, result, args.max_new_tokens, args.check_lossless, params))
     if args.json:
         print(json.dumps(out))
     else:
@@ -209,7 +211,7 @@ def run_generate(argv: list[str]) -> int:
         line = (f"[{out['new_tokens']} tokens, {out['rounds']} rounds, tau {out['mean_accept_length']:.2f}, "
                 f"{out['tokens_per_second']:.1f} tok/s, {result.finish_reason}]")
         if args.check_lossless:
-            line += f" [lossless: {str(out['lossless']).lower()}]"
+            line += f" [lossless vs {args.check_lossless}: {str(out['lossless']).lower()}]"
         print(line, file=sys.stderr)
         if result.message:
             print(result.message, file=sys.stderr)

@@ -1,10 +1,13 @@
 """The correctness oracle: plain transformers greedy decoding on the same weights."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..engine import SpecEngine
 from ..events import GenerationResult
+from ..params import GenerationParams
 from ..layers import hf_parameters
 
 
@@ -39,11 +42,28 @@ def reference_greedy(engine: SpecEngine, prompt_ids: list[int], max_new_tokens: 
     return out[0, len(prompt_ids):].tolist()
 
 
-def check_lossless(engine: SpecEngine, prompt_ids: list[int], result: GenerationResult, max_new_tokens: int) -> dict:
-    """Compare the engine's answer with transformers' greedy answer, token for token."""
-    ref = reference_greedy(engine, prompt_ids, max_new_tokens)
+def engine_ar_greedy(engine: SpecEngine, prompt_ids: list[int], params: GenerationParams) -> list[int]:
+    """The same engine's greedy answer without speculation (same dtype, kernels and stops)."""
+    ar = replace(params, spec=replace(params.spec, enabled=False))
+    result = list(engine.generate(prompt_ids, ar))[-1].result
+    return list(result.token_ids) + ([result.stop_token] if result.stop_token is not None else [])
+
+
+def check_lossless(
+    engine: SpecEngine, prompt_ids: list[int], result: GenerationResult, max_new_tokens: int,
+    against: str = "transformers", params: GenerationParams | None = None,
+) -> dict:
+    """Compare the engine's answer, token for token, with transformers' greedy answer on the
+    same weights (`against="transformers"`: exact in fp32) or with the engine's own greedy AR
+    answer (`against="ar"`, needs `params`: exact in every dtype, the kernels being batch-invariant)."""
+    if against == "ar":
+        assert params is not None, "the AR check reruns the same generation parameters"
+        ref = engine_ar_greedy(engine, prompt_ids, params)
+    else:
+        ref = reference_greedy(engine, prompt_ids, max_new_tokens)
     ours = list(result.token_ids) + ([result.stop_token] if result.stop_token is not None else [])
     complete = result.finish_reason in ("eos", "length")
     n = max(len(ours), len(ref)) if complete else len(ours)
     mismatch = next((i for i in range(n) if i >= len(ours) or i >= len(ref) or ours[i] != ref[i]), None)
-    return {"lossless": mismatch is None, "first_mismatch": mismatch, "reference_tokens": len(ref)}
+    return {"lossless": mismatch is None, "first_mismatch": mismatch, "reference_tokens": len(ref),
+            "lossless_against": against}

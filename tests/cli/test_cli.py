@@ -30,6 +30,14 @@ def test_check_lossless_across_budgets(capsys, budget):
     assert out["kv_cache_bytes"] > 0
 
 
+@pytest.mark.parametrize("model", ["random:tiny-qwen3", "random:tiny-llama"])
+def test_check_lossless_against_the_engines_own_ar(capsys, model):
+    out = generate_json(capsys, model, "--prompt", "Write a haiku about trees.", "--budget", "16",
+                        "--max-new-tokens", "24", "--check-lossless", "ar")
+    assert out["lossless"] is True and out["lossless_against"] == "ar"
+    assert out["reference_tokens"] == out["new_tokens"] + (out["finish_reason"] == "eos")
+
+
 def test_generate_with_no_spec_and_tree_options(capsys):
     ar = generate_json(capsys, "random:tiny-llama", "--prompt", "hi", "--no-spec", "--max-new-tokens", "12")
     assert ar["spec"] is False and set(ar["accept_lengths"]) <= {1}

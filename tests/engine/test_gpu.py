@@ -31,6 +31,25 @@ def test_graphed_fp32_is_lossless(engine, budget, width, algo):
     assert verdict["lossless"], verdict
 
 
+BF16_PROMPTS = [PROMPT, [3, 1, 4, 1, 5, 9, 2, 6] * 9, list(range(40, 240, 3)), [7] * 70]
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen2", "tiny-llama"])
+def test_bf16_speculation_equals_bf16_ar(model):
+    """Batch-invariant kernels: in bf16 (random weights: logits full of near-ties), every greedy
+    speculative answer equals the same engine's greedy AR answer token for token, across budgets,
+    tree shapes and prompts that put the prefix end anywhere in a 64-key tile."""
+    bf16 = load_engine(f"random:{model}", None, device="cuda", dtype="bfloat16", max_context=2048)
+    for prompt in BF16_PROMPTS:
+        for budget, width, algo in [(4, 2, "accum_logp"), (16, 4, "accum_logp"), (64, 8, "accum_logp"),
+                                    (256, 8, "accum_logp"), (16, 1, "chain"), (64, 8, "adaptive")]:
+            bf16.reset()
+            params = GenerationParams(max_new_tokens=96, spec=SpecParams(budget=budget, width=width, tree_algo=algo))
+            result = list(bf16.generate(prompt, params))[-1].result
+            verdict = check_lossless(bf16, prompt, result, 96, against="ar", params=params)
+            assert verdict["lossless"], (model, len(prompt), budget, algo, verdict)
+
+
 def test_graphs_serve_every_context_length_and_turn(engine):
     engine.reset()
     s = ChatSession(engine)
