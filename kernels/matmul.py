@@ -63,9 +63,9 @@ SPLIT_BELOW_PROGRAMS = SMS
 
 @dataclass(frozen=True)
 class LinearConfig:
-    """Launch shape for one (N, K). `groups` is part of the numerics (see the module docstring);
-    block_k is too; block_n, num_warps and num_stages are not expected to change any bit, but
-    they are fixed per (N, K) all the same."""
+    """Launch shape for one (N, K). `groups` and block_k set the order of the sum (module
+    docstring); block_n, num_warps and num_stages only change how the same per-element MMA
+    steps are tiled, but they too are fixed per (N, K), never chosen from M."""
 
     block_n: int
     block_k: int
@@ -90,29 +90,41 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def groups_for(n: int, k: int, block_n: int, block_k: int, target_programs: int = TARGET_PROGRAMS) -> int:
+    """K groups for an [N, K] weight: enough for `target_programs` (output tile, group) programs
+    at M=1, each group at least MIN_GROUP_BLOCKS blocks long."""
+    k_blocks = _cdiv(k, block_k)
+    return max(1, min(k_blocks // MIN_GROUP_BLOCKS, _cdiv(target_programs, _cdiv(n, block_n))))
+
+
+# Measured overrides of the rule below, by (N, K): paste the lines `linear_bench.py --sweep`
+# prints where its pick beats the rule's config. Shapes not listed (other models) use the rule.
+TUNED: dict[tuple[int, int], LinearConfig] = {}
+
+
 def choose_config(n: int, k: int) -> LinearConfig:
     """The one config for an [N, K] weight (bf16/fp16; both are 2-byte types, same rule).
 
-    128x64 weight tiles with 4 warps and 4 stages (96 KB of shared memory: two programs per SM)
-    for every shape, and as many K groups as give TARGET_PROGRAMS (tile, group) programs at M=1,
-    each at least MIN_GROUP_BLOCKS blocks long. Qwen2.5-1.5B: qkv 2048x1536 -> 12 groups,
+    TUNED if listed, else 128x64 weight tiles with 4 warps and 4 stages (96 KB of shared memory: two programs per SM)
+    for every shape, and `groups_for` K groups. Qwen2.5-1.5B: qkv 2048x1536 -> 12 groups,
     o_proj 1536x1536 -> 12, gate_up 17920x1536 -> 2, down 1536x8960 -> 22 (20 launched),
     lm_head -> 1. Qwen3-8B: qkv 6144x4096 -> 6, o 4096x4096 -> 9 (8), gate_up -> 2,
     down 4096x12288 -> 9, lm_head -> 1. Re-tune with
         python3 scripts/gpu-lease/linear_bench.py --sweep
     """
+    if (n, k) in TUNED:
+        return TUNED[(n, k)]
     block_n, block_k = 128, 64
-    tiles = _cdiv(n, block_n)
-    k_blocks = _cdiv(k, block_k)
-    groups = max(1, min(k_blocks // MIN_GROUP_BLOCKS, _cdiv(TARGET_PROGRAMS, tiles)))
-    return LinearConfig(block_n=block_n, block_k=block_k, groups=groups)
+    return LinearConfig(block_n=block_n, block_k=block_k, groups=groups_for(n, k, block_n, block_k))
 
 
 def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
-    """Launch choice for M rows (never changes the result): one program per group while the
-    fused launch would leave SMs idle."""
+    """Launch choice for M rows (never changes the result): one program per K group while the
+    fused launch would leave SMs idle, unless the fp32 partials (8 * groups * M * N bytes
+    written and read back) would move more bytes than the weight itself (2 * N * K)."""
+    groups = config.num_groups(k)
     fused_programs = _cdiv(m, BLOCK_M) * _cdiv(n, config.block_n)
-    return config.num_groups(k) > 1 and fused_programs < SPLIT_BELOW_PROGRAMS
+    return groups > 1 and fused_programs < SPLIT_BELOW_PROGRAMS and 4 * groups * m <= k
 
 
 # ----------------------------------------------------------------------------- triton kernels
@@ -179,13 +191,14 @@ if triton is not None:
             tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["M"])
-    def _sum_groups_kernel(P, B, Y, M, N, groups, stride_ym, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-        """grid (M, N blocks): y = (0 + p_0 + p_1 + ... + p_{G-1}) (+ bias), cast; in group order."""
+    def _sum_groups_kernel(P, B, Y, M, N, stride_ym, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        """grid (M, N blocks): y = (0 + p_0 + p_1 + ... + p_{G-1}) (+ bias), cast; in group order.
+        Unrolled (GROUPS constexpr) so that all the loads are issued before the adds."""
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < N
         total = tl.zeros([BLOCK], dtype=tl.float32)
-        for g in range(groups):
+        for g in tl.static_range(GROUPS):
             total += tl.load(P + (g * M + row) * N + cols, mask=mask, other=0.0)
         if HAS_BIAS:
             total += tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
@@ -253,10 +266,10 @@ def linear_triton(
     )
     if split:
         _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
-            partials, b, out, m, n, groups, out.stride(0),
-            HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
+            partials, b, out, m, n, out.stride(0),
+            GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
         )
     return out
 
 
-__all__ = ["BLOCK_M", "LinearConfig", "choose_config", "linear_ref", "linear_triton", "use_split"]
+__all__ = ["BLOCK_M", "LinearConfig", "choose_config", "groups_for", "linear_ref", "linear_triton", "use_split"]

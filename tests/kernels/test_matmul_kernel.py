@@ -150,8 +150,11 @@ def test_choose_config_rule():
         k_blocks = -(-k // c.block_k)
         assert c.num_groups(k) == groups, (n, k, c)
         assert (c.num_groups(k) - 1) * c.group_blocks(k) < k_blocks <= c.num_groups(k) * c.group_blocks(k)
-    # AR splits the narrow projections over K; a 256-row verify of lm_head never splits.
+    # AR splits the narrow projections over K; a 256-row verify of lm_head never splits, nor one
+    # of o_proj (its partials would outweigh the weight).
     assert use_split(1, 1536, 8960, choose_config(1536, 8960))
+    assert use_split(1, 1536, 1536, choose_config(1536, 1536))
+    assert not use_split(256, 1536, 1536, choose_config(1536, 1536))
     assert not use_split(256, 151936, 1536, choose_config(151936, 1536))
     assert not use_split(1, 151936, 1536, choose_config(151936, 1536))
 
