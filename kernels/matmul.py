@@ -52,13 +52,21 @@ SUM_BLOCK = 256  # columns per program of the group-sum pass
 # The GPU the rules are written for: an H100/H200 has 132 SMs. A constant, not the device's
 # count, so that the numerics (the group count) are the same on every GPU.
 SMS = 132
-# Groups: enough (output tile, group) programs for two per SM at M=1, so the weight streams
-# from every SM with several tiles in flight; each group at least MIN_GROUP_BLOCKS K blocks so
-# the fused launch (large M) pays a group boundary rarely and the partials stay small.
+# Groups, only for weights with under one wave of N tiles at M=1 (o_proj, down, small qkv):
+# enough (N tile, group) programs for two per SM, so the weight streams from every SM with
+# several tiles in flight; each group at least MIN_GROUP_BLOCKS K blocks, so the fused launch
+# pays a group boundary rarely and the partials stay small.
 TARGET_PROGRAMS = 2 * SMS
 MIN_GROUP_BLOCKS = 2
-# Split launch while the fused launch would have fewer programs than this (under one wave).
-SPLIT_BELOW_PROGRAMS = SMS
+# The launch cost model (`use_split`; speed only, never bits). Estimates, to be checked against
+# linear_bench.py --sweep, which times both launches: a program streams its weight tiles (or
+# runs their 64-row MMAs) at about SM_GBPS of weight, an SM runs its programs one after another,
+# nothing beats HBM; the split launch adds its fp32 partials (written, read back, mostly in L2)
+# and the group-sum launch.
+SM_GBPS = 55.0
+HBM_GBPS = 3350.0
+L2_GBPS = 5000.0
+SUM_LAUNCH_US = 2.0
 
 
 @dataclass(frozen=True)
@@ -91,10 +99,12 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def groups_for(n: int, k: int, block_n: int, block_k: int, target_programs: int = TARGET_PROGRAMS) -> int:
-    """K groups for an [N, K] weight: enough for `target_programs` (output tile, group) programs
-    at M=1, each group at least MIN_GROUP_BLOCKS blocks long."""
-    k_blocks = _cdiv(k, block_k)
-    return max(1, min(k_blocks // MIN_GROUP_BLOCKS, _cdiv(target_programs, _cdiv(n, block_n))))
+    """K groups for an [N, K] weight: 1 if its N tiles fill a wave of SMs, else enough for
+    `target_programs` (N tile, group) programs at M=1, each group >= MIN_GROUP_BLOCKS blocks."""
+    tiles = _cdiv(n, block_n)
+    if tiles >= SMS:
+        return 1
+    return max(1, min(_cdiv(k, block_k) // MIN_GROUP_BLOCKS, _cdiv(target_programs, tiles)))
 
 
 # Measured overrides of the rule below, by (N, K): paste the lines `linear_bench.py --sweep`
@@ -107,8 +117,8 @@ def choose_config(n: int, k: int) -> LinearConfig:
 
     TUNED if listed, else 128x64 weight tiles with 4 warps and 4 stages (96 KB of shared memory: two programs per SM)
     for every shape, and `groups_for` K groups. Qwen2.5-1.5B: qkv 2048x1536 -> 12 groups,
-    o_proj 1536x1536 -> 12, gate_up 17920x1536 -> 2, down 1536x8960 -> 22 (20 launched),
-    lm_head -> 1. Qwen3-8B: qkv 6144x4096 -> 6, o 4096x4096 -> 9 (8), gate_up -> 2,
+    o_proj 1536x1536 -> 12, gate_up 17920x1536 -> 1, down 1536x8960 -> 22 (20 launched),
+    lm_head -> 1. Qwen3-8B: qkv 6144x4096 -> 6, o 4096x4096 -> 9 (8), gate_up -> 1,
     down 4096x12288 -> 9, lm_head -> 1. Re-tune with
         python3 scripts/gpu-lease/linear_bench.py --sweep
     """
@@ -118,13 +128,26 @@ def choose_config(n: int, k: int) -> LinearConfig:
     return LinearConfig(block_n=block_n, block_k=block_k, groups=groups_for(n, k, block_n, block_k))
 
 
+def _launch_us(programs: int, blocks: int, config: LinearConfig, weight_bytes: int) -> float:
+    """Estimated µs for `programs` programs of `blocks` K blocks each (module constants)."""
+    per_block_us = config.block_n * config.block_k * 2 / (SM_GBPS * 1e3)
+    return max(_cdiv(programs, SMS) * blocks * per_block_us, weight_bytes / (HBM_GBPS * 1e3))
+
+
 def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
-    """Launch choice for M rows (never changes the result): one program per K group while the
-    fused launch would leave SMs idle, unless the fp32 partials (8 * groups * M * N bytes
-    written and read back) would move more bytes than the weight itself (2 * N * K)."""
+    """Launch choice for M rows (never changes the result): split over the K groups when the cost
+    model says it is faster than the fused launch. AR steps of the narrow projections split (a
+    wave of SMs instead of N/128 of them); the fused launch wins once the fp32 partials
+    (8 * groups * M * N bytes) cost more than the idle SMs."""
     groups = config.num_groups(k)
-    fused_programs = _cdiv(m, BLOCK_M) * _cdiv(n, config.block_n)
-    return groups > 1 and fused_programs < SPLIT_BELOW_PROGRAMS and 4 * groups * m <= k
+    if groups == 1:
+        return False
+    programs = _cdiv(m, BLOCK_M) * _cdiv(n, config.block_n)
+    weight_bytes = 2 * n * k
+    fused = _launch_us(programs, _cdiv(k, config.block_k), config, weight_bytes)
+    split = (_launch_us(programs * groups, config.group_blocks(k), config, weight_bytes)
+             + 8 * groups * m * n / (L2_GBPS * 1e3) + SUM_LAUNCH_US)
+    return split < fused
 
 
 # ----------------------------------------------------------------------------- triton kernels

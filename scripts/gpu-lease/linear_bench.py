@@ -12,7 +12,8 @@ for ours and for cuBLAS.
 
 --sweep also times, per shape, a handful of candidate configs (block_n, block_k, K groups,
 warps, stages) at every M, each with both launches (split over K groups + group-sum pass, and
-fused) where it has more than one group, and checks each candidate's M-invariance; it prints
+fused) where it has more than one group, and checks each candidate's M-invariance and whether
+it gives the table config's bits (`=tbl`: expected where block_k and the groups match); it prints
 per shape the best launch per (candidate, M) and a pick (lowest sum over M of time / best time).
 About 2 min on an H100 with the compiles (estimated: split it with --models if it runs long).
 
@@ -186,20 +187,20 @@ def sweep(ms, reps: int) -> list[dict]:
         x_all = torch.randn(MAX_ROWS, k, device="cuda", generator=gen).to(DTYPE)
         cublas = {m: graphed_us(lambda ww: F.linear(x_all[:m], ww, b), weights, reps) for m in ms}
         print(f"\n{model} {name} N={n} K={k}: µs per call (s = split launch, f = fused), cuBLAS first")
-        print(f"{'config':<24}" + "".join(f"{'M=' + str(m):>11}" for m in ms) + f"{'inv':>5}{'score':>7}")
+        print(f"{'config':<24}" + "".join(f"{'M=' + str(m):>11}" for m in ms) + f"{'inv':>5}{'=tbl':>6}{'score':>7}")
         print(f"{'cuBLAS':<24}" + "".join(f"{cublas[m]:>11.1f}" for m in ms))
         shape_rows = []
+        table_y = linear_triton(x_all, weights[0], b)
         for c in candidates(n, k):
             entry = dict(model=model, name=name, n=n, k=k, config=c.__dict__, groups=c.num_groups(k), times={})
             try:
                 for m in ms:
                     x = x_all[:m]
                     launches = (True, False) if c.num_groups(k) > 1 else (False,)
-                    if m == 1:
-                        launches = launches[:1]  # a fused M=1 over several groups is never chosen
                     entry["times"][m] = {("split" if sp else "fused"): graphed_us(
                         lambda ww, sp=sp: linear_triton(x, ww, b, config=c, split=sp), weights, reps) for sp in launches}
                 w = weights[0]
+                entry["same_bits_as_table"] = torch.equal(linear_triton(x_all, w, b, config=c), table_y)
                 entry["invariant"] = all(
                     invariant(lambda xx, sp=sp: linear_triton(xx, w, b, config=c, split=sp), x_all, ms)
                     for sp in ((True, False) if c.num_groups(k) > 1 else (False,)))
@@ -213,7 +214,13 @@ def sweep(ms, reps: int) -> list[dict]:
             cells = "".join(f"{min(e['times'][m].values()):>10.1f}{min(e['times'][m], key=e['times'][m].get)[0]}"
                             for m in ms)
             c = LinearConfig(**e["config"])
-            print(f"{label(c, k):<24}{cells}{'yes' if e['invariant'] else 'NO':>5}{e['score']:>7.2f}")
+            print(f"{label(c, k):<24}{cells}{'yes' if e['invariant'] else 'NO':>5}"
+                  f"{'yes' if e['same_bits_as_table'] else 'no':>6}{e['score']:>7.2f}")
+        table = next((e for e in shape_rows if LinearConfig(**e["config"]) == choose_config(n, k)), None)
+        if table is not None and table["groups"] > 1:  # use_split's cost model against the clock
+            print("launch (use_split / faster measured): " + ", ".join(
+                f"M={m} {'s' if use_split(m, n, k, choose_config(n, k)) else 'f'}/"
+                f"{min(table['times'][m], key=table['times'][m].get)[0]}" for m in ms))
         pick = min((e for e in shape_rows if e["invariant"]), key=lambda e: e["score"], default=None)
         if pick is not None:
             print(f"pick: {label(LinearConfig(**pick['config']), k)}  (table: {label(choose_config(n, k), k)})")
