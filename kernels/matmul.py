@@ -14,26 +14,27 @@ the output is bitwise the same whatever M is and whatever the other rows hold:
     Each group is accumulated alone in fp32 (tl.dot over its blocks in order, from zero), and
     the group sums are added in group order to a zero fp32 total; the bias is added once to
     the total; then the cast. That arithmetic is fixed; only where it runs depends on M:
-      - split launch (few output tiles, e.g. AR): one program per (tile, group) writes its
+      - split launch (`use_split`: few output tiles, e.g. AR): one program per (tile, group) writes its
         group sum to an fp32 partial buffer [groups, M, N]; `_sum_groups_kernel` adds them in
         group order (no atomics), adds the bias and casts.
-      - fused launch (enough tiles to fill the GPU): one program per tile runs every group and
+      - fused launch (otherwise): one program per tile runs every group and
         adds each finished group sum to its total in the same order.
     Both launches execute the same dots on the same operands and the same fp32 adds in the same
     order, so they give the same bits; the CUDA tests check it on the real shapes.
   * M is not specialised on (do_not_specialize): one compiled kernel for every row count.
   * `enable_fp_fusion=False`: no FMA contraction that could differ between the two kernels.
 
-Under TRITON_INTERPRET=1 (CPU tests) the operands are upcast to fp32 before tl.dot: the
-interpreter's bf16 dot returns garbage (triton 3.9), and bf16/fp16 products are exact in fp32.
-
 A row's result does not depend on its position in the 64-row tile either: the MMA computes
 each output element from its own row and column with the same instruction sequence.
+
+Under TRITON_INTERPRET=1 (CPU tests) the operands are upcast to fp32 before tl.dot: the
+interpreter's bf16 dot returns garbage (triton 3.9), and bf16/fp16 products are exact in fp32.
 
 CUDA-graph safe: no host syncs; the grids and the partial buffer depend on shapes only.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -112,6 +113,7 @@ def groups_for(n: int, k: int, block_n: int, block_k: int, target_programs: int 
 TUNED: dict[tuple[int, int], LinearConfig] = {}
 
 
+@functools.lru_cache(maxsize=None)
 def choose_config(n: int, k: int) -> LinearConfig:
     """The one config for an [N, K] weight (bf16/fp16; both are 2-byte types, same rule).
 
