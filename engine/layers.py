@@ -49,7 +49,7 @@ def _batch_invariant(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 class Linear(nn.Linear):
-    """nn.Linear through `linear` (the CPU skinny-matrix path)."""
+    """nn.Linear through `linear` (the batch-invariant GEMM on CUDA, the CPU skinny-matrix path)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
