@@ -16,22 +16,40 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import moe_block, qk_norm_rope, rms_norm, silu_mul
+from ..kernels import linear_triton, moe_block, qk_norm_rope, rms_norm, silu_mul
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias). On the CPU a skinny x (2-32 rows: a small tree, a draft block) goes
-    through weight @ x.T: on a 2-core CPU F.linear took 2-3.5x its 1-row time at 2-16 rows (sgemm
-    packs the weight panels, moving it twice), weight @ x.T 1-2.4x (PERF_NOTES, CPU)."""
+    """x @ weight.T (+ bias). CUDA bf16/fp16 (no autograd): the batch-invariant Triton GEMM
+    (kernels/matmul.py), so a row's result is bitwise the same in a tree verify as in an AR step;
+    fp32 on CUDA keeps F.linear (the oracle path against transformers). On the CPU a skinny x
+    (2-32 rows: a small tree, a draft block) goes through weight @ x.T: on a 2-core CPU F.linear
+    took 2-3.5x its 1-row time at 2-16 rows (sgemm packs the weight panels, moving it twice),
+    weight @ x.T 1-2.4x (PERF_NOTES, CPU)."""
     rows = x.numel() // x.shape[-1]
     if x.device.type == "cpu" and 1 < rows <= 32:
         y = (weight @ x.reshape(rows, x.shape[-1]).T).T.contiguous().view(*x.shape[:-1], weight.shape[0])
         return y + bias if bias is not None else y
+    if _batch_invariant(x, weight, bias):
+        y = linear_triton(x.reshape(rows, x.shape[-1]), weight, bias)
+        return y.view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
 
 
+def _batch_invariant(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """The Triton GEMM applies: CUDA, one 16-bit dtype throughout, and no backward needed (it has
+    none; training runs the head in fp32 under autocast, which stays on F.linear)."""
+    return (
+        x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and (bias is None or bias.dtype == x.dtype)
+        and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))
+    )
+
+
 class Linear(nn.Linear):
-    """nn.Linear through `linear` (the CPU skinny-matrix path)."""
+    """nn.Linear through `linear` (the batch-invariant GEMM on CUDA, the CPU skinny-matrix path)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)

@@ -10,6 +10,7 @@ from .fused import (
     silu_mul,
     silu_mul_triton,
 )
+from .matmul import linear_ref, linear_triton
 from .moe import moe_block, moe_block_triton, moe_group_triton, moe_route_triton
 from .reference import (
     accum_tree_ref,
@@ -49,6 +50,8 @@ __all__ = [
     "distill_rows",
     "distill_rows_ref",
     "distill_rows_triton",
+    "linear_ref",
+    "linear_triton",
     "logical_to_slots",
     "moe_block",
     "moe_block_ref",

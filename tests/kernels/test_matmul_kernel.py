@@ -1,0 +1,223 @@
+"""The batch-invariant linear (kernels/matmul.py): correctness against fp32 arithmetic, bias,
+strided weight views, both launches (split over K groups + group-sum pass, or fused), ragged
+M / N / K, and bitwise M-invariance; the dispatch in engine.layers.linear.
+
+On the CPU the kernel runs under TRITON_INTERPRET=1 (conftest.py) with small shapes and small
+tile configs. There tl.dot is numpy's fp32 matmul on fp32-upcast operands (exact products) of
+one fixed tile shape, [64, BLOCK_K] x [BLOCK_K, BLOCK_N], whatever M is; numpy's matmul of a
+fixed shape gives each row the same bits wherever it sits in the tile, so the invariance tests
+hold bitwise there too (they also catch a wrong group order or a launch that re-associates).
+The interpreter truncates fp32 -> bf16 casts, so the bf16 accuracy tests patch the cast to round
+to nearest even (`rtne_bf16`). The real shapes, wgmma, and CUDA graphs run only on a GPU.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton = pytest.importorskip("triton")
+
+from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
+
+from jetspec_chat.engine.layers import FusedLinear, linear  # noqa: E402
+from jetspec_chat.kernels import linear_ref, linear_triton  # noqa: E402
+from jetspec_chat.kernels.matmul import BLOCK_M, LinearConfig, choose_config, use_split  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+gpu_only = pytest.mark.skipif(not CUDA, reason="needs a GPU")
+
+# Small tiles for the interpreter: 3 K groups of 2 blocks over K=192 (split and fused differ),
+# N tiles of 32 (N=80: a ragged last tile).
+SMALL = LinearConfig(block_n=32, block_k=32, groups=3)
+
+QWEN25_1_5B = {  # name: (N, K, bias)
+    "qkv": (2048, 1536, True),
+    "o_proj": (1536, 1536, False),
+    "gate_up": (17920, 1536, False),
+    "down": (1536, 8960, False),
+    "lm_head": (151936, 1536, False),
+}
+
+
+def randn(*shape, seed, dtype=torch.bfloat16, scale=1.0, device=DEVICE):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
+
+
+def problem(m, n, k, bias, seed, dtype=torch.bfloat16):
+    x = randn(m, k, seed=seed, dtype=dtype)
+    w = randn(n, k, seed=seed + 1, dtype=dtype, scale=k ** -0.5)
+    b = randn(n, seed=seed + 2, dtype=dtype) if bias else None
+    return x, w, b
+
+
+def assert_rows_invariant(x, w, b, config=None, ms=(1, 7, 64, 70)):
+    """Every prefix x[:M] (and single rows from inside the tiles) gives the full result's rows."""
+    full = linear_triton(x, w, b, config=config)
+    for m in ms:
+        got = linear_triton(x[:m], w, b, config=config)
+        assert torch.equal(got, full[:m]), f"M={m}: rows differ from the M={x.shape[0]} result"
+    for i in (5, 63, x.shape[0] - 1):
+        assert torch.equal(linear_triton(x[i : i + 1], w, b, config=config)[0], full[i]), f"row {i} alone"
+    return full
+
+
+# ----------------------------------------------------------------------------- CPU (interpreter) and GPU
+
+
+@pytest.mark.parametrize("m", [1, 5, 70])
+@pytest.mark.parametrize("split", [False, True])
+def test_matches_fp32_arithmetic_fp16(m, split):
+    """fp16 (11-bit mantissa): within a couple of output ulps of fp32 arithmetic, on a ragged N
+    (80 = 2.5 tiles) and a ragged K (200: a masked last block)."""
+    x, w, b = problem(m, 80, 200, True, seed=m, dtype=torch.float16)
+    got = linear_triton(x, w, b, config=SMALL, split=split)
+    ref = x.float() @ w.float().T + b.float()
+    torch.testing.assert_close(got.float(), ref, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_fp32_arithmetic_bf16(bias, rtne_bf16):
+    """bf16: at most one output ulp from linear_ref (fp32 sums in another order, one rounding)."""
+    x, w, b = problem(9, 80, 192, bias, seed=3)
+    got = linear_triton(x, w, b, config=SMALL)
+    ref = linear_ref(x, w, b)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2 ** -7, atol=1e-3)
+    assert (got == ref).float().mean() > 0.9  # mostly the same bits: same products, fp32 sums
+
+
+def test_split_and_fused_launches_agree_bitwise():
+    """The launch (by M) never changes a bit: both run the same dots and fp32 adds in order."""
+    x, w, b = problem(70, 80, 192, True, seed=4)
+    assert SMALL.num_groups(192) == 3
+    assert torch.equal(linear_triton(x, w, b, config=SMALL, split=True), linear_triton(x, w, b, config=SMALL, split=False))
+
+
+def test_groups_change_the_sum_order():
+    """The group count is part of the numerics (why it depends on N and K only). x.w sums
+    2^24, four 0.75s (one per 32-wide K block) and -2^24: exactly 3. One group adds each 0.75 to
+    2^24 (fp32 spacing 2 there: lost) -> 0; three groups of two blocks sum 0.75 + 0.75 first ->
+    3. So the bitwise checks here can see an order change."""
+    x = torch.ones(1, 192, dtype=torch.float16, device=DEVICE)
+    x[0, 0] = x[0, 160] = 4096.0
+    w = torch.zeros(32, 192, dtype=torch.float16, device=DEVICE)
+    w[:, 0], w[:, 160] = 4096.0, -4096.0
+    w[:, 32:160:32] = 0.75
+    one = linear_triton(x, w, config=LinearConfig(block_n=32, block_k=32, groups=1))
+    three = linear_triton(x, w, config=SMALL)
+    assert (one == 0).all() and (three > 1).all(), (one[0, 0].item(), three[0, 0].item())
+
+
+@pytest.mark.parametrize("config", [SMALL, None], ids=["small", "default"])
+def test_rows_are_m_invariant(config):
+    """Bitwise: a row's result is the same at M = 1, 7, 64, 70 and 130, and alone."""
+    x, w, b = problem(130, 80, 192, True, seed=6)
+    assert_rows_invariant(x, w, b, config)
+
+
+def test_rows_do_not_depend_on_other_rows():
+    """The same row among different neighbours (huge values, other positions) gives the same bits."""
+    x, w, b = problem(70, 80, 192, False, seed=7)
+    noisy = randn(70, 192, seed=8, scale=1e4)
+    noisy[3] = x[40]
+    assert torch.equal(linear_triton(noisy, w, b, config=SMALL)[3], linear_triton(x, w, b, config=SMALL)[40])
+
+
+def test_strided_weight_view_and_out(poisoned_alloc):
+    """A weight view with a row stride > K (rows and columns sliced out of a bigger matrix), its
+    bias slice and a strided x, written into a column slice of a bigger buffer; every element
+    written (NaN-poisoned allocations)."""
+    big_x, big_w, big_b = problem(66, 200, 256, True, seed=9)
+    x, w, b = big_x[:, 16:208], big_w[40:120, 32:224], big_b[40:120]
+    assert w.stride() == (256, 1) and x.stride() == (256, 1)
+    expect = linear_triton(x.contiguous(), w.contiguous(), b.contiguous(), config=SMALL)
+    for split in (False, True):
+        dest = torch.zeros(66, 100, dtype=x.dtype, device=DEVICE)
+        got = linear_triton(x, w, b, out=dest[:, 10:90], config=SMALL, split=split)
+        assert got.data_ptr() == dest[:, 10:90].data_ptr()
+        assert torch.equal(got, expect)
+        assert not dest[:, :10].any() and not dest[:, 90:].any()
+
+
+def test_choose_config_rule():
+    """The documented group counts (choose_config's docstring) and whole, non-empty groups."""
+    documented = {(2048, 1536): 12, (1536, 1536): 12, (17920, 1536): 1, (1536, 8960): 20, (151936, 1536): 1,
+                  (6144, 4096): 6, (4096, 4096): 8, (24576, 4096): 1, (4096, 12288): 9, (151936, 4096): 1}
+    for (n, k), groups in documented.items():
+        c = choose_config(n, k)
+        k_blocks = -(-k // c.block_k)
+        assert c.num_groups(k) == groups, (n, k, c)
+        assert (c.num_groups(k) - 1) * c.group_blocks(k) < k_blocks <= c.num_groups(k) * c.group_blocks(k)
+    # AR splits the narrow projections over K; 256-row verifies of o_proj and lm_head never split
+    # (the partials would cost more than the idle SMs; lm_head has one group).
+    for m in (1, 16):
+        assert use_split(m, 1536, 8960, choose_config(1536, 8960))
+        assert use_split(m, 1536, 1536, choose_config(1536, 1536))
+    assert not use_split(256, 1536, 1536, choose_config(1536, 1536))
+    assert not use_split(1, 151936, 1536, choose_config(151936, 1536))
+
+
+def test_linear_dispatch_cpu_unchanged():
+    """engine.layers.linear keeps its CPU paths (bf16 on the CPU never reaches Triton)."""
+    x, w, b = (randn(*shape, seed=10, dtype=torch.float32, device="cpu") for shape in ((5, 64), (48, 64), (48,)))
+    torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- GPU only
+
+
+@gpu_only
+@pytest.mark.parametrize("name", list(QWEN25_1_5B))
+def test_gpu_m_invariant_real_shapes(name):
+    """Qwen2.5-1.5B shapes, bf16: bitwise the same rows at M = 1, 7, 64 and 200 (and alone), both
+    launches, and close to cuBLAS."""
+    n, k, bias = QWEN25_1_5B[name]
+    x, w, b = problem(200, n, k, bias, seed=11)
+    full = assert_rows_invariant(x, w, b, ms=(1, 7, 64, 200))
+    for m in (1, 200):
+        split = linear_triton(x[:m], w, b, split=True)
+        fused = linear_triton(x[:m], w, b, split=False)
+        assert torch.equal(split, full[:m]) and torch.equal(fused, full[:m]), f"M={m}: launches differ"
+    ref = F.linear(x, w, b)
+    torch.testing.assert_close(full.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    exact = linear_ref(x, w, b).float()
+    assert (full.float() - exact).norm() <= 1.05 * (ref.float() - exact).norm()  # as accurate as cuBLAS
+
+
+@gpu_only
+def test_gpu_fused_linear_parts_and_dispatch():
+    """FusedLinear.forward_parts (a row-slice view of the weight) goes through the kernel on CUDA
+    bf16 and is M-invariant; fp32 on CUDA stays F.linear; autograd falls back to F.linear."""
+    torch.manual_seed(12)
+    qkv = FusedLinear(1536, {"q_proj": 1536, "k_proj": 256, "v_proj": 256}, bias=True).to(DEVICE, torch.bfloat16)
+    qkv.requires_grad_(False)
+    x = randn(64, 1536, seed=12)
+    r = qkv.rows("k_proj", "v_proj")
+    kv = qkv.forward_parts(x, "k_proj", "v_proj")
+    assert torch.equal(kv, linear_triton(x, qkv.weight[r], qkv.bias[r]))
+    assert torch.equal(qkv.forward_parts(x[5:6], "k_proj", "v_proj")[0], kv[5])
+    assert torch.equal(qkv(x[None])[0], linear_triton(x, qkv.weight, qkv.bias))  # leading dims
+    x32, w32 = x.float(), qkv.weight.float()
+    assert torch.equal(linear(x32, w32), F.linear(x32, w32))
+    w_grad = qkv.weight.detach().clone().requires_grad_(True)
+    linear(x, w_grad).float().sum().backward()
+    assert w_grad.grad is not None
+
+
+@gpu_only
+def test_gpu_cuda_graph():
+    """Captured once, replayed on new inputs: the same bits as eager (split and fused launches)."""
+    for m, (n, k) in ((1, (1536, 8960)), (128, (17920, 1536))):
+        x, w, _ = problem(m, n, k, False, seed=13)
+        static_x = x.clone()
+        linear_triton(static_x, w)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = linear_triton(static_x, w)
+        new_x = randn(m, k, seed=14)
+        static_x.copy_(new_x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, linear_triton(new_x, w))
