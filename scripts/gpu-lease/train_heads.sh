@@ -144,6 +144,9 @@ setup)
   (cd $APP && timeout 120 python3 -P -m pytest -q -x -p no:cacheprovider tests/kernels/test_distill_kernel.py \
     tests/engine/test_gpu.py::test_graphed_batch_sampling_runs_inside_the_graph 2>&1 | tail -3)
   ;;
+assemble)  # assemble KEY: the staged chunks -> /root/models/KEY.gguf (sha-checked); prints its path
+  assemble ${1:?key}
+  ;;
 stage)
   take_stage | wc -l
   ;;
