@@ -168,9 +168,12 @@ if triton is not None:
         pid_n = tl.program_id(1)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        # Out-of-range rows/columns wrap onto valid ones (unmasked loads; their results are
-        # never stored), as Triton's matmul tutorial does.
-        offs_m = rows % M
+        # Rows past M are masked out of the x loads (zeros, no memory requests). Wrapped onto
+        # valid rows instead, every x load at M=1 asked for one row 64 times, and M=1 ran at half
+        # the speed of M=16 on the same grid.
+        # Out-of-range columns wrap onto valid weight rows (only the last N tile has any). Neither
+        # reaches a stored result: the MMA computes each element from its own row and column.
+        row_ok = (rows < M)[:, None]
         offs_n = cols % N
         offs_k = tl.arange(0, BLOCK_K)
         if SPLIT:
@@ -180,17 +183,17 @@ if triton is not None:
             kb_start = 0
             kb_end = k_blocks
         k0 = kb_start * BLOCK_K
-        x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + (k0 + offs_k)[None, :]
+        x_ptrs = X + rows[:, None].to(tl.int64) * stride_xm + (k0 + offs_k)[None, :]
         w_ptrs = W + offs_n[None, :].to(tl.int64) * stride_wn + (k0 + offs_k)[:, None]  # [BK, BN]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for kb in range(kb_start, kb_end):
             if EVEN_K:
-                x = tl.load(x_ptrs)
+                x = tl.load(x_ptrs, mask=row_ok, other=0.0)
                 w = tl.load(w_ptrs)
             else:
                 k_left = K - kb * BLOCK_K
-                x = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                x = tl.load(x_ptrs, mask=row_ok & (offs_k[None, :] < k_left), other=0.0)
                 w = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
             if UPCAST:
                 acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
@@ -203,7 +206,7 @@ if triton is not None:
                 if ((kb + 1) % group_blocks == 0) & (kb + 1 < kb_end):
                     total += acc
                     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        mask = row_ok & (cols < N)[None, :]
         if SPLIT:
             # The group sum, for _sum_groups_kernel. P: [groups, M, N] fp32, contiguous.
             p_ptrs = P + (tl.program_id(2).to(tl.int64) * M + rows[:, None]) * N + cols[None, :]
