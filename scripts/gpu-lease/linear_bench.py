@@ -11,7 +11,7 @@ for cuBLAS is shown beside it. `err`: |y - exact| / |exact| (Frobenius, exact = 
 for ours and for cuBLAS.
 
 --sweep also times, per shape, a handful of candidate configs (block_n, block_k, K groups,
-warps, stages) at every M, each with both launches (split over K groups + group-sum pass, and
+warps, stages) at every M, each with both launches (split over K groups, groups summed in-kernel, and
 fused) where it has more than one group, and checks each candidate's M-invariance and whether
 it gives the table config's bits (`=tbl`: expected where block_k and the groups match); it prints
 per shape the best launch per (candidate, M) and a pick (lowest sum over M of time / best time).

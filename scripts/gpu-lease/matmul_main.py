@@ -1,0 +1,302 @@
+# Frozen copy of kernels/matmul.py at main 0313288 (before masked rows and the in-kernel group
+# sum): the baseline that scripts/gpu-lease/linear_variants.py times against. Not used elsewhere.
+"""A batch-invariant linear layer: y = x @ weight.T (+ bias), bf16/fp16, fp32 accumulation.
+
+Why: the engine verifies a tree of N tokens in one [N, K] GEMM and decodes AR in [1, K] GEMVs.
+cuBLAS picks its algorithm (tile, split-K) from M, so a row's dot products are summed in a
+different order at M=1 than at M=128, and a near-tie between two logits can flip: greedy
+speculative answers then differ from greedy AR answers in bf16 (issue 13). Here every row of
+the output is bitwise the same whatever M is and whatever the other rows hold:
+
+  * One tile config per (N, K) (`choose_config`), never chosen from M. BLOCK_M is always 64:
+    on Hopper Triton emits wgmma for BLOCK_M >= 64 with 4 warps and mma.sync below, and the
+    two may round differently. AR (M=1) wastes 63/64 of the MMA work, which is free there:
+    the GEMV is bound by streaming the weight.
+  * K is cut into `groups` consecutive groups of whole BLOCK_K blocks (a function of N and K).
+    Each group is accumulated alone in fp32 (tl.dot over its blocks in order, from zero), and
+    the group sums are added in group order to a zero fp32 total; the bias is added once to
+    the total; then the cast. That arithmetic is fixed; only where it runs depends on M:
+      - split launch (`use_split`: few output tiles, e.g. AR): one program per (tile, group) writes its
+        group sum to an fp32 partial buffer [groups, M, N]; `_sum_groups_kernel` adds them in
+        group order (no atomics), adds the bias and casts.
+      - fused launch (otherwise): one program per tile runs every group and
+        adds each finished group sum to its total in the same order.
+    Both launches execute the same dots on the same operands and the same fp32 adds in the same
+    order, so they give the same bits; the CUDA tests check it on the real shapes.
+  * M is not specialised on (do_not_specialize): one compiled kernel for every row count.
+  * `enable_fp_fusion=False`: no FMA contraction that could differ between the two kernels.
+
+A row's result does not depend on its position in the 64-row tile either: the MMA computes
+each output element from its own row and column with the same instruction sequence.
+
+Under TRITON_INTERPRET=1 (CPU tests) the operands are upcast to fp32 before tl.dot: the
+interpreter's bf16 dot returns garbage (triton 3.9), and bf16/fp16 products are exact in fp32.
+
+CUDA-graph safe: no host syncs; the grids and the partial buffer depend on shapes only.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+try:  # triton is optional: CPU-only installs use F.linear.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only without triton
+    triton = None
+    tl = None
+
+BLOCK_M = 64  # fixed: see the module docstring (wgmma on Hopper for every M)
+SUM_BLOCK = 256  # columns per program of the group-sum pass
+
+# The GPU the rules are written for: an H100/H200 has 132 SMs. A constant, not the device's
+# count, so that the numerics (the group count) are the same on every GPU.
+SMS = 132
+# Groups, only for weights with under one wave of N tiles at M=1 (o_proj, down, small qkv):
+# enough (N tile, group) programs for two per SM, so the weight streams from every SM with
+# several tiles in flight; each group at least MIN_GROUP_BLOCKS K blocks, so the fused launch
+# pays a group boundary rarely and the partials stay small.
+TARGET_PROGRAMS = 2 * SMS
+MIN_GROUP_BLOCKS = 2
+# The launch cost model (`use_split`; speed only, never bits). Estimates, to be checked against
+# linear_bench.py --sweep, which times both launches: a program streams its weight tiles (or
+# runs their 64-row MMAs) at about SM_GBPS of weight, an SM runs its programs one after another,
+# nothing beats HBM; the split launch adds its fp32 partials (written, read back, mostly in L2)
+# and the group-sum launch.
+SM_GBPS = 55.0
+HBM_GBPS = 3350.0
+L2_GBPS = 5000.0
+SUM_LAUNCH_US = 2.0
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """Launch shape for one (N, K). `groups` and block_k set the order of the sum (module
+    docstring); block_n, num_warps and num_stages only change how the same per-element MMA
+    steps are tiled, but they too are fixed per (N, K), never chosen from M."""
+
+    block_n: int
+    block_k: int
+    groups: int  # K groups, each a run of ceil(k_blocks / groups) BLOCK_K blocks
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def group_blocks(self, k: int) -> int:
+        """BLOCK_K blocks per group (the last group may have fewer)."""
+        return -(-_cdiv(k, self.block_k) // self.groups)
+
+    def num_groups(self, k: int) -> int:
+        """Groups actually launched: `groups` rounded so that no group is empty."""
+        return _cdiv(_cdiv(k, self.block_k), self.group_blocks(k))
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def groups_for(n: int, k: int, block_n: int, block_k: int, target_programs: int = TARGET_PROGRAMS) -> int:
+    """K groups for an [N, K] weight: 1 if its N tiles fill a wave of SMs, else enough for
+    `target_programs` (N tile, group) programs at M=1, each group >= MIN_GROUP_BLOCKS blocks."""
+    tiles = _cdiv(n, block_n)
+    if tiles >= SMS:
+        return 1
+    return max(1, min(_cdiv(k, block_k) // MIN_GROUP_BLOCKS, _cdiv(target_programs, tiles)))
+
+
+# Measured overrides of the rule below, by (N, K): paste the lines `linear_bench.py --sweep`
+# prints where its pick beats the rule's config. Shapes not listed (other models) use the rule.
+TUNED: dict[tuple[int, int], LinearConfig] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def choose_config(n: int, k: int) -> LinearConfig:
+    """The one config for an [N, K] weight (bf16/fp16; both are 2-byte types, same rule).
+
+    TUNED if listed, else 128x64 weight tiles with 4 warps and 4 stages (96 KB of shared memory: two programs per SM)
+    for every shape, and `groups_for` K groups. Qwen2.5-1.5B: qkv 2048x1536 -> 12 groups,
+    o_proj 1536x1536 -> 12, gate_up 17920x1536 -> 1, down 1536x8960 -> 22 (20 launched),
+    lm_head -> 1. Qwen3-8B: qkv 6144x4096 -> 6, o 4096x4096 -> 9 (8), gate_up -> 1,
+    down 4096x12288 -> 9, lm_head -> 1. Re-tune with
+        python3 scripts/gpu-lease/linear_bench.py --sweep
+    """
+    if (n, k) in TUNED:
+        return TUNED[(n, k)]
+    block_n, block_k = 128, 64
+    return LinearConfig(block_n=block_n, block_k=block_k, groups=groups_for(n, k, block_n, block_k))
+
+
+def _launch_us(programs: int, blocks: int, config: LinearConfig, weight_bytes: int) -> float:
+    """Estimated µs for `programs` programs of `blocks` K blocks each (module constants)."""
+    per_block_us = config.block_n * config.block_k * 2 / (SM_GBPS * 1e3)
+    return max(_cdiv(programs, SMS) * blocks * per_block_us, weight_bytes / (HBM_GBPS * 1e3))
+
+
+def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
+    """Launch choice for M rows (never changes the result): split over the K groups when the cost
+    model says it is faster than the fused launch. AR steps of the narrow projections split (a
+    wave of SMs instead of N/128 of them); the fused launch wins once the fp32 partials
+    (8 * groups * M * N bytes) cost more than the idle SMs."""
+    groups = config.num_groups(k)
+    if groups == 1:
+        return False
+    programs = _cdiv(m, BLOCK_M) * _cdiv(n, config.block_n)
+    weight_bytes = 2 * n * k
+    fused = _launch_us(programs, _cdiv(k, config.block_k), config, weight_bytes)
+    split = (_launch_us(programs * groups, config.group_blocks(k), config, weight_bytes)
+             + 8 * groups * m * n / (L2_GBPS * 1e3) + SUM_LAUNCH_US)
+    return split < fused
+
+
+# ----------------------------------------------------------------------------- triton kernels
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["M"])
+    def _linear_kernel(
+        X, W, B, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, group_blocks, k_blocks,
+        UPCAST: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        """grid (M tiles, N tiles[, groups]). M tiles vary fastest, so the programs that share a
+        weight tile run together and it is read from HBM once."""
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        # Out-of-range rows/columns wrap onto valid ones (unmasked loads; their results are
+        # never stored), as Triton's matmul tutorial does.
+        offs_m = rows % M
+        offs_n = cols % N
+        offs_k = tl.arange(0, BLOCK_K)
+        if SPLIT:
+            kb_start = tl.program_id(2) * group_blocks
+            kb_end = tl.minimum(kb_start + group_blocks, k_blocks)
+        else:
+            kb_start = 0
+            kb_end = k_blocks
+        k0 = kb_start * BLOCK_K
+        x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + (k0 + offs_k)[None, :]
+        w_ptrs = W + offs_n[None, :].to(tl.int64) * stride_wn + (k0 + offs_k)[:, None]  # [BK, BN]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for kb in range(kb_start, kb_end):
+            if EVEN_K:
+                x = tl.load(x_ptrs)
+                w = tl.load(w_ptrs)
+            else:
+                k_left = K - kb * BLOCK_K
+                x = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                w = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            if UPCAST:
+                acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, w, acc)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+            if not SPLIT and not ONE_GROUP:
+                # End of a group that is not the last: fold it into the total, start the next.
+                if ((kb + 1) % group_blocks == 0) & (kb + 1 < kb_end):
+                    total += acc
+                    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        if SPLIT:
+            # The group sum, for _sum_groups_kernel. P: [groups, M, N] fp32, contiguous.
+            p_ptrs = P + (tl.program_id(2).to(tl.int64) * M + rows[:, None]) * N + cols[None, :]
+            tl.store(p_ptrs, acc, mask=mask)
+        else:
+            total += acc
+            if HAS_BIAS:
+                total += tl.load(B + offs_n).to(tl.float32)[None, :]
+            y_ptrs = Y + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
+            tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit(do_not_specialize=["M"])
+    def _sum_groups_kernel(P, B, Y, M, N, stride_ym, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        """grid (M, N blocks): y = (0 + p_0 + p_1 + ... + p_{G-1}) (+ bias), cast; in group order.
+        Unrolled (GROUPS constexpr) so that all the loads are issued before the adds."""
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < N
+        total = tl.zeros([BLOCK], dtype=tl.float32)
+        for g in tl.static_range(GROUPS):
+            total += tl.load(P + (g * M + row) * N + cols, mask=mask, other=0.0)
+        if HAS_BIAS:
+            total += tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + row * stride_ym + cols, total.to(Y.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------- wrappers
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain-torch oracle: fp32 products and sums (in torch's order), bias in fp32, one cast."""
+    y = x.float() @ weight.float().T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def linear_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    config: LinearConfig | None = None,
+    split: bool | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype, batch-invariant (module
+    docstring). weight may be a row slice of a bigger weight (any row stride, unit column
+    stride); x needs a unit column stride (else it is copied). out: an [M, N] destination with a
+    unit column stride. config / split override `choose_config` / `use_split` (benchmarks and
+    tests; split never changes the result, config does)."""
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+    assert x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1], (
+        f"x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    assert x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16), "bf16/fp16 x and weight"
+    m, k = x.shape
+    n = weight.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if weight.stride(1) != 1:
+        weight = weight.contiguous()
+    if bias is not None:
+        assert bias.shape == (n,), f"bias {tuple(bias.shape)} for {n} outputs"
+        bias = bias.contiguous()
+    if out is None:
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1, "out: [M, N], x's dtype"
+    if m == 0 or n == 0:
+        return out
+    assert k > 0, "K = 0"
+    config = config or choose_config(n, k)
+    groups = config.num_groups(k)
+    split = use_split(m, n, k, config) if split is None else (split and groups > 1)
+    k_blocks = _cdiv(k, config.block_k)
+    grid = (_cdiv(m, BLOCK_M), _cdiv(n, config.block_n)) + ((groups,) if split else ())
+    partials = torch.empty(groups, m, n, device=x.device, dtype=torch.float32) if split else out
+    b = bias if bias is not None else out  # unused without HAS_BIAS
+    _linear_kernel[grid](
+        x, weight, b, out, partials, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        config.group_blocks(k), k_blocks,
+        UPCAST=_interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
+        BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=False,
+    )
+    if split:
+        _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
+            partials, b, out, m, n, out.stride(0),
+            GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
+        )
+    return out
+
+
+__all__ = ["BLOCK_M", "LinearConfig", "choose_config", "groups_for", "linear_ref", "linear_triton", "use_split"]
