@@ -14,11 +14,9 @@ the output is bitwise the same whatever M is and whatever the other rows hold:
     Each group is accumulated alone in fp32 (tl.dot over its blocks in order, from zero), and
     the group sums are added in group order to a zero fp32 total; the bias is added once to
     the total; then the cast. That arithmetic is fixed; only where it runs depends on M:
-      - split launch (`use_split`: few output tiles, e.g. AR): one program per (tile, group)
-        writes its group sum to an fp32 partial buffer [groups, M, N] and counts its arrival on
-        the tile's counter (an atomic add, acq_rel); the tile's last program to arrive adds the
-        tile's partials in group order, adds the bias, casts, stores and zeroes the counter.
-        Which program sums varies; the order of the adds does not.
+      - split launch (`use_split`: few output tiles, e.g. AR): one program per (tile, group) writes its
+        group sum to an fp32 partial buffer [groups, M, N]; `_sum_groups_kernel` adds them in
+        group order (no atomics), adds the bias and casts.
       - fused launch (otherwise): one program per tile runs every group and
         adds each finished group sum to its total in the same order.
     Both launches execute the same dots on the same operands and the same fp32 adds in the same
@@ -32,9 +30,7 @@ each output element from its own row and column with the same instruction sequen
 Under TRITON_INTERPRET=1 (CPU tests) the operands are upcast to fp32 before tl.dot: the
 interpreter's bf16 dot returns garbage (triton 3.9), and bf16/fp16 products are exact in fp32.
 
-CUDA-graph safe: no host syncs; the grids and the partial buffer depend on shapes only; the
-arrival counters are one persistent zeroed buffer per device (`_arrival_counters`), allocated
-before capture and left at zero by every launch.
+CUDA-graph safe: no host syncs; the grids and the partial buffer depend on shapes only.
 """
 from __future__ import annotations
 
@@ -52,6 +48,7 @@ except ImportError:  # pragma: no cover - exercised only without triton
     tl = None
 
 BLOCK_M = 64  # fixed: see the module docstring (wgmma on Hopper for every M)
+SUM_BLOCK = 256  # columns per program of the group-sum pass
 
 # The GPU the rules are written for: an H100/H200 has 132 SMs. A constant, not the device's
 # count, so that the numerics (the group count) are the same on every GPU.
@@ -65,10 +62,12 @@ MIN_GROUP_BLOCKS = 2
 # The launch cost model (`use_split`; speed only, never bits). Estimates, to be checked against
 # linear_bench.py --sweep, which times both launches: a program streams its weight tiles (or
 # runs their 64-row MMAs) at about SM_GBPS of weight, an SM runs its programs one after another,
-# nothing beats HBM; the split launch adds its fp32 partials (written, read back, mostly in L2).
+# nothing beats HBM; the split launch adds its fp32 partials (written, read back, mostly in L2)
+# and the group-sum launch.
 SM_GBPS = 55.0
 HBM_GBPS = 3350.0
 L2_GBPS = 5000.0
+SUM_LAUNCH_US = 2.0
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
     weight_bytes = 2 * n * k
     fused = _launch_us(programs, _cdiv(k, config.block_k), config, weight_bytes)
     split = (_launch_us(programs * groups, config.group_blocks(k), config, weight_bytes)
-             + 8 * groups * m * n / (L2_GBPS * 1e3))
+             + 8 * groups * m * n / (L2_GBPS * 1e3) + SUM_LAUNCH_US)
     return split < fused
 
 
@@ -157,17 +156,9 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
 
 if triton is not None:
 
-    @triton.jit
-    def _store_result(total, B, Y, rows, cols, offs_n, mask, stride_ym, HAS_BIAS: tl.constexpr):
-        """The sum of the groups (fp32, from zero, in group order) + bias, one cast, stored."""
-        if HAS_BIAS:
-            total += tl.load(B + offs_n).to(tl.float32)[None, :]
-        y_ptrs = Y + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
-        tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
-
     @triton.jit(do_not_specialize=["M"])
     def _linear_kernel(
-        X, W, B, Y, P, C, M, N, K, stride_xm, stride_wn, stride_ym, group_blocks, k_blocks,
+        X, W, B, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, group_blocks, k_blocks,
         UPCAST: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
@@ -217,26 +208,29 @@ if triton is not None:
                     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         mask = row_ok & (cols < N)[None, :]
         if SPLIT:
-            # The group sum goes to P: [groups, M, N] fp32, contiguous. The tile's last program to
-            # arrive adds all its groups in group order; who sums changes run to run, the order never.
-            n_groups = tl.num_programs(2)
-            group_step = M.to(tl.int64) * N
-            p_tile = P + rows[:, None].to(tl.int64) * N + cols[None, :]
-            tl.store(p_tile + tl.program_id(2) * group_step, acc, mask=mask)
-            # Every thread's partial stores precede the arrival (one thread's atomic); acq_rel at
-            # gpu scope publishes them to, and orders them before, the summing program's loads.
-            tl.debug_barrier()
-            counter = C + pid_n * tl.num_programs(0) + pid_m
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_groups - 1:
-                tl.debug_barrier()
-                for _ in range(0, n_groups):  # .cg: from L2, never a stale L1 line
-                    total += tl.load(p_tile, mask=mask, other=0.0, cache_modifier=".cg")
-                    p_tile += group_step
-                _store_result(total, B, Y, rows, cols, offs_n, mask, stride_ym, HAS_BIAS)
-                tl.store(counter, 0)  # zero again for the next launch (CUDA-graph replays reuse it)
+            # The group sum, for _sum_groups_kernel. P: [groups, M, N] fp32, contiguous.
+            p_ptrs = P + (tl.program_id(2).to(tl.int64) * M + rows[:, None]) * N + cols[None, :]
+            tl.store(p_ptrs, acc, mask=mask)
         else:
             total += acc
-            _store_result(total, B, Y, rows, cols, offs_n, mask, stride_ym, HAS_BIAS)
+            if HAS_BIAS:
+                total += tl.load(B + offs_n).to(tl.float32)[None, :]
+            y_ptrs = Y + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
+            tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit(do_not_specialize=["M"])
+    def _sum_groups_kernel(P, B, Y, M, N, stride_ym, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        """grid (M, N blocks): y = (0 + p_0 + p_1 + ... + p_{G-1}) (+ bias), cast; in group order.
+        Unrolled (GROUPS constexpr) so that all the loads are issued before the adds."""
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < N
+        total = tl.zeros([BLOCK], dtype=tl.float32)
+        for g in tl.static_range(GROUPS):
+            total += tl.load(P + (g * M + row) * N + cols, mask=mask, other=0.0)
+        if HAS_BIAS:
+            total += tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + row * stride_ym + cols, total.to(Y.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------- wrappers
@@ -248,25 +242,6 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
-
-
-# Per-tile arrival counters of the split launch, one zeroed int32 buffer per device, shared by
-# every call: each launch leaves its counters at zero again. Split launches must therefore not
-# run concurrently (the engine runs its linears on one stream).
-MIN_COUNTERS = 1 << 16
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}  # the last is in use; graphs may hold older ones
-
-
-def _arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """The device's counters, at least `tiles` of them. Allocated (and grown) outside CUDA-graph
-    capture only: a captured graph keeps the buffer's address, and the engine warms every shape
-    before capturing it, so a capture never needs a bigger one."""
-    buffers = _COUNTERS.setdefault(device, [])
-    if not buffers or buffers[-1].numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"split linear with {tiles} tiles first seen during CUDA-graph capture: run it once before")
-        buffers.append(torch.zeros(max(tiles, MIN_COUNTERS), dtype=torch.int32, device=device))
-    return buffers[-1]
 
 
 def linear_triton(
@@ -309,15 +284,19 @@ def linear_triton(
     k_blocks = _cdiv(k, config.block_k)
     grid = (_cdiv(m, BLOCK_M), _cdiv(n, config.block_n)) + ((groups,) if split else ())
     partials = torch.empty(groups, m, n, device=x.device, dtype=torch.float32) if split else out
-    counters = _arrival_counters(x.device, grid[0] * grid[1]) if split else out
     b = bias if bias is not None else out  # unused without HAS_BIAS
     _linear_kernel[grid](
-        x, weight, b, out, partials, counters, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        x, weight, b, out, partials, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         config.group_blocks(k), k_blocks,
         UPCAST=_interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
         BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=False,
     )
+    if split:
+        _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
+            partials, b, out, m, n, out.stride(0),
+            GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
+        )
     return out
 
 
