@@ -59,15 +59,11 @@ SMS = 132
 # pays a group boundary rarely and the partials stay small.
 TARGET_PROGRAMS = 2 * SMS
 MIN_GROUP_BLOCKS = 2
-# The launch cost model (`use_split`; speed only, never bits). Estimates, to be checked against
-# linear_bench.py --sweep, which times both launches: a program streams its weight tiles (or
-# runs their 64-row MMAs) at about SM_GBPS of weight, an SM runs its programs one after another,
-# nothing beats HBM; the split launch adds its fp32 partials (written, read back, mostly in L2)
-# and the group-sum launch.
-SM_GBPS = 55.0
-HBM_GBPS = 3350.0
-L2_GBPS = 5000.0
-SUM_LAUNCH_US = 2.0
+# The launch choice (`use_split`; speed only, never bits), read off the H200 timings of both
+# launches (linear_variants.py): splitting over the K groups wins while the fused launch leaves
+# SMs idle and the fp32 partials (8 * groups * M * N bytes, written and read back) stay within
+# 1.5x the weight's bytes.
+SPLIT_MAX_PARTIAL_RATIO = 1.5
 
 
 @dataclass(frozen=True)
@@ -117,39 +113,30 @@ TUNED: dict[tuple[int, int], LinearConfig] = {}
 def choose_config(n: int, k: int) -> LinearConfig:
     """The one config for an [N, K] weight (bf16/fp16; both are 2-byte types, same rule).
 
-    TUNED if listed, else 128x64 weight tiles with 4 warps and 4 stages (96 KB of shared memory: two programs per SM)
-    for every shape, and `groups_for` K groups. Qwen2.5-1.5B: qkv 2048x1536 -> 12 groups,
-    o_proj 1536x1536 -> 12, gate_up 17920x1536 -> 1, down 1536x8960 -> 22 (20 launched),
-    lm_head -> 1. Qwen3-8B: qkv 6144x4096 -> 6, o 4096x4096 -> 9 (8), gate_up -> 1,
-    down 4096x12288 -> 9, lm_head -> 1. Re-tune with
-        python3 scripts/gpu-lease/linear_bench.py --sweep
+    TUNED if listed, else 64x64 tiles (x 128 when N alone fills a wave of SMs), 4 warps, 4
+    stages, and `groups_for` K groups. Measured on an H200 (linear_variants.py): for the weights
+    that need K groups, 64-wide tiles were as fast at M=1 and 1.1-1.5x faster at M=128-256 than
+    128-wide ones (1.5B qkv M=256 fused 9.7 vs 13.9 us). Qwen2.5-1.5B: qkv 2048x1536 -> 8 groups,
+    o_proj -> 8, gate_up 17920x1536 -> 1 (128 wide), down 1536x8960 -> 11, lm_head -> 1 (128
+    wide). Qwen3-8B: qkv 6144x4096 -> 3, o -> 5, gate_up -> 1, down 4096x12288 -> 5, lm_head -> 1.
+    Re-tune with  python3 scripts/gpu-lease/linear_bench.py --sweep
     """
     if (n, k) in TUNED:
         return TUNED[(n, k)]
-    block_n, block_k = 128, 64
+    block_k = 64
+    block_n = 128 if _cdiv(n, 128) >= SMS else 64
     return LinearConfig(block_n=block_n, block_k=block_k, groups=groups_for(n, k, block_n, block_k))
 
 
-def _launch_us(programs: int, blocks: int, config: LinearConfig, weight_bytes: int) -> float:
-    """Estimated µs for `programs` programs of `blocks` K blocks each (module constants)."""
-    per_block_us = config.block_n * config.block_k * 2 / (SM_GBPS * 1e3)
-    return max(_cdiv(programs, SMS) * blocks * per_block_us, weight_bytes / (HBM_GBPS * 1e3))
-
-
 def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
-    """Launch choice for M rows (never changes the result): split over the K groups when the cost
-    model says it is faster than the fused launch. AR steps of the narrow projections split (a
-    wave of SMs instead of N/128 of them); the fused launch wins once the fp32 partials
-    (8 * groups * M * N bytes) cost more than the idle SMs."""
+    """Launch choice for M rows (never changes the result). Measured on an H200 with the
+    64-wide configs: 1.5B qkv splits up to M=64 (7.7 vs 9.5 us at M=1) and fuses from 128
+    (9.6 vs 14.9); down splits at every M up to 256 (36.6 vs 43.3); 8B qkv splits up to 64
+    (20.0 vs 25.2 at M=1) and fuses from 128, where its fused launch fills the SMs."""
     groups = config.num_groups(k)
-    if groups == 1:
-        return False
-    programs = _cdiv(m, BLOCK_M) * _cdiv(n, config.block_n)
-    weight_bytes = 2 * n * k
-    fused = _launch_us(programs, _cdiv(k, config.block_k), config, weight_bytes)
-    split = (_launch_us(programs * groups, config.group_blocks(k), config, weight_bytes)
-             + 8 * groups * m * n / (L2_GBPS * 1e3) + SUM_LAUNCH_US)
-    return split < fused
+    fused_programs = _cdiv(m, BLOCK_M) * _cdiv(n, config.block_n)
+    partial_bytes, weight_bytes = 8 * groups * m * n, 2 * n * k
+    return groups > 1 and fused_programs <= SMS and partial_bytes <= SPLIT_MAX_PARTIAL_RATIO * weight_bytes
 
 
 # ----------------------------------------------------------------------------- triton kernels

@@ -25,7 +25,7 @@ kernels)  # kernel timings: attention old vs new, the linear ours vs cuBLAS (wit
   sed -i "s#^from .reference import#from jetspec_chat.kernels.reference import#" $STAGE/oldattn/old_tree_attention.py
   timeout 120 python3 scripts/gpu-lease/attention_bench.py --old $STAGE/oldattn/old_tree_attention.py \
     --json-out $OUT/attention_bench.json 2>&1 | tail -30
-  timeout 400 python3 scripts/gpu-lease/linear_variants.py 2>&1 | tee $OUT/linear_variants.txt | tail -80
+  timeout 400 python3 scripts/gpu-lease/linear_bench.py 2>&1 | tee $OUT/linear_bench.txt | tail -60
   ;;
 refresh)  # this call's working tree replaces /root/app (a code change within one lease)
   cd - > /dev/null && rm -rf $APP && mkdir -p $APP && tar --exclude=./.stage --exclude=./.whl -cf - . | tar -xf - -C $APP

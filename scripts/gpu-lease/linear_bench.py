@@ -217,7 +217,7 @@ def sweep(ms, reps: int) -> list[dict]:
             print(f"{label(c, k):<24}{cells}{'yes' if e['invariant'] else 'NO':>5}"
                   f"{'yes' if e['same_bits_as_table'] else 'no':>6}{e['score']:>7.2f}")
         table = next((e for e in shape_rows if LinearConfig(**e["config"]) == choose_config(n, k)), None)
-        if table is not None and table["groups"] > 1:  # use_split's cost model against the clock
+        if table is not None and table["groups"] > 1:  # use_split against the clock
             print("launch (use_split / faster measured): " + ", ".join(
                 f"M={m} {'s' if use_split(m, n, k, choose_config(n, k)) else 'f'}/"
                 f"{min(table['times'][m], key=table['times'][m].get)[0]}" for m in ms))
