@@ -53,7 +53,6 @@ BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
 MIN_SPLIT_LEN = 256
-MAX_SUB_T = 256  # the largest tree bucket: calls up to this size split tiles past the prefix by token
 MAX_SPLITS = 64
 
 
@@ -147,14 +146,9 @@ if triton is not None:
         stride_vb, stride_vs, stride_vh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     ):
-        # SUB programs per query tile: in a split that reaches past the prefix, sub-program i
-        # owns the tile's i-th token only (the tree's per-token tiles then run in parallel);
-        # elsewhere sub-program 0 owns every row. Which program owns a row never changes its
-        # arithmetic (the same steps, tiles and order), so SUB may depend on T.
-        pid_m = tl.program_id(0) // SUB
-        sub = tl.program_id(0) % SUB
+        pid_m = tl.program_id(0)
         kv = tl.program_id(1)
         split = tl.program_id(2)
 
@@ -169,15 +163,7 @@ if triton is not None:
         length = tl.where(row_valid, prefix + tl.load(COUNT + tok, mask=row_valid, other=0), 0)
         lo = split * SPLIT_LEN
         hi = tl.minimum(lo + SPLIT_LEN, tl.max(length, 0))
-        shared_end = tl.minimum(hi, prefix // BLOCK_N * BLOCK_N)
-        tok_first = (pid_m * BLOCK_M) // GROUP
-        tok_last = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1)
-        if SUB > 1:  # past the prefix: one token per sub-program; else sub-program 0 alone
-            past = shared_end < hi
-            tok_first = tl.where(past, tok_first + sub, tok_first)
-            tok_last = tl.where(past, tl.minimum(tok_last, tok_first), tl.where(sub > 0, -1, tok_last))
-        own = row_valid & (tok >= tok_first) & (tok <= tok_last)  # the rows this program stores
-        if (lo < hi) & (tok_first <= tok_last):
+        if lo < hi:
             d = tl.arange(0, HEAD_DIM)
             q = tl.load(
                 Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
@@ -189,6 +175,7 @@ if triton is not None:
             cols = tl.arange(0, BLOCK_N)
 
             # Tiles wholly inside the prefix: the same keys for every row (all visible).
+            shared_end = tl.minimum(hi, prefix // BLOCK_N * BLOCK_N)
             for start in range(lo, shared_end, BLOCK_N):
                 pos = start + cols
                 kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d,
@@ -199,9 +186,11 @@ if triton is not None:
 
             # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
             # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
+            tok_first = (pid_m * BLOCK_M) // GROUP
+            tok_last = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1)
             for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
                 pos = start + cols
-                sees = (pos[None, :] < length[:, None]) & own[:, None]  # [BLOCK_M, BLOCK_N]
+                sees = pos[None, :] < length[:, None]  # [BLOCK_M, BLOCK_N]
                 depth = pos - prefix
                 new = sees & (depth >= 0)[None, :]
                 idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
@@ -228,7 +217,7 @@ if triton is not None:
             has_any = l_i > 0.0
             out = acc / tl.where(has_any, l_i, 1.0)[:, None]
             n_splits = tl.cdiv(length, SPLIT_LEN)
-            mine_here = own & (lo < length)
+            mine_here = row_valid & (lo < length)
             o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
             tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(mine_here & (n_splits == 1))[:, None])
             # Rows of several splits: partials [S, T, N_HEADS, (D)], folded by the merge kernel.
@@ -345,13 +334,9 @@ def paged_tree_attention_triton(
     # Grid and partials cover the longest row the cache can hold (shapes only: graph-safe);
     # programs past a row's length return at once.
     num_splits = -(-capacity // split_len)
-    # Tree-sized calls: one program per token of a query tile where the keys go past the prefix
-    # (a tile touches at most BLOCK_M / group + 1 tokens); prefill chunks keep one (their tiles
-    # past the prefix are shared by all rows, and they are compute-bound).
-    sub = -(-BLOCK_M // group) + 1 if 1 < t <= MAX_SUB_T else 1
     out_part = torch.empty(num_splits, t, n_heads, head_dim, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(num_splits, t, n_heads, device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(t * group, BLOCK_M) * sub, n_kv, num_splits)
+    grid = (triton.cdiv(t * group, BLOCK_M), n_kv, num_splits)
     _tree_attn_kernel[grid](
         q, k_pool, v_pool, block_table, prefix, keys.order, keys.count, out, out_part, lse_part,
         t, n_heads, split_len, scale * LOG2E,
@@ -360,7 +345,7 @@ def paged_tree_attention_triton(
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
