@@ -53,6 +53,7 @@ BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
 MIN_SPLIT_LEN = 256
+MAX_SUB_T = 256  # calls up to the largest tree bucket run the splits past the prefix per token
 MAX_SPLITS = 64
 
 
@@ -140,17 +141,17 @@ if triton is not None:
     @triton.jit(do_not_specialize=["T"])
     def _tree_attn_kernel(
         Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, OUT_PART, LSE_PART,
-        T, N_HEADS, SPLIT_LEN, qk_scale,
+        T, N_HEADS, SPLIT_LEN, NUM_SPLITS, qk_scale,
         stride_qt, stride_qh,
         stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         kv = tl.program_id(1)
-        split = tl.program_id(2)
+        pid_s = tl.program_id(2)
 
         # Packed rows: row = token * GROUP + g, query head = kv * GROUP + g.
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -161,9 +162,27 @@ if triton is not None:
         prefix = tl.load(PREFIX).to(tl.int32)
         # Each row's key count; padded rows have none, so they never widen a tile or a loop.
         length = tl.where(row_valid, prefix + tl.load(COUNT + tok, mask=row_valid, other=0), 0)
+        # Programs 0..NUM_SPLITS-1 take split pid_s for all rows of the query tile. With SUB > 1
+        # (tree-sized calls) they leave the splits that reach past the prefix to the programs
+        # after them: one per (such split, token of the tile), so the per-token tiles of a tree
+        # run in parallel rather than one after another in one program. Which program owns a
+        # row never changes its arithmetic (same steps, tiles and order).
+        prefix_tiles_end = prefix // BLOCK_N * BLOCK_N
+        tok_first = (pid_m * BLOCK_M) // GROUP
+        tok_last = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1)
+        per_token = pid_s >= NUM_SPLITS
+        extra = pid_s - NUM_SPLITS
+        split = tl.where(per_token, prefix_tiles_end // SPLIT_LEN + extra // SUB, pid_s)
         lo = split * SPLIT_LEN
         hi = tl.minimum(lo + SPLIT_LEN, tl.max(length, 0))
-        if lo < hi:
+        shared_end = tl.minimum(hi, prefix_tiles_end)
+        run = lo < hi
+        if SUB > 1:
+            run = run & (per_token == (shared_end < hi))
+            tok_first = tl.where(per_token, tok_first + extra % SUB, tok_first)
+            tok_last = tl.where(per_token, tl.minimum(tok_last, tok_first), tok_last)
+        own = row_valid & (tok >= tok_first) & (tok <= tok_last)  # the rows this program stores
+        if run & (tok_first <= tok_last):
             d = tl.arange(0, HEAD_DIM)
             q = tl.load(
                 Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
@@ -175,7 +194,6 @@ if triton is not None:
             cols = tl.arange(0, BLOCK_N)
 
             # Tiles wholly inside the prefix: the same keys for every row (all visible).
-            shared_end = tl.minimum(hi, prefix // BLOCK_N * BLOCK_N)
             for start in range(lo, shared_end, BLOCK_N):
                 pos = start + cols
                 kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d,
@@ -186,11 +204,9 @@ if triton is not None:
 
             # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
             # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
-            tok_first = (pid_m * BLOCK_M) // GROUP
-            tok_last = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1)
             for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
                 pos = start + cols
-                sees = pos[None, :] < length[:, None]  # [BLOCK_M, BLOCK_N]
+                sees = (pos[None, :] < length[:, None]) & own[:, None]  # [BLOCK_M, BLOCK_N]
                 depth = pos - prefix
                 new = sees & (depth >= 0)[None, :]
                 idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
@@ -217,7 +233,7 @@ if triton is not None:
             has_any = l_i > 0.0
             out = acc / tl.where(has_any, l_i, 1.0)[:, None]
             n_splits = tl.cdiv(length, SPLIT_LEN)
-            mine_here = row_valid & (lo < length)
+            mine_here = own & (lo < length)
             o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
             tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(mine_here & (n_splits == 1))[:, None])
             # Rows of several splits: partials [S, T, N_HEADS, (D)], folded by the merge kernel.
@@ -336,16 +352,21 @@ def paged_tree_attention_triton(
     num_splits = -(-capacity // split_len)
     out_part = torch.empty(num_splits, t, n_heads, head_dim, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(num_splits, t, n_heads, device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(t * group, BLOCK_M), n_kv, num_splits)
+    # Tree-sized calls: per-token programs for the splits past the prefix (keys from the last
+    # prefix tile to prefix + T span at most T + 63 positions); a tile touches at most
+    # BLOCK_M / group + 1 tokens. Prefill chunks (T > MAX_SUB_T) and AR keep one program a split.
+    sub = -(-BLOCK_M // group) + 1 if 1 < t <= MAX_SUB_T else 1
+    per_token = (-(-(t + BLOCK_N - 1) // split_len) + 1) * sub if sub > 1 else 0
+    grid = (triton.cdiv(t * group, BLOCK_M), n_kv, num_splits + per_token)
     _tree_attn_kernel[grid](
         q, k_pool, v_pool, block_table, prefix, keys.order, keys.count, out, out_part, lse_part,
-        t, n_heads, split_len, scale * LOG2E,
+        t, n_heads, split_len, num_splits, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
