@@ -53,7 +53,7 @@ BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
 MIN_SPLIT_LEN = 256
-MAX_SUB_T = 256  # calls up to the largest tree bucket run the splits past the prefix per token
+MAX_SUB_T = 64  # tree calls up to this size run the splits past the prefix per token (H200: faster to 64, slower at 128-256)
 MAX_SPLITS = 64
 
 
