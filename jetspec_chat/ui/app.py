@@ -302,7 +302,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
 
     @property
     def algos(self) -> tuple[str, ...]:
-        return self.engine_info.tree_algos if self.engine_info else ew.tree_algos(self.worker.backend) if self.worker.backend else ew.FALLBACK_TREE_ALGOS
+        return self.engine_info.tree_algos if self.engine_info else ew.tree_algos(self.worker.backend)
 
     @property
     def has_head(self) -> bool:

@@ -25,9 +25,7 @@ from typing import Any, Callable, Protocol
 
 from jetspec_chat.engine.errors import EngineError
 from jetspec_chat.engine.events import Event, FinishEvent, GenerationResult, RoundEvent
-from jetspec_chat.engine.params import GenerationParams, SpecParams
-
-FALLBACK_TREE_ALGOS = ("accum_logp", "chain", "adaptive")
+from jetspec_chat.engine.params import TREE_ALGOS, GenerationParams, SpecParams
 
 
 class Backend(Protocol):
@@ -39,25 +37,16 @@ class Backend(Protocol):
 
 
 def real_backend() -> Backend:
-    """The real engine module (imported lazily: it pulls in torch)."""
+    """The real engine module (its engine and session import torch on first use)."""
     import jetspec_chat.engine as engine
 
     return engine
 
 
-def tree_algos(backend: Backend) -> tuple[str, ...]:
-    algos = getattr(backend, "TREE_ALGOS", None)
-    if algos is None:
-        try:
-            from jetspec_chat.engine.tree import TREE_ALGOS as algos  # type: ignore[no-redef]
-        except Exception:
-            algos = None
-    if not algos:
-        return FALLBACK_TREE_ALGOS
-    try:
-        return tuple(sorted(algos, key=lambda a: (a != "accum_logp", a)))
-    except TypeError:
-        return FALLBACK_TREE_ALGOS
+def tree_algos(backend: Backend | None) -> tuple[str, ...]:
+    """The backend's tree algorithms, accum_logp (the default) first."""
+    algos = getattr(backend, "TREE_ALGOS", None) or TREE_ALGOS
+    return tuple(sorted(algos, key=lambda a: (a != "accum_logp", a)))
 
 
 # ----------------------------------------------------------------------------- commands
