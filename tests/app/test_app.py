@@ -220,7 +220,7 @@ async def test_live_changes_reach_the_answer_in_progress():
 async def test_the_result_text_is_shown_when_an_answer_ends():
     """The engine may hold back a short tail while streaming (e.g. after a cancel): the
     finished answer must show `FinishEvent.result.text`."""
-    app = make_app(FakeBackend(round_delay_s=0.02, tail_hold_chars=9))
+    app = make_app(FakeBackend(round_delay_s=0.02, stop_strings=("@" * 10,)))  # never matched: the text lags 9 characters
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "/long go", wait=False)

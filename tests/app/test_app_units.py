@@ -28,7 +28,7 @@ from jetspec_chat.settings import (
 from jetspec_chat.ui import engine_worker as ew
 from jetspec_chat.ui.chat import last_code_block, split_thinking
 from jetspec_chat.ui.compare import BudgetListError, parse_budget_list
-from jetspec_chat.ui.fake_engine import ANSWERS, ChatSession, FakeBackend, tokenize
+from jetspec_chat.ui.fake_engine import ANSWERS, EOS_ID, ChatSession, FakeBackend, tokenize
 from jetspec_chat.ui.launch import add_arguments, app_argv
 from jetspec_chat.ui.themes import (
     SpecColors,
@@ -362,7 +362,7 @@ def test_fake_engine_update_spec_changes_later_rounds(engine):
 
 
 def test_trace_live_changes_and_authoritative_result_text():
-    engine = FakeBackend(tail_hold_chars=6).load_engine()
+    engine = FakeBackend(stop_strings=("@" * 7,)).load_engine()  # never matched: the text lags 6 characters
     session = ChatSession(engine)
     trace = AnswerTrace(0, "chat", GenerationParams(spec=SpecParams(budget=64)))
     cancel = threading.Event()
@@ -474,3 +474,17 @@ def test_generation_params_clamps_depth():
     assert app.generation_params().spec.depth is None
     app.engine_info = replace(app.engine_info, max_depth=None)
     assert app.generation_params().spec.enabled is False
+
+
+def test_fake_engine_ends_answers_by_the_engines_rules():
+    """Stop strings and max new tokens through engine/answer.py, as on the real engine."""
+    engine = FakeBackend().load_engine()
+    result = list(ChatSession(engine).send("write python fib", GenerationParams(stop=("print(",))))[-1].result
+    assert result.finish_reason == "stop" and result.text == ANSWERS[1][: ANSWERS[1].index("print(")]
+    events = list(ChatSession(engine).send("write python fib", GenerationParams(max_new_tokens=7)))
+    result = events[-1].result
+    assert result.finish_reason == "length" and len(result.token_ids) == 7
+    assert events[0].first_text + "".join(e.new_text for e in events[1:-1]) == result.text == "".join(tokenize(ANSWERS[1])[:7])
+    result = list(ChatSession(engine).send("write python fib", GenerationParams()))[-1].result
+    assert result.finish_reason == "eos" and result.stop_token == EOS_ID and result.text == ANSWERS[1]
+    assert sum(result.accept_lengths) == len(result.token_ids)  # the first token from the prefill, the stop token counted
