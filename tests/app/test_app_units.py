@@ -147,6 +147,16 @@ def test_render_tree_is_legible(engine):
     assert all(len(line) <= 12 for line in narrow.plain.splitlines())
 
 
+def test_a_stop_token_bonus_reads_end_of_answer():
+    """The engine appends the stop token that ends an answer to the last round's new_tokens
+    (with no text): the tree says the answer ended there, not an empty bonus."""
+    events = list(ChatSession(FakeBackend().load_engine()).send("hello", GenerationParams()))
+    last, result = events[-2], events[-1].result
+    assert last.new_tokens[-1] == last.bonus_token == result.stop_token
+    assert "★ ■ end of answer" in render_tree(last, COLORS, stop_token=result.stop_token).plain
+    assert "★ ∅" in render_tree(last, COLORS).plain  # what it showed without the stop token
+
+
 def test_visible_token():
     assert visible_token(" a\n\t") == "␣a↵⇥"
     assert visible_token("") == "∅"
