@@ -5,6 +5,7 @@ spec, the same prompts, budgets and generation options), then the Textual app dr
 pilot (`App.run_test`) through the same prompts and configs, each answer in a new chat (a
 fresh prefill, as the bench resets the engine). It prints app tok/s next to engine tok/s and
 their ratio per config, and the first answer after start against the second (cold vs warm).
+`--json-out` writes the engine bench's JSON with an "app" section (`app_json`).
 """
 from __future__ import annotations
 
@@ -35,6 +36,34 @@ class AppReport:
     first_answer_tps: float
     second_answer_tps: float
     load_seconds: float
+
+    @property
+    def first_over_second(self) -> float:
+        return self.first_answer_tps / self.second_answer_tps if self.second_answer_tps else 0.0
+
+
+def engine_medians(engine_report) -> dict[tuple[str, str], float]:
+    """(prompt set, config) -> the engine bench's median decode tokens/s."""
+    m = engine_report.models[0]
+    return {(s.name, c.name): c.decode_tokens_per_s for s in m.sets for c in s.configs}
+
+
+def app_json(report: AppReport, engine: dict[tuple[str, str], float]) -> dict:
+    """The "app" section of `--json-out`: per config the app's samples and median next to the
+    engine's median and their ratio, the first answer against the second, the load time."""
+    configs = []
+    for r in report.configs:
+        e = engine.get((r.set_name, r.name))
+        configs.append({
+            "set": r.set_name, "config": r.name, "app_tokens_per_s": r.tokens_per_s,
+            "app_median_tokens_per_s": r.median, "engine_median_tokens_per_s": e,
+            "app_over_engine": r.median / e if e else None,
+        })
+    return {
+        "configs": configs, "first_answer_tokens_per_s": report.first_answer_tps,
+        "second_answer_tokens_per_s": report.second_answer_tps, "first_over_second": report.first_over_second,
+        "load_seconds": report.load_seconds,
+    }
 
 
 def app_settings(opts, budget: int | None):
@@ -102,10 +131,11 @@ async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]]
 
 
 def run(args, end_to_end_options, say, console) -> int:
-    """The engine bench, then the app on the same options; one table."""
+    """The engine bench, then the app on the same options; one table (and `--json-out`)."""
     from rich.table import Table
 
     from .engine.bench.end_to_end import run_end_to_end
+    from .engine.bench.report import write_json
 
     opts = end_to_end_options(args)
     opts.modes = tuple(m for m in opts.modes if m in ("ar", "spec")) or ("ar", "spec")
@@ -120,7 +150,7 @@ def run(args, end_to_end_options, say, console) -> int:
         os.environ["JETSPEC_CHAT_DATA"] = os.path.join(tmp, "data")
         os.environ["JETSPEC_CHAT_CONFIG"] = os.path.join(tmp, "config")
         app_report = asyncio.run(run_app(opts.models[0], opts, configs, say))
-    engine = {(s.name, c.name): c.decode_tokens_per_s for s in engine_report.models[0].sets for c in s.configs}
+    engine = engine_medians(engine_report)
     m = engine_report.models[0]
     t = Table(title=f"app vs engine · {m.model} · head {m.draft_head or '-'} · {m.device} {m.dtype}", title_justify="left")
     for col in ("set", "config", "engine tok/s", "app tok/s", "app/engine"):
@@ -130,10 +160,12 @@ def run(args, end_to_end_options, say, console) -> int:
         t.add_row(r.set_name, r.name, f"{e:.1f}" if e else "-", f"{r.median:.1f}",
                   f"{r.median / e:.2f}×" if e else "-")
     console.print(t)
-    ratio = app_report.first_answer_tps / app_report.second_answer_tps if app_report.second_answer_tps else 0.0
     console.print(
         f"first answer after start {app_report.first_answer_tps:.1f} tok/s, second {app_report.second_answer_tps:.1f} "
-        f"tok/s (first/second {ratio:.2f}); app load {app_report.load_seconds:.1f} s. tok/s: median decode tokens/s "
-        "per config (prefill excluded), measured by the engine inside the app for the app column."
+        f"tok/s (first/second {app_report.first_over_second:.2f}); app load {app_report.load_seconds:.1f} s. tok/s: "
+        "median decode tokens/s per config (prefill excluded), measured by the engine inside the app for the app column."
     )
+    if args.json_out:
+        write_json(engine_report, args.json_out, app=app_json(app_report, engine))
+        say(f"wrote {args.json_out}")
     return 0
