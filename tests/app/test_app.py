@@ -20,6 +20,7 @@ from jetspec_chat.settings import SessionStore, Settings, load_settings
 from jetspec_chat.ui.chat import AssistantMessage, ChatInput, NoteMessage, UserMessage
 from jetspec_chat.ui.compare import CompareScreen
 from jetspec_chat.ui.dialogs import (
+    HelpScreen,
     OpenSessionScreen,
     SaveSessionScreen,
     SpecSettingsScreen,
@@ -660,6 +661,25 @@ async def test_help_screen():
         await pilot.pause()
         assert app.screen is app.main_screen
         await freeze(pilot)
+
+
+@async_test
+async def test_help_on_the_compare_screen():
+    """F1 did nothing on the compare screen."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "hello")
+        await pilot.press("f6")
+        await pilot.pause()
+        assert isinstance(app.screen, CompareScreen)
+        await pilot.press("f1")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        assert "On the compare screen" in app.screen.query_one("Markdown").source
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is app.compare_screen  # back where F1 was pressed
 
 
 @async_test
