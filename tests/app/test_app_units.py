@@ -394,25 +394,6 @@ def test_trace_live_changes_and_authoritative_result_text():
     assert [c["from_round"] for c in head["spec_changes"]] == [2, len(trace.rounds)]
 
 
-def test_cpu_threads_leave_a_core_for_the_ui(monkeypatch):
-    import torch
-
-    assert ew.leave_a_core_for_the_ui(FakeBackend().load_engine()) is None  # the fake: untouched
-    real_like = type("SpecEngine", (), {"__module__": "jetspec_chat.engine.engine", "device": "cpu"})()
-    gpu_like = type("SpecEngine", (), {"__module__": "jetspec_chat.engine.engine", "device": "cuda:0"})()
-    assert ew.leave_a_core_for_the_ui(gpu_like) is None
-    before = torch.get_num_threads()
-    try:
-        monkeypatch.setenv(ew.CPU_THREADS_ENV, str(before + 1))
-        assert ew.leave_a_core_for_the_ui(real_like) == before
-        assert torch.get_num_threads() == before + 1
-        monkeypatch.delenv(ew.CPU_THREADS_ENV)
-        monkeypatch.setenv("OMP_NUM_THREADS", "3")
-        assert ew.leave_a_core_for_the_ui(real_like) is None  # the user's choice stands
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_engine_worker_load_failure_then_commands_fail_politely():
     worker = ew.EngineWorker(FakeBackend())
     worker.start()
