@@ -26,6 +26,7 @@ from jetspec_chat.ui.dialogs import (
     SpecSettingsScreen,
 )
 from jetspec_chat.ui.fake_engine import ANSWERS, FakeBackend
+from jetspec_chat.ui.frames import FrameBudget
 from jetspec_chat.ui.stats import StatsPanel
 from jetspec_chat.ui.tree_view import TreePanel
 
@@ -235,6 +236,27 @@ async def test_the_result_text_is_shown_when_an_answer_ends():
         assert result.text.endswith(app.current_trace.segments[-1][0])
         await send(pilot, "write python fib")
         assert answers(app)[-1].raw == ANSWERS[1]
+
+
+@async_test
+async def test_frames_wait_for_the_budget_and_lose_nothing():
+    """Over its CPU budget the app holds the text and the redraws back; the next frame shows
+    everything the engine reported meanwhile."""
+    app = make_app(FakeBackend(round_delay_s=0.02))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        app.frames = FrameBudget(cpu_share=0.0, max_interval_s=3600.0)  # no frame but forced ones
+        app.frames.drew()
+        await send(pilot, "/long go", wait=False)
+        trace = app.current_trace
+        await wait_until(pilot, lambda: len(trace.rounds) >= 5, what="rounds")
+        msg = answers(app)[-1]
+        assert msg.raw == "" and app._pending[msg]  # reported and handled, not drawn yet
+        await app.drain_now()  # a forced frame
+        assert msg.raw == trace.text
+        await pilot.press("escape")
+        await wait_idle(pilot)
+        assert msg.raw == trace.result.text
 
 
 @async_test

@@ -29,6 +29,7 @@ from jetspec_chat.ui import engine_worker as ew
 from jetspec_chat.ui.chat import last_code_block, split_thinking
 from jetspec_chat.ui.compare import BudgetListError, parse_budget_list
 from jetspec_chat.ui.fake_engine import ANSWERS, EOS_ID, ChatSession, FakeBackend, tokenize
+from jetspec_chat.ui.frames import FrameBudget
 from jetspec_chat.ui.launch import add_arguments, app_argv
 from jetspec_chat.ui.themes import (
     SpecColors,
@@ -479,3 +480,29 @@ def test_fake_engine_ends_answers_by_the_engines_rules():
     result = list(ChatSession(engine).send("write python fib", GenerationParams()))[-1].result
     assert result.finish_reason == "eos" and result.stop_token == EOS_ID and result.text == ANSWERS[1]
     assert sum(result.accept_lengths) == len(result.token_ids)  # the first token from the prefill, the stop token counted
+
+
+def test_frame_budget_keeps_the_ui_under_its_cpu_share():
+    """A frame only when the UI process used at most cpu_share of a core since the last one."""
+    clock = {"wall": 0.0, "cpu": 0.0}
+    budget = FrameBudget(cpu_share=0.05, wall_clock=lambda: clock["wall"], cpu_clock=lambda: clock["cpu"])
+    assert budget.allows()  # the first frame at once
+    frames = 0
+    for _ in range(1000):  # 10 s of 10 ms drain ticks; each frame costs 25 ms of CPU
+        clock["wall"] += 0.01
+        if budget.allows():
+            budget.drew()
+            clock["cpu"] += 0.025
+            frames += 1
+    assert 19 <= frames <= 21 and clock["cpu"] / clock["wall"] <= 0.05 + 1e-9  # 2 frames a second
+    cheap = FrameBudget(cpu_share=0.05, wall_clock=lambda: clock["wall"], cpu_clock=lambda: clock["cpu"])
+    cheap.drew()
+    clock["wall"] += 0.01  # a 0.1 ms frame: the next one is allowed at the next tick
+    clock["cpu"] += 0.0001
+    assert cheap.allows()
+    cheap.drew()
+    clock["cpu"] += 1.0  # a one-off second of CPU (say, mounting messages) ...
+    clock["wall"] += 0.49
+    assert not cheap.allows()
+    clock["wall"] += 0.01
+    assert cheap.allows()  # ... holds frames back for max_interval_s, not 20 s
