@@ -1,5 +1,8 @@
-"""The speculative decoding engine. The UI needs only what is exported here."""
-from .engine import SpecEngine
+"""The speculative decoding engine. The UI needs only what is exported here.
+
+The parameter, event and error types import no torch, so the app's UI process can use them;
+`SpecEngine`, `ChatSession` and `load_engine` import torch and are loaded on first use (the
+engine runs in its own process, which is the one that pays for torch)."""
 from .errors import (
     ConfigError,
     ContextOverflowError,
@@ -9,16 +12,27 @@ from .errors import (
     ModelNotFoundError,
 )
 from .events import Event, FinishEvent, GenerationResult, PhaseTimings, PrefillEvent, RoundEvent
-from .params import GenerationParams, SamplingParams, SpecParams
-from .session import ChatSession
-from .tree import TREE_ALGOS
+from .params import TREE_ALGOS, GenerationParams, SamplingParams, SpecParams
 
 
-def load_engine(*args, **kwargs) -> SpecEngine:
-    """See loader.load_engine. Imported on first use: model resolution pulls in transformers."""
+def load_engine(*args, **kwargs):
+    """See loader.load_engine. Imported on first use: it pulls in torch and transformers."""
     from .models.loader import load_engine as _load_engine
 
     return _load_engine(*args, **kwargs)
+
+
+def __getattr__(name: str):
+    """`SpecEngine` and `ChatSession`, imported on first use (they pull in torch)."""
+    if name == "SpecEngine":
+        from .engine import SpecEngine
+
+        return SpecEngine
+    if name == "ChatSession":
+        from .session import ChatSession
+
+        return ChatSession
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

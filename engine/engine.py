@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Iterator
 
 import torch
 
 from .accept import target_choices, unpack_round
-from .detokenize import IncrementalDecoder, TokenTexts
+from .answer import Answer, LiveSpec
+from .detokenize import TokenTexts
 from .draft_head import DraftHead, DraftKVCache
 from .errors import ConfigError, ContextOverflowError, DeviceMemoryError
 from .events import Event, FinishEvent, GenerationResult, PhaseTimings, PrefillEvent, RoundEvent
@@ -106,7 +107,7 @@ class SpecEngine:
         # tokens[-1] on the device during an answer (graph input of the draft, set by the verify step).
         self.anchor = torch.zeros((), dtype=torch.long, device=self.torch_device)
         self._root = root_only(self.anchor)  # the AR round's tree; its token is a view of the anchor
-        self._live_spec: SpecParams | None = None  # set by update_spec, taken at a round boundary
+        self._live_spec = LiveSpec()  # set by update_spec, taken at a round boundary
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -131,9 +132,9 @@ class SpecEngine:
 
     def update_spec(self, spec: SpecParams) -> None:
         """Change the tree shape (budget, depth, width, algorithm, on/off) from the next round of
-        the answer in progress. Safe from another thread: one reference assignment."""
+        the answer in progress. Safe from another thread (a locked one-slot mailbox)."""
         spec.validate(self.max_depth)
-        self._live_spec = spec
+        self._live_spec.put(spec)
 
     def reset(self) -> None:
         if self.kv is not None:
@@ -278,7 +279,7 @@ class SpecEngine:
 
     def _generate(self, prompt_ids, params: GenerationParams, cancel) -> Iterator[Event]:
         self.allocate()
-        self._live_spec = None  # a change made from now on (even during the prefill) applies from round 0
+        self._live_spec.clear()  # a change made from now on (even during the prefill) applies from round 0
         generator = None
         if not params.sampling.greedy:
             generator = torch.Generator(device=self.torch_device)
@@ -292,11 +293,9 @@ class SpecEngine:
             choice = target_choices(logits, params.sampling, generator)[0]
             self.anchor.copy_(choice)  # round 0 drafts from the device anchor
             first = int(choice)
-        answer = _Answer(self.tokenizer, self.stop_token_ids, params)
+        answer = Answer(self.tokenizer, self.stop_token_ids, params)
         self.tokens.append(first)
         first_text = answer.add([first][: answer.room_for([first])])
-        if answer.finish is not None:
-            first_text += answer.flush()
         t_prefill = self._now()
         yield PrefillEvent(
             new_tokens=len(prompt_ids) - reused, reused_tokens=reused, first_token=first, first_text=first_text,
@@ -305,10 +304,8 @@ class SpecEngine:
         accept_lengths: list[int] = []
         message = ""
         while answer.finish is None:
-            if self._live_spec is not None:
-                params, self._live_spec = replace(params, spec=self._live_spec), None
-            if cancel is not None and cancel.is_set():
-                answer.finish = "cancelled"
+            params = self._live_spec.apply(params)
+            if answer.cancelled(cancel):
                 break
             if self.kv.length + 1 > self.max_context:
                 answer.finish = "context_full"
@@ -324,8 +321,6 @@ class SpecEngine:
             kept = out.new_tokens[:keep]
             self.tokens.extend(kept)
             new_text = answer.add(kept)
-            if answer.finish is not None:
-                new_text += answer.flush()
             accept_lengths.append(keep)
             event = dict(
                 index=len(accept_lengths) - 1,
@@ -362,69 +357,3 @@ class SpecEngine:
                 stop_token=answer.stop_token,
             )
         )
-
-
-class _Answer:
-    """The answer being generated: its ids and text, and the stop conditions (EOS, max new
-    tokens, stop strings). EOS counts toward max_new_tokens (as in transformers) but is kept
-    out of `ids` and `text`. With stop strings, the streamed text lags by len(stop) - 1
-    characters, so text that turns out to begin a stop string is never shown."""
-
-    def __init__(self, tokenizer, stop_token_ids: frozenset[int], params: GenerationParams):
-        self.tokenizer = tokenizer
-        self.stop_ids = stop_token_ids
-        self.max_new = params.max_new_tokens
-        self.stops = tuple(s for s in params.stop if s)
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.decoder = IncrementalDecoder(tokenizer)
-        self.ids: list[int] = []
-        self.decoded = ""  # everything decoded so far
-        self.text = ""  # what has been streamed (a prefix of `decoded`, cut at a stop string)
-        self.finish: str | None = None
-        self.stop_token: int | None = None
-
-    def room_for(self, new: list[int]) -> int:
-        """How many of `new` the answer takes; sets `finish` when it ends inside them."""
-        for i, tok in enumerate(new):
-            if len(self.ids) + i >= self.max_new:
-                self.finish = "length"
-                return i
-            if tok in self.stop_ids:
-                self.finish, self.stop_token = "eos", tok
-                return i + 1
-        if len(self.ids) + len(new) >= self.max_new:
-            self.finish = "length"
-        return len(new)
-
-    def add(self, kept: list[int]) -> str:
-        """Append tokens already accepted by room_for; returns the text to stream now."""
-        visible = [t for t in kept if t not in self.stop_ids]
-        n_before = len(self.ids)
-        self.ids.extend(visible)
-        self.decoded += self.decoder.push(visible) if visible else ""
-        hits = [self.decoded.index(s) for s in self.stops if s in self.decoded]
-        if hits:
-            self.decoded = self.decoded[: min(hits)]
-            self._trim_tokens_to_stop(n_before)
-            self.finish = "stop"
-        end = len(self.decoded) if self.finish is not None else len(self.decoded) - self.hold
-        return self._emit(end)
-
-    def flush(self) -> str:
-        """At the end: the held-back tail (and any dangling partial character)."""
-        if self.finish != "stop":
-            self.decoded += self.decoder.flush()
-        return self._emit(len(self.decoded))
-
-    def _emit(self, end: int) -> str:
-        new = self.decoded[len(self.text) : max(end, len(self.text))]
-        self.text += new
-        return new
-
-    def _trim_tokens_to_stop(self, n_before: int) -> None:
-        """Keep only the tokens needed to reach the stop string."""
-        for k in range(n_before + 1, len(self.ids) + 1):
-            decoded = self.tokenizer.decode(self.ids[:k], skip_special_tokens=True)
-            if any(s in decoded for s in self.stops):
-                del self.ids[k:]
-                return

@@ -7,6 +7,8 @@ from .errors import ConfigError
 
 MAX_BUDGET = 1024
 MAX_WIDTH = 64
+# The tree algorithms by name; tree.TREE_ALGOS maps each to its builder (and imports torch).
+TREE_ALGOS = ("accum_logp", "chain", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,6 @@ class SpecParams:
             raise ConfigError(
                 f"depth {self.depth} exceeds what the draft head drafts (block_size - 1 = {max_depth})"
             )
-        from .tree import TREE_ALGOS  # local import: tree imports torch-heavy code
-
         if self.tree_algo not in TREE_ALGOS:
             raise ConfigError(
                 f"unknown tree algorithm {self.tree_algo!r}; choose one of {', '.join(sorted(TREE_ALGOS))}"

@@ -5,6 +5,7 @@ spec, the same prompts, budgets and generation options), then the Textual app dr
 pilot (`App.run_test`) through the same prompts and configs, each answer in a new chat (a
 fresh prefill, as the bench resets the engine). It prints app tok/s next to engine tok/s and
 their ratio per config, and the first answer after start against the second (cold vs warm).
+`--json-out` writes the engine bench's JSON with an "app" section (`app_json`).
 """
 from __future__ import annotations
 
@@ -36,6 +37,34 @@ class AppReport:
     second_answer_tps: float
     load_seconds: float
 
+    @property
+    def first_over_second(self) -> float:
+        return self.first_answer_tps / self.second_answer_tps if self.second_answer_tps else 0.0
+
+
+def engine_medians(engine_report) -> dict[tuple[str, str], float]:
+    """(prompt set, config) -> the engine bench's median decode tokens/s."""
+    m = engine_report.models[0]
+    return {(s.name, c.name): c.decode_tokens_per_s for s in m.sets for c in s.configs}
+
+
+def app_json(report: AppReport, engine: dict[tuple[str, str], float]) -> dict:
+    """The "app" section of `--json-out`: per config the app's samples and median next to the
+    engine's median and their ratio, the first answer against the second, the load time."""
+    configs = []
+    for r in report.configs:
+        e = engine.get((r.set_name, r.name))
+        configs.append({
+            "set": r.set_name, "config": r.name, "app_tokens_per_s": r.tokens_per_s,
+            "app_median_tokens_per_s": r.median, "engine_median_tokens_per_s": e,
+            "app_over_engine": r.median / e if e else None,
+        })
+    return {
+        "configs": configs, "first_answer_tokens_per_s": report.first_answer_tps,
+        "second_answer_tokens_per_s": report.second_answer_tps, "first_over_second": report.first_over_second,
+        "load_seconds": report.load_seconds,
+    }
+
 
 def app_settings(opts, budget: int | None):
     from .settings import Settings
@@ -50,23 +79,26 @@ def app_settings(opts, budget: int | None):
 async def _answer(app, pilot, prompt: str) -> float:
     """One answer in a new chat; its decode tokens/s as the engine measured it inside the app."""
     app.action_new_chat()
-    await _until(pilot, lambda: not app.busy and app.outbox.empty())
+    await _until(lambda: not app.busy and app.outbox.empty())
     await app.drain_now()
     if not await app.send_message(prompt):
         raise RuntimeError("the app did not take the prompt")
     trace = app.current_trace
-    await _until(pilot, lambda: trace.result is not None or bool(trace.error))
+    await _until(lambda: trace.result is not None or bool(trace.error))
     if trace.error or trace.result is None:
         raise RuntimeError(f"the app's answer failed: {trace.error}")
     return trace.result.tokens_per_second
 
 
-async def _until(pilot, cond, timeout: float = APP_TIMEOUT_S) -> None:
+async def _until(cond, timeout: float = APP_TIMEOUT_S) -> None:
+    """Poll with plain sleeps: `pilot.pause` makes every widget process a message and refreshes
+    the screen each time, ~100 forced screen updates a second that the app alone never does
+    (on a 2-core CPU they took ~60% of a core from the engine)."""
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
             raise RuntimeError("timed out waiting for the app")
-        await pilot.pause(0.01)
+        await asyncio.sleep(0.02)
 
 
 async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]], say) -> AppReport:
@@ -79,7 +111,7 @@ async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]]
     results: list[AppConfigResult] = []
     async with app.run_test(size=(160, 48), headless=True) as pilot:
         t0 = time.perf_counter()
-        await _until(pilot, lambda: app.load_state != "loading")
+        await _until(lambda: app.load_state != "loading")
         if app.load_state != "ready":
             raise RuntimeError(f"the app could not load the model: {app.load_error}")
         load_s = time.perf_counter() - t0
@@ -102,10 +134,11 @@ async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]]
 
 
 def run(args, end_to_end_options, say, console) -> int:
-    """The engine bench, then the app on the same options; one table."""
+    """The engine bench, then the app on the same options; one table (and `--json-out`)."""
     from rich.table import Table
 
     from .engine.bench.end_to_end import run_end_to_end
+    from .engine.bench.report import write_json
 
     opts = end_to_end_options(args)
     opts.modes = tuple(m for m in opts.modes if m in ("ar", "spec")) or ("ar", "spec")
@@ -120,7 +153,7 @@ def run(args, end_to_end_options, say, console) -> int:
         os.environ["JETSPEC_CHAT_DATA"] = os.path.join(tmp, "data")
         os.environ["JETSPEC_CHAT_CONFIG"] = os.path.join(tmp, "config")
         app_report = asyncio.run(run_app(opts.models[0], opts, configs, say))
-    engine = {(s.name, c.name): c.decode_tokens_per_s for s in engine_report.models[0].sets for c in s.configs}
+    engine = engine_medians(engine_report)
     m = engine_report.models[0]
     t = Table(title=f"app vs engine · {m.model} · head {m.draft_head or '-'} · {m.device} {m.dtype}", title_justify="left")
     for col in ("set", "config", "engine tok/s", "app tok/s", "app/engine"):
@@ -130,10 +163,12 @@ def run(args, end_to_end_options, say, console) -> int:
         t.add_row(r.set_name, r.name, f"{e:.1f}" if e else "-", f"{r.median:.1f}",
                   f"{r.median / e:.2f}×" if e else "-")
     console.print(t)
-    ratio = app_report.first_answer_tps / app_report.second_answer_tps if app_report.second_answer_tps else 0.0
     console.print(
         f"first answer after start {app_report.first_answer_tps:.1f} tok/s, second {app_report.second_answer_tps:.1f} "
-        f"tok/s (first/second {ratio:.2f}); app load {app_report.load_seconds:.1f} s. tok/s: median decode tokens/s "
-        "per config (prefill excluded), measured by the engine inside the app for the app column."
+        f"tok/s (first/second {app_report.first_over_second:.2f}); app load {app_report.load_seconds:.1f} s. tok/s: "
+        "median decode tokens/s per config (prefill excluded), measured by the engine inside the app for the app column."
     )
+    if args.json_out:
+        write_json(engine_report, args.json_out, app=app_json(app_report, engine))
+        say(f"wrote {args.json_out}")
     return 0

@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="models to benchmark (same forms as the app: hub id, directory, embedded alias, random:NAME); "
                         "default: the embedded model, or random:Qwen/Qwen3-8B with --engine-only")
     add_load_arguments(p)
-    p.add_argument("--json-out", default=None, metavar="FILE", help="write every number (raw samples too) as JSON")
+    p.add_argument("--json-out", default=None, metavar="FILE",
+                   help="write every number (raw samples too) as JSON; with --app, an \"app\" section beside the engine's")
     p.add_argument("--warmup", type=int, default=None,
                    help="untimed runs before timing (default: 1 generation per config; 5 calls with --engine-only)")
     p.add_argument("--reps", type=int, default=None,

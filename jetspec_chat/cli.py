@@ -315,12 +315,18 @@ def dispatch(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    return run_guarded(dispatch, sys.argv[1:] if argv is None else argv)
+
+
+def run_guarded(command, argv: list[str]) -> int:
+    """Every entry point (`jetspec-chat`, `python -m jetspec_chat.ui`) runs its command through
+    here: a user's mistake or an engine error is one line and exit code 2, Ctrl-C is
+    "[interrupted]" and 130, never a traceback."""
     try:
-        from .engine.errors import EngineError  # imports torch: inside the try, so Ctrl-C here is clean too
+        from .engine.errors import EngineError  # inside the try, so Ctrl-C here is clean too
 
         try:
-            return dispatch(argv)
+            return command(argv)
         except EngineError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

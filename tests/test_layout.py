@@ -1,6 +1,7 @@
 """The layout's promises (docs/DESIGN.md §1): the runtime imports no training or bench code, and no
 two modules of jetspec_chat import each other, directly or around a longer loop."""
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +14,38 @@ PACKAGES = {"jetspec_chat": ROOT / "jetspec_chat", "jetspec_chat.engine": ROOT /
 
 
 def test_the_runtime_imports_no_training_bench_or_ui_module():
-    code = ("import sys, jetspec_chat.engine; "
+    code = ("import sys; from jetspec_chat.engine import ChatSession, SpecEngine; "
             "print('\\n'.join(m for m in sys.modules if m.startswith('jetspec_chat')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "jetspec_chat.engine.engine" in loaded  # the check sees the runtime's own modules
     banned = ("jetspec_chat.engine.training", "jetspec_chat.engine.bench", "jetspec_chat.ui")
     assert not [m for m in loaded if m.startswith(banned)]
+
+
+# The app's start, as `jetspec-chat MODEL` runs it, up to (not including) spawning the engine
+# process: the CLI's parser, its model-argument check and the app object with its engine handle.
+UI_START = """
+import sys
+from jetspec_chat import cli
+from jetspec_chat.ui import launch
+args = cli.app_parser().parse_args(["qwen2.5-coder-0.5b", "--device", "cpu"])
+cli.check_model_argument(args.model)
+app = launch.build_app(args)
+assert app.engine_process and app.worker.pid is None  # the engine process is not started yet
+import jetspec_chat.ui.fake_engine  # --demo and the tests run the fake in the UI process
+print("\\n".join(sorted(sys.modules)))
+"""
+
+
+def test_the_ui_process_imports_no_torch(tmp_path):
+    """The engine runs in its own process: the UI process never pays torch's import (~1 s and
+    ~300 MB) nor its threads. Its imports: events, params, errors and the fake's answer rules."""
+    env = {**os.environ, "JETSPEC_CHAT_DATA": str(tmp_path / "data"), "JETSPEC_CHAT_CONFIG": str(tmp_path / "config")}
+    loaded = subprocess.run([sys.executable, "-c", UI_START], capture_output=True, text=True, check=True,
+                            env=env).stdout.split()
+    assert "jetspec_chat.ui.app" in loaded and "jetspec_chat.engine.events" in loaded  # it saw the app's imports
+    heavy = [m for m in loaded if m.split(".")[0] in ("torch", "transformers", "triton", "numpy")]
+    assert not heavy, heavy[:10]
 
 
 def modules() -> dict[str, Path]:

@@ -17,18 +17,21 @@ def options_dict(opts) -> dict:
 
 def to_json(report) -> dict:  # an EndToEndReport or EngineOnlyReport
     """Plain JSON-ready dict (dict keys become strings; non-finite floats become None)."""
-
-    def clean(x):
-        if isinstance(x, float):
-            return x if math.isfinite(x) else None
-        if isinstance(x, dict):
-            return {str(k): clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        return x
-
-    return clean({"tool": "jetspec-chat bench", **asdict(report)})
+    return json_ready({"tool": "jetspec-chat bench", **asdict(report)})
 
 
-def write_json(report, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(to_json(report), indent=1) + "\n")
+def json_ready(x):
+    """`x` with dict keys as strings, tuples as lists and non-finite floats as None."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): json_ready(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_ready(v) for v in x]
+    return x
+
+
+def write_json(report, path: str | Path, **sections) -> None:
+    """The report as JSON; `sections` are more top-level keys (bench --app adds "app")."""
+    data = {**to_json(report), **json_ready(sections)}
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")

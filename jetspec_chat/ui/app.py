@@ -1,10 +1,10 @@
 """The jetspec-chat Textual app: setup, the main screen's chrome, sending, tree navigation.
 
-Threading: `EngineWorker` owns the engine and the session on its own thread and pushes
-everything into `self.outbox`; `_drain` (app_outbox.py, a ~12 Hz timer on the UI thread) takes
-what is there, routes each item to its handler, appends the batched text to the streaming
-Markdown and redraws the tree, stats and status once. Nothing on the UI thread waits for the
-engine.
+Threading: `EngineWorker` owns the engine and the session (in the engine process, or on a
+thread for the fake) and pushes everything into `self.outbox`; `_drain` (app_outbox.py, a ~12 Hz
+timer on the UI thread) takes what is there, routes each item to its handler, and, as often as
+the frame budget allows (frames.py), appends the batched text to the streaming Markdown and
+redraws the tree, stats and status once. Nothing on the UI thread waits for the engine.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from jetspec_chat.settings import (
 
 from . import engine_worker as ew
 from .engine_process import EngineProcess
+from .frames import FrameBudget
 from .app_commands import BINDINGS as APP_BINDINGS
 from .app_commands import CommandsMixin
 from .app_compare import CompareMixin
@@ -213,6 +214,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         self.last_prefill: PrefillEvent | None = None
         self._pending: dict[AssistantMessage, str] = {}
         self._draining = False
+        self.frames = FrameBudget()  # how often the drain may redraw (frames.py)
         self._dirty: set[str] = set()
         self._tree_position: int | None = None
         self._startup_notes: list[tuple[str, str]] = []
@@ -302,7 +304,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
 
     @property
     def algos(self) -> tuple[str, ...]:
-        return self.engine_info.tree_algos if self.engine_info else ew.tree_algos(self.worker.backend) if self.worker.backend else ew.FALLBACK_TREE_ALGOS
+        return self.engine_info.tree_algos if self.engine_info else ew.tree_algos(self.worker.backend)
 
     @property
     def has_head(self) -> bool:

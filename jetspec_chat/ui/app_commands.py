@@ -42,6 +42,8 @@ BINDINGS = [
 ]
 
 # actions that only make sense on the main screen (disabled under dialogs and the compare screen)
+# but for _COMPARE_ACTIONS, which the compare screen takes too
+_COMPARE_ACTIONS = {"compare", "help"}
 _MAIN_ONLY_ACTIONS = {
     "stop", "help", "budget", "next_algo", "toggle_spec", "compare", "tree_pause", "tree_step", "replay",
     "spec_settings", "measure_ar", "new_chat", "save_session", "open_session", "copy_answer", "copy_code",
@@ -82,7 +84,7 @@ class CommandsMixin:
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in _MAIN_ONLY_ACTIONS and self.screen is not self.main_screen:
-            if not (action == "compare" and self.screen is self.compare_screen):
+            if not (action in _COMPARE_ACTIONS and self.screen is self.compare_screen):
                 return False
         if action == "stop":
             return True if self.busy else None

@@ -27,7 +27,9 @@ class OutboxMixin:
 
     _router: OutboxRouter | None = None
 
-    async def _drain(self) -> None:
+    async def _drain(self, force: bool = False) -> None:
+        """Handle what the engine reported, then draw it in one frame when the frame budget
+        allows (or `force`); until then the text and the redraws wait in `_pending`/`_dirty`."""
         # Reports wait in the outbox until the main screen is composed: their handlers update it.
         if self._draining or not self._main_ready():
             return
@@ -44,14 +46,15 @@ class OutboxMixin:
                     await self._handle(item)
                 except Exception:  # noqa: BLE001 - a UI bug must not take the app down
                     self._log_error("UI error while handling an engine event", traceback.format_exc())
-            if items or self._dirty:
+            if (self._dirty or self._pending) and (force or self.frames.allows()):
                 await self._flush_updates()
+                self.frames.drew()
         finally:
             self._draining = False
 
     async def drain_now(self) -> None:
-        """Process everything the engine has reported so far (tests use it too)."""
-        await self._drain()
+        """Process and draw everything the engine has reported so far (tests use it too)."""
+        await self._drain(force=True)
 
     def _outbox_router(self) -> OutboxRouter:
         return OutboxRouter(

@@ -86,11 +86,7 @@ class CompareScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        table.add_column("budget")
-        for label in ("tokens/s", "τ", "speedup", "ms/round", "rounds", "tokens", "=AR"):
-            table.add_column(Text(label, justify="right"))
-        table.add_column("status")
+        self._fill_table(SpecColors.from_app(self.app))
         self.query_one(Input).focus()
         # not refresh_state() directly: `is_mounted` only turns true once this handler returns
         self.call_after_refresh(self.refresh_state)
@@ -167,7 +163,13 @@ class CompareScreen(Screen):
 
     def _fill_table(self, colors: SpecColors) -> None:
         table = self.query_one(DataTable)
-        table.clear()
+        # The columns too: their widths only grow, so a transient value (a live count while a
+        # run streams) would leave a column wider than what it shows now.
+        table.clear(columns=True)
+        table.add_column("budget")
+        for label in ("tokens/s", "τ", "speedup", "ms/round", "rounds", "tokens", "=AR"):
+            table.add_column(Text(label, justify="right"))
+        table.add_column("status")
         ar, _source = self.state.ar_tps()
         best = max((r.tps or 0 for r in self.state.rows), default=0)
         for r in self.state.rows:

@@ -317,6 +317,9 @@ HELP = """\
 | **ctrl+P** | command palette: every action, budgets, depths, widths, themes |
 | **ctrl+Q** | quit |
 
+On the compare screen (**F6**): edit the budget list (`AR, 16, 64, …`), **Enter** or **ctrl+R** runs it,
+**Esc** stops a run or closes the screen, **F6** closes it, **F1** this help.
+
 Budget, depth, width, tree algorithm and speculation on/off apply **live**: changed during an
 answer, they take effect from its next round (the message's header records the change).
 Temperature and length apply from the next answer.

@@ -14,9 +14,7 @@ Nothing here imports Textual: it can be driven and tested on its own.
 from __future__ import annotations
 
 import itertools
-import os
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -25,9 +23,7 @@ from typing import Any, Callable, Protocol
 
 from jetspec_chat.engine.errors import EngineError
 from jetspec_chat.engine.events import Event, FinishEvent, GenerationResult, RoundEvent
-from jetspec_chat.engine.params import GenerationParams, SpecParams
-
-FALLBACK_TREE_ALGOS = ("accum_logp", "chain", "adaptive")
+from jetspec_chat.engine.params import TREE_ALGOS, GenerationParams, SpecParams
 
 
 class Backend(Protocol):
@@ -39,25 +35,16 @@ class Backend(Protocol):
 
 
 def real_backend() -> Backend:
-    """The real engine module (imported lazily: it pulls in torch)."""
+    """The real engine module (its engine and session import torch on first use)."""
     import jetspec_chat.engine as engine
 
     return engine
 
 
-def tree_algos(backend: Backend) -> tuple[str, ...]:
-    algos = getattr(backend, "TREE_ALGOS", None)
-    if algos is None:
-        try:
-            from jetspec_chat.engine.tree import TREE_ALGOS as algos  # type: ignore[no-redef]
-        except Exception:
-            algos = None
-    if not algos:
-        return FALLBACK_TREE_ALGOS
-    try:
-        return tuple(sorted(algos, key=lambda a: (a != "accum_logp", a)))
-    except TypeError:
-        return FALLBACK_TREE_ALGOS
+def tree_algos(backend: Backend | None) -> tuple[str, ...]:
+    """The backend's tree algorithms, accum_logp (the default) first."""
+    algos = getattr(backend, "TREE_ALGOS", None) or TREE_ALGOS
+    return tuple(sorted(algos, key=lambda a: (a != "accum_logp", a)))
 
 
 # ----------------------------------------------------------------------------- commands
@@ -293,7 +280,6 @@ class EngineWorker:
         self._engine: Any = None
         self._session: Any = None
         self._load_error: str | None = None
-        self._threads_before: int | None = None  # torch's CPU thread count before we changed it
         self._warmed: set[int] = set()  # budgets (0 = AR) whose kernels and graphs exist
 
     # -- UI-thread API: none of these block
@@ -352,10 +338,6 @@ class EngineWorker:
         while True:
             job_id, cmd = self._commands.get()
             if isinstance(cmd, ShutdownCommand):
-                if self._threads_before is not None:  # put the process's torch setting back
-                    import torch
-
-                    torch.set_num_threads(self._threads_before)
                 return
             with self._lock:
                 cancel = self._cancels.get(job_id) or threading.Event()
@@ -418,9 +400,6 @@ class EngineWorker:
             self._post(EngineLoadFailed(message, traceback.format_exc() if unexpected else ""))
             return
         self._engine, self._session, self._load_error = engine, session, None
-        before = leave_a_core_for_the_ui(engine)
-        if self._threads_before is None:
-            self._threads_before = before
         device = str(getattr(engine, "device", spec.device))
         budgets = [0, cmd.budget or auto_budget(device)]
         if device.startswith("cuda"):  # graphs and kernels per tree size: all of them now
@@ -544,39 +523,6 @@ class EngineWorker:
         except BaseException:  # noqa: BLE001 - a broken session must not kill the thread
             return
         self._post(SessionSnapshot(job_id, messages, context, data))
-
-
-CPU_THREADS_ENV = "JETSPEC_CHAT_CPU_THREADS"
-
-
-def leave_a_core_for_the_ui(engine: Any) -> int | None:
-    """On the CPU, give torch one core less than the machine has: its intra-op threads spin
-    between ops, and with every core taken the UI thread (and the engine thread's own Python
-    between ops) starve. On a 2-core machine answers were ~30x slower inside the app than
-    outside it. Honours JETSPEC_CHAT_CPU_THREADS and OMP_NUM_THREADS. Call it on the engine
-    thread. Returns torch's previous thread count when it changed it, else None."""
-    if not str(getattr(engine, "device", "")).startswith("cpu"):
-        return None
-    if not type(engine).__module__.startswith("jetspec_chat.engine") or "torch" not in sys.modules:
-        return None  # the fake engine: no torch to tune
-    import torch
-
-    wanted = os.environ.get(CPU_THREADS_ENV)
-    if not wanted and os.environ.get("OMP_NUM_THREADS"):
-        return None  # the user chose already
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    before = torch.get_num_threads()
-    try:
-        threads = max(1, int(wanted)) if wanted else max(1, min(before, cores - 1))
-    except ValueError:
-        return None
-    if threads == before:
-        return None
-    torch.set_num_threads(threads)
-    return before
 
 
 def _kind(cmd: Any) -> str:

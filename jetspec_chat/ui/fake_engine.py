@@ -7,23 +7,29 @@ in which verify time grows with the number of tree nodes), and so is `elapsed_s`
 the UI shows is the same on every machine and every run. `round_delay_s` only adds real
 sleeping so that a human can watch the demo.
 
+What ends an answer and what text is streamed come from the engine's own rules
+(`jetspec_chat.engine.answer`: the end-of-sequence token, max new tokens, stop strings and their
+held-back tail, cancel, live tree-shape changes from the next round), not from a copy of them.
+
 Use it as a backend: `JetspecApp(backend=FakeBackend(...))`, or `jetspec-chat --demo`.
 Magic prompts (for tests and demos): `/error overflow|oom|config|crash`, `/long`.
-Like the real engine, `update_spec` changes the tree shape from the next round of the answer in
-progress, and `tail_hold_chars` makes the streamed text lag behind (the held-back tail reaches
-the UI only through `FinishEvent.result.text`, as after a cancel on the real engine).
+`FakeBackend(stop_strings=...)` adds stop strings to every answer (the app sets none), so the
+streamed text lags behind as it does on the real engine: the held-back tail reaches the UI only
+through `FinishEvent.result.text` after a cancel.
 """
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import re
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
+from jetspec_chat.engine.answer import Answer, LiveSpec
 from jetspec_chat.engine.errors import (
     ConfigError,
     ContextOverflowError,
@@ -40,11 +46,11 @@ from jetspec_chat.engine.events import (
     PrefillEvent,
     RoundEvent,
 )
-from jetspec_chat.engine.params import MAX_BUDGET, MAX_WIDTH, GenerationParams, SpecParams
+from jetspec_chat.engine.params import TREE_ALGOS, GenerationParams, SpecParams
 
-TREE_ALGOS = ("accum_logp", "chain", "adaptive")
 DEFAULT_MODEL = "fake/Qwen3-8B-demo"
 EOS_ID = 151645
+EOS_TEXT = "<|im_end|>"
 
 _TOKEN_RE = re.compile(r"\n|[ \t]*[A-Za-z']+|[ \t]*\d{1,3}|[ \t]*[^\sA-Za-z\d]|[ \t]+")
 
@@ -107,8 +113,29 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN_RE.findall(text)
 
 
-def token_id(piece: str) -> int:
-    return zlib.crc32(piece.encode("utf-8")) % 150_000
+class FakeTokenizer:
+    """Ids for the fake's pieces: the canned texts' pieces first, in order (the same ids in every
+    process), then each new piece (a tree's near misses) the next free id. `decode` is what
+    `Answer` and its incremental decoder call."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {EOS_TEXT: EOS_ID}
+        self._pieces: dict[int, str] = {EOS_ID: EOS_TEXT}
+        self._lock = threading.Lock()
+        for text in (*ANSWERS, THINKING, LONG_SUFFIX, "<think>\n</think>\n\n", *_ALT_TOKENS):
+            for piece in tokenize(text):
+                self.id(piece)
+
+    def id(self, piece: str) -> int:
+        with self._lock:
+            i = self._ids.get(piece)
+            if i is None:
+                i = self._ids[piece] = len(self._ids) - 1  # EOS_ID is not among 0, 1, 2, ...
+                self._pieces[i] = piece
+            return i
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self._pieces[i] for i in ids if not (skip_special_tokens and i == EOS_ID))
 
 
 def _seed(*parts: object) -> int:
@@ -128,14 +155,16 @@ class FakeEngine:
     max_context: int
     round_delay_s: float = 0.0
     prefill_delay_s: float = 0.0
-    tail_hold_chars: int = 0
-    _live_spec: SpecParams | None = field(default=None, repr=False)
+    stop_strings: tuple[str, ...] = ()  # added to every answer's stop strings
+    tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer, repr=False)
+    stop_token_ids: frozenset[int] = frozenset({EOS_ID})
+    _live_spec: LiveSpec = field(default_factory=LiveSpec, repr=False)
 
     def update_spec(self, spec: SpecParams) -> None:
         """Change the tree shape from the next round of the answer in progress (as the real
         engine's `update_spec`: validates, raises ConfigError)."""
-        _validate_spec(spec, self.max_depth)
-        self._live_spec = spec
+        spec.validate(self.max_depth)
+        self._live_spec.put(spec)
 
 
 class FakeBackend:
@@ -153,7 +182,7 @@ class FakeBackend:
         max_depth: int | None = 15,
         max_context: int = 32768,
         load_error: EngineError | BaseException | None = None,
-        tail_hold_chars: int = 0,
+        stop_strings: tuple[str, ...] = (),
     ) -> None:
         self.round_delay_s = round_delay_s
         self.prefill_delay_s = prefill_delay_s
@@ -162,7 +191,7 @@ class FakeBackend:
         self.max_depth = max_depth
         self.max_context = max_context
         self.load_error = load_error
-        self.tail_hold_chars = tail_hold_chars
+        self.stop_strings = stop_strings
 
     @property
     def ChatSession(self) -> type:  # noqa: N802 - mirrors the engine module's class name
@@ -206,7 +235,7 @@ class FakeBackend:
             max_context=max_context or self.max_context,
             round_delay_s=self.round_delay_s,
             prefill_delay_s=self.prefill_delay_s,
-            tail_hold_chars=self.tail_hold_chars,
+            stop_strings=self.stop_strings,
         )
 
 
@@ -225,31 +254,6 @@ def load_engine(
 
 
 # ----------------------------------------------------------------------------- session
-
-
-def _validate(params: GenerationParams, max_depth: int | None) -> None:
-    if params.max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
-    if params.spec.enabled:
-        _validate_spec(params.spec, max_depth)
-    params.sampling.validate()
-
-
-def _validate_spec(spec: SpecParams, max_depth: int | None) -> None:
-    if spec.enabled and max_depth is None:
-        raise ConfigError("this model has no draft head: speculation is unavailable, use AR")
-    if not 1 <= spec.budget <= MAX_BUDGET:
-        raise ConfigError(f"budget must be between 1 and {MAX_BUDGET}, got {spec.budget}")
-    if not 1 <= spec.width <= MAX_WIDTH:
-        raise ConfigError(f"width must be between 1 and {MAX_WIDTH}, got {spec.width}")
-    if spec.depth is not None and not 1 <= spec.depth <= (max_depth or 64):
-        raise ConfigError(
-            f"depth {spec.depth} exceeds what the draft head drafts (block_size - 1 = {max_depth})"
-        )
-    if spec.tree_algo not in TREE_ALGOS:
-        raise ConfigError(
-            f"unknown tree algorithm {spec.tree_algo!r}; choose one of {', '.join(sorted(TREE_ALGOS))}"
-        )
 
 
 def _count(text: str) -> int:
@@ -299,7 +303,7 @@ class ChatSession:
     def send(
         self, user_text: str, params: GenerationParams, cancel: threading.Event | None = None
     ) -> Iterator[Event]:
-        _validate(params, self.engine.max_depth)
+        params.validate(self.engine.max_depth)
         self._check_magic(user_text)
         prompt_tokens = self._conversation_tokens(self.messages) + _count(user_text) + 7
         if prompt_tokens >= self.engine.max_context:
@@ -312,7 +316,7 @@ class ChatSession:
         return self._generate(user_text, params, cancel, prompt_tokens, reused)
 
     def rerun_last(self, params: GenerationParams, cancel: threading.Event | None = None) -> Iterator[Event]:
-        _validate(params, self.engine.max_depth)
+        params.validate(self.engine.max_depth)
         if self.messages and self.messages[-1]["role"] == "assistant":
             self.messages.pop()
         if not self.messages or self.messages[-1]["role"] != "user":
@@ -359,91 +363,63 @@ class ChatSession:
         reused: int,
     ) -> Iterator[Event]:
         engine = self.engine
-        engine._live_spec = None
+        engine._live_spec.clear()  # as the engine: a change from now on applies from round 0
         pieces = tokenize(self._answer_text(user_text))
-        seq = pieces + [None]  # None: end of sequence
-        spec = params.spec
-
-        def depth_limit(spec: SpecParams) -> int:
-            return (spec.depth or engine.max_depth or 1) if spec.enabled else 0
-
-        depth_lim = depth_limit(spec)
+        seq = pieces + [None]  # None: the end-of-sequence token
+        ids = [engine.tokenizer.id(p) for p in pieces] + [EOS_ID]
+        params = replace(params, stop=params.stop + engine.stop_strings)
+        answer = Answer(engine.tokenizer, engine.stop_token_ids, params)
         new_prefill = prompt_tokens - reused
         prefill_ms = 2.0 + 0.05 * new_prefill
         if engine.prefill_delay_s:
             time.sleep(engine.prefill_delay_s)
-        produced: list[str] = [seq[0]]  # the first answer token comes out of the prefill
-        hold = max(0, engine.tail_hold_chars)
-        streamed = 0  # characters of "".join(produced) already reported
-
-        def stream_now() -> str:
-            nonlocal streamed
-            full = "".join(produced)
-            end = max(streamed, len(full) - hold)
-            out, streamed = full[streamed:end], end
-            return out
-
+        first_text = answer.add(ids[: answer.room_for(ids[:1])])  # the first token comes out of the prefill
         yield PrefillEvent(
-            new_tokens=new_prefill,
-            reused_tokens=reused,
-            first_token=token_id(seq[0]),
-            first_text=stream_now() if hold else seq[0],
-            ms=prefill_ms,
+            new_tokens=new_prefill, reused_tokens=reused, first_token=ids[0], first_text=first_text, ms=prefill_ms
         )
+        spec = params.spec
         rng = random.Random(_seed(user_text, spec.budget, spec.width, spec.tree_algo, spec.enabled))
         elapsed_ms = prefill_ms
         accept_lengths: list[int] = []
         pos = 1  # index in seq of the next token to produce
-        finish = "eos"
         message = ""
-        max_new = params.max_new_tokens
-        index = 0
-        while True:
-            live, engine._live_spec = engine._live_spec, None
-            if live is not None:  # update_spec: the new shape from this round on
-                spec, depth_lim = live, depth_limit(live)
-            if seq[pos] is None:
-                finish = "eos"
+        while answer.finish is None:
+            params = engine._live_spec.apply(params)
+            if answer.cancelled(cancel):
                 break
-            if cancel is not None and cancel.is_set():
-                finish = "cancelled"
-                break
-            if len(produced) >= max_new:
-                finish = "length"
-                break
-            if prompt_tokens + len(produced) + 1 >= engine.max_context:
-                finish = "context_full"
+            if prompt_tokens + len(answer.ids) + 1 >= engine.max_context:
+                answer.finish = "context_full"
                 message = "the context window is full: start a new chat to continue"
                 break
-            room = max_new - len(produced)
-            ev = self._round(rng, index, seq, pos, produced[-1], spec, depth_lim, room)
-            step = len(ev.accepted_nodes)  # accepted drafts + the bonus
-            new_pieces = [p for p in seq[pos : pos + step] if p is not None]
-            produced.extend(new_pieces)
-            pos = min(pos + step, len(seq) - 1)
+            room = params.max_new_tokens - len(answer.ids)
+            ev = self._round(rng, len(accept_lengths), seq, pos, params.spec, room)
+            new = ids[pos : pos + len(ev.accepted_nodes)]  # the accepted drafts, then the bonus
+            keep = answer.room_for(new)
+            kept = new[:keep]
+            text = answer.add(kept)
+            pos += keep
             elapsed_ms += ev.timings.total_ms
-            accept_lengths.append(len(new_pieces))
-            ev = _replace_round(
+            accept_lengths.append(keep)
+            ev = replace(
                 ev,
-                new_tokens=tuple(token_id(p) for p in new_pieces),
-                new_text=stream_now() if hold else "".join(new_pieces),
-                answer_tokens=len(produced),
-                context_tokens=prompt_tokens + len(produced),
+                new_tokens=tuple(kept),
+                new_text=text,
+                answer_tokens=len(answer.ids),
+                context_tokens=prompt_tokens + len(answer.ids),
                 elapsed_s=elapsed_ms / 1000.0,
             )
             if engine.round_delay_s:
                 time.sleep(engine.round_delay_s)
             yield ev
-            index += 1
-        text = "".join(produced)
-        self.messages.append({"role": "assistant", "content": text})
-        self._cached_tokens = prompt_tokens + len(produced)
+        answer.flush()  # after a cancel or a full context, the tail reaches the user via result.text
+        self.messages.append({"role": "assistant", "content": answer.text})
+        self._cached_tokens = prompt_tokens + len(answer.ids)
         decode_s = (elapsed_ms - prefill_ms) / 1000.0
         yield FinishEvent(
             GenerationResult(
-                text=text,
-                token_ids=tuple(token_id(p) for p in produced),
-                finish_reason=finish,
+                text=answer.text,
+                token_ids=tuple(answer.ids),
+                finish_reason=answer.finish,
                 rounds=len(accept_lengths),
                 accept_lengths=tuple(accept_lengths),
                 prefill_tokens=new_prefill,
@@ -452,14 +428,18 @@ class ChatSession:
                 decode_seconds=decode_s,
                 seconds=elapsed_ms / 1000.0,
                 message=message,
+                stop_token=answer.stop_token,
             )
         )
 
     # -- one round
 
-    def _round(self, rng, index, seq, pos, anchor, spec, depth_lim, room) -> RoundEvent:
+    def _round(self, rng, index, seq, pos, spec, room) -> RoundEvent:
+        """Round `index` from `seq[pos - 1]` (the anchor): a simulated tree, its accepted path
+        along `seq` (at most `room` tokens with the bonus), and simulated timings."""
         remaining = len(seq) - pos  # includes the end marker
-        if not spec.enabled:
+        anchor = seq[pos - 1]
+        if not spec.enabled or self.engine.max_depth is None:  # no draft head: AR, as the engine
             texts = (anchor,)
             parents = (-1,)
             depths = (0,)
@@ -469,6 +449,7 @@ class ChatSession:
             timings = _timings(0.0, 0.0, 7.5 * j + 0.045, 0.12, 0.2)
             return self._event(index, texts, parents, depths, scores, (0,), seq[pos], timings)
 
+        depth_lim = spec.depth or self.engine.max_depth
         budget = spec.budget
         algo = spec.tree_algo
         if algo == "chain":
@@ -486,14 +467,14 @@ class ChatSession:
         while accepted < max_acc and rng.random() < p_acc:
             accepted += 1
         texts, parents, depths, scores = _build_tree(
-            rng, anchor, [p if p is not None else "<|im_end|>" for p in seq[pos : pos + accepted]],
+            rng, anchor, [p if p is not None else EOS_TEXT for p in seq[pos : pos + accepted]],
             seq[pos + accepted], n_target, depth_lim, 1 if algo == "chain" else spec.width,
         )
         path = [0]
         # nodes of the true path are the first `accepted` chain of "true" nodes; find them
         node = 0
         for d in range(1, accepted + 1):
-            want = seq[pos + d - 1] if seq[pos + d - 1] is not None else "<|im_end|>"
+            want = seq[pos + d - 1] if seq[pos + d - 1] is not None else EOS_TEXT
             for i in range(len(texts)):
                 if parents[i] == node and texts[i] == want:
                     node = i
@@ -513,13 +494,13 @@ class ChatSession:
     def _event(self, index, texts, parents, depths, scores, path, bonus_piece, timings) -> RoundEvent:
         return RoundEvent(
             index=index,
-            tree_tokens=tuple(token_id(t) for t in texts),
+            tree_tokens=tuple(self.engine.tokenizer.id(t) for t in texts),
             tree_texts=tuple(texts),
             tree_parents=tuple(parents),
             tree_depths=tuple(depths),
             tree_scores=tuple(scores),
             accepted_nodes=tuple(path),
-            bonus_token=EOS_ID if bonus_piece is None else token_id(bonus_piece),
+            bonus_token=EOS_ID if bonus_piece is None else self.engine.tokenizer.id(bonus_piece),
             new_tokens=(0,) * len(path),  # placeholder, replaced by the caller
             new_text="",
             timings=timings,
@@ -530,8 +511,6 @@ class ChatSession:
 
 
 def _log2(x: int) -> float:
-    import math
-
     return math.log2(max(1, x))
 
 
@@ -545,12 +524,6 @@ def _timings(draft, tree, verify, accept, host) -> PhaseTimings:
         host_ms=round(host, 4),
         total_ms=round(total, 4),
     )
-
-
-def _replace_round(ev: RoundEvent, **kw) -> RoundEvent:
-    from dataclasses import replace
-
-    return replace(ev, **kw)
 
 
 def _build_tree(rng, anchor, true_path, true_next, n_nodes, depth_lim, width):

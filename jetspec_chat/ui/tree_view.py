@@ -103,9 +103,13 @@ def layout_tree(ev: RoundEvent, max_lines: int) -> TreeLayout:
     return TreeLayout(frozenset(visible), hidden_under, tuple(tuple(c) for c in children))
 
 
-def bonus_text(ev: RoundEvent) -> str | None:
-    """The bonus token's text, or None when the round ended on a stop token."""
+def bonus_text(ev: RoundEvent, stop_token: int | None = None) -> str | None:
+    """The bonus token's text, or None when the round's last token was not appended (the length
+    limit, or a stop token among the drafts) or was `stop_token`, the one that ended the answer
+    (the engine appends it to `new_tokens` but it has no text)."""
     if len(ev.new_tokens) < len(ev.accepted_nodes):
+        return None
+    if stop_token is not None and ev.new_tokens and ev.new_tokens[-1] == stop_token:
         return None
     return split_provenance(ev)[1]
 
@@ -118,9 +122,10 @@ def render_tree(
     max_lines: int = 40,
     show_scores: bool = True,
     end_label: str = "end of answer",
+    stop_token: int | None = None,
 ) -> Text:
     """The tree of one round. `end_label` names why nothing follows when the round's last
-    token was not appended (a stop token, or the length limit)."""
+    token was not appended (the length limit) or was `stop_token` (see `bonus_text`)."""
     n = len(ev.tree_texts)
     if n == 0:
         return Text("(empty tree)", style=colors.muted)
@@ -148,7 +153,7 @@ def render_tree(
     root.append("◆ ", style=f"bold {colors.root}")
     root.append(visible_token(ev.tree_texts[0], 24), style=f"bold {colors.root}")
     root.append("  anchor", style=f"italic {colors.muted}")
-    b_text = bonus_text(ev)
+    b_text = bonus_text(ev, stop_token)
 
     def more(line: Text, node: int) -> None:
         hidden = layout.hidden_under.get(node, 0)
@@ -424,7 +429,8 @@ class TreePanel(Vertical, can_focus=True):
         context.update(context_text(self.trace, idx, colors, width))
         end_label = "end of answer"
         result = self.trace.result
-        if result is not None and idx == len(self.trace.rounds) - 1:
+        last = result is not None and idx == len(self.trace.rounds) - 1
+        if last:
             end_label = {
                 "length": "max new tokens reached",
                 "context_full": "context window full",
@@ -438,6 +444,7 @@ class TreePanel(Vertical, can_focus=True):
                 max_lines=height,
                 show_scores=self.show_scores and not colors.projector,
                 end_label=end_label,
+                stop_token=result.stop_token if last else None,
             )
         )
 

@@ -20,11 +20,13 @@ from jetspec_chat.settings import SessionStore, Settings, load_settings
 from jetspec_chat.ui.chat import AssistantMessage, ChatInput, NoteMessage, UserMessage
 from jetspec_chat.ui.compare import CompareScreen
 from jetspec_chat.ui.dialogs import (
+    HelpScreen,
     OpenSessionScreen,
     SaveSessionScreen,
     SpecSettingsScreen,
 )
 from jetspec_chat.ui.fake_engine import ANSWERS, FakeBackend
+from jetspec_chat.ui.frames import FrameBudget
 from jetspec_chat.ui.stats import StatsPanel
 from jetspec_chat.ui.tree_view import TreePanel
 
@@ -220,7 +222,7 @@ async def test_live_changes_reach_the_answer_in_progress():
 async def test_the_result_text_is_shown_when_an_answer_ends():
     """The engine may hold back a short tail while streaming (e.g. after a cancel): the
     finished answer must show `FinishEvent.result.text`."""
-    app = make_app(FakeBackend(round_delay_s=0.02, tail_hold_chars=9))
+    app = make_app(FakeBackend(round_delay_s=0.02, stop_strings=("@" * 10,)))  # never matched: the text lags 9 characters
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "/long go", wait=False)
@@ -234,6 +236,27 @@ async def test_the_result_text_is_shown_when_an_answer_ends():
         assert result.text.endswith(app.current_trace.segments[-1][0])
         await send(pilot, "write python fib")
         assert answers(app)[-1].raw == ANSWERS[1]
+
+
+@async_test
+async def test_frames_wait_for_the_budget_and_lose_nothing():
+    """Over its CPU budget the app holds the text and the redraws back; the next frame shows
+    everything the engine reported meanwhile."""
+    app = make_app(FakeBackend(round_delay_s=0.02))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        app.frames = FrameBudget(cpu_share=0.0, max_interval_s=3600.0)  # no frame but forced ones
+        app.frames.drew()
+        await send(pilot, "/long go", wait=False)
+        trace = app.current_trace
+        await wait_until(pilot, lambda: len(trace.rounds) >= 5, what="rounds")
+        msg = answers(app)[-1]
+        assert msg.raw == "" and app._pending[msg]  # reported and handled, not drawn yet
+        await app.drain_now()  # a forced frame
+        assert msg.raw == trace.text
+        await pilot.press("escape")
+        await wait_idle(pilot)
+        assert msg.raw == trace.result.text
 
 
 @async_test
@@ -660,6 +683,25 @@ async def test_help_screen():
         await pilot.pause()
         assert app.screen is app.main_screen
         await freeze(pilot)
+
+
+@async_test
+async def test_help_on_the_compare_screen():
+    """F1 did nothing on the compare screen."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "hello")
+        await pilot.press("f6")
+        await pilot.pause()
+        assert isinstance(app.screen, CompareScreen)
+        await pilot.press("f1")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        assert "On the compare screen" in app.screen.query_one("Markdown").source
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is app.compare_screen  # back where F1 was pressed
 
 
 @async_test

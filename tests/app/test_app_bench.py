@@ -1,6 +1,7 @@
 """`jetspec-chat bench --app`: the real app (headless pilot) next to the engine bench, one run."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -16,10 +17,11 @@ def _isolated(monkeypatch, tmp_path):
     isolate(monkeypatch, tmp_path)
 
 
-def test_bench_app_prints_app_and_engine_tokens_per_second(capsys):
+def test_bench_app_prints_app_and_engine_tokens_per_second(capsys, tmp_path):
+    out_json = tmp_path / "app.json"
     code = bench_cli.main([
         "random:tiny-qwen3", "--app", "--device", "cpu", "--budgets", "4", "--prompt-sets", "coding",
-        "--prompts-n", "1", "--max-new-tokens", "8", "--warmup", "0",
+        "--prompts-n", "1", "--max-new-tokens", "8", "--warmup", "0", "--json-out", str(out_json),
     ])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -29,3 +31,15 @@ def test_bench_app_prints_app_and_engine_tokens_per_second(capsys):
         engine, app, ratio = (float(m.group(i)) for i in (2, 3, 4))
         assert engine > 0 and app > 0 and ratio == pytest.approx(app / engine, rel=0.05)  # the table rounds each number
     assert re.search(r"first answer after start [\d.]+ tok/s, second [\d.]+ tok/s", out), out
+    # --json-out: the engine bench's JSON, plus the app's numbers beside the engine's
+    report = json.loads(out_json.read_text())
+    assert report["tool"] == "jetspec-chat bench" and report["models"][0]["sets"][0]["name"] == "coding"
+    app = report["app"]
+    by_config = {c["config"]: c for c in app["configs"]}
+    assert set(by_config) == {"ar", "spec@4"}
+    for c in by_config.values():
+        assert c["set"] == "coding" and len(c["app_tokens_per_s"]) == 1
+        assert c["app_median_tokens_per_s"] == pytest.approx(float(rows[c["config"]].group(3)), abs=0.051)
+        assert c["engine_median_tokens_per_s"] == pytest.approx(float(rows[c["config"]].group(2)), abs=0.051)
+        assert c["app_over_engine"] == pytest.approx(c["app_median_tokens_per_s"] / c["engine_median_tokens_per_s"])
+    assert app["first_answer_tokens_per_s"] > 0 and app["second_answer_tokens_per_s"] > 0 and app["load_seconds"] > 0

@@ -28,7 +28,8 @@ from jetspec_chat.settings import (
 from jetspec_chat.ui import engine_worker as ew
 from jetspec_chat.ui.chat import last_code_block, split_thinking
 from jetspec_chat.ui.compare import BudgetListError, parse_budget_list
-from jetspec_chat.ui.fake_engine import ANSWERS, ChatSession, FakeBackend, tokenize
+from jetspec_chat.ui.fake_engine import ANSWERS, EOS_ID, ChatSession, FakeBackend, tokenize
+from jetspec_chat.ui.frames import FrameBudget
 from jetspec_chat.ui.launch import add_arguments, app_argv
 from jetspec_chat.ui.themes import (
     SpecColors,
@@ -145,6 +146,16 @@ def test_render_tree_is_legible(engine):
     assert any("more" in line for line in lines)
     narrow = render_tree(ev, COLORS, width=12, max_lines=8)
     assert all(len(line) <= 12 for line in narrow.plain.splitlines())
+
+
+def test_a_stop_token_bonus_reads_end_of_answer():
+    """The engine appends the stop token that ends an answer to the last round's new_tokens
+    (with no text): the tree says the answer ended there, not an empty bonus."""
+    events = list(ChatSession(FakeBackend().load_engine()).send("hello", GenerationParams()))
+    last, result = events[-2], events[-1].result
+    assert last.new_tokens[-1] == last.bonus_token == result.stop_token
+    assert "★ ■ end of answer" in render_tree(last, COLORS, stop_token=result.stop_token).plain
+    assert "★ ∅" in render_tree(last, COLORS).plain  # what it showed without the stop token
 
 
 def test_visible_token():
@@ -362,7 +373,7 @@ def test_fake_engine_update_spec_changes_later_rounds(engine):
 
 
 def test_trace_live_changes_and_authoritative_result_text():
-    engine = FakeBackend(tail_hold_chars=6).load_engine()
+    engine = FakeBackend(stop_strings=("@" * 7,)).load_engine()  # never matched: the text lags 6 characters
     session = ChatSession(engine)
     trace = AnswerTrace(0, "chat", GenerationParams(spec=SpecParams(budget=64)))
     cancel = threading.Event()
@@ -382,25 +393,6 @@ def test_trace_live_changes_and_authoritative_result_text():
     assert "budget 4" not in trace.label  # never took effect
     head = json.loads(next(iter(trace.to_jsonl_lines(0))))
     assert [c["from_round"] for c in head["spec_changes"]] == [2, len(trace.rounds)]
-
-
-def test_cpu_threads_leave_a_core_for_the_ui(monkeypatch):
-    import torch
-
-    assert ew.leave_a_core_for_the_ui(FakeBackend().load_engine()) is None  # the fake: untouched
-    real_like = type("SpecEngine", (), {"__module__": "jetspec_chat.engine.engine", "device": "cpu"})()
-    gpu_like = type("SpecEngine", (), {"__module__": "jetspec_chat.engine.engine", "device": "cuda:0"})()
-    assert ew.leave_a_core_for_the_ui(gpu_like) is None
-    before = torch.get_num_threads()
-    try:
-        monkeypatch.setenv(ew.CPU_THREADS_ENV, str(before + 1))
-        assert ew.leave_a_core_for_the_ui(real_like) == before
-        assert torch.get_num_threads() == before + 1
-        monkeypatch.delenv(ew.CPU_THREADS_ENV)
-        monkeypatch.setenv("OMP_NUM_THREADS", "3")
-        assert ew.leave_a_core_for_the_ui(real_like) is None  # the user's choice stands
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_engine_worker_load_failure_then_commands_fail_politely():
@@ -474,3 +466,43 @@ def test_generation_params_clamps_depth():
     assert app.generation_params().spec.depth is None
     app.engine_info = replace(app.engine_info, max_depth=None)
     assert app.generation_params().spec.enabled is False
+
+
+def test_fake_engine_ends_answers_by_the_engines_rules():
+    """Stop strings and max new tokens through engine/answer.py, as on the real engine."""
+    engine = FakeBackend().load_engine()
+    result = list(ChatSession(engine).send("write python fib", GenerationParams(stop=("print(",))))[-1].result
+    assert result.finish_reason == "stop" and result.text == ANSWERS[1][: ANSWERS[1].index("print(")]
+    events = list(ChatSession(engine).send("write python fib", GenerationParams(max_new_tokens=7)))
+    result = events[-1].result
+    assert result.finish_reason == "length" and len(result.token_ids) == 7
+    assert events[0].first_text + "".join(e.new_text for e in events[1:-1]) == result.text == "".join(tokenize(ANSWERS[1])[:7])
+    result = list(ChatSession(engine).send("write python fib", GenerationParams()))[-1].result
+    assert result.finish_reason == "eos" and result.stop_token == EOS_ID and result.text == ANSWERS[1]
+    assert sum(result.accept_lengths) == len(result.token_ids)  # the first token from the prefill, the stop token counted
+
+
+def test_frame_budget_keeps_the_ui_under_its_cpu_share():
+    """A frame only when the UI process used at most cpu_share of a core since the last one."""
+    clock = {"wall": 0.0, "cpu": 0.0}
+    budget = FrameBudget(cpu_share=0.05, wall_clock=lambda: clock["wall"], cpu_clock=lambda: clock["cpu"])
+    assert budget.allows()  # the first frame at once
+    frames = 0
+    for _ in range(1000):  # 10 s of 10 ms drain ticks; each frame costs 25 ms of CPU
+        clock["wall"] += 0.01
+        if budget.allows():
+            budget.drew()
+            clock["cpu"] += 0.025
+            frames += 1
+    assert 19 <= frames <= 21 and clock["cpu"] / clock["wall"] <= 0.05 + 1e-9  # 2 frames a second
+    cheap = FrameBudget(cpu_share=0.05, wall_clock=lambda: clock["wall"], cpu_clock=lambda: clock["cpu"])
+    cheap.drew()
+    clock["wall"] += 0.01  # a 0.1 ms frame: the next one is allowed at the next tick
+    clock["cpu"] += 0.0001
+    assert cheap.allows()
+    cheap.drew()
+    clock["cpu"] += 1.0  # a one-off second of CPU (say, mounting messages) ...
+    clock["wall"] += 0.49
+    assert not cheap.allows()
+    clock["wall"] += 0.01
+    assert cheap.allows()  # ... holds frames back for max_interval_s, not 20 s

@@ -163,6 +163,21 @@ def test_ctrl_c_during_conversion_leaves_no_staging_dir(tmp_path, cache, monkeyp
     assert nothing_left_in(cache)
 
 
+def test_python_m_ui_has_the_clis_ctrl_c_and_model_check(monkeypatch, capsys):
+    """`python -m jetspec_chat.ui` (what --web serves) starts the app through the CLI's entry."""
+    from jetspec_chat.ui import __main__ as ui_main
+    from jetspec_chat.ui import launch
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "run", interrupted)
+    assert ui_main.main(["--demo"]) == 130
+    assert capsys.readouterr().err.strip() == "[interrupted]"
+    assert ui_main.main(["genrate"]) == 2  # refused before the app opens, as `jetspec-chat genrate`
+    assert "unknown command 'genrate'" in capsys.readouterr().err
+
+
 # --- help, version, typos --------------------------------------------------------------------------
 
 

@@ -185,3 +185,11 @@ def test_budget_larger_than_the_tree_can_be():
     logp = random_logp(3, 10, 2)
     tree = build_accum_logp(torch.tensor(0), logp, 1000, 2)
     assert tree.size == 1 + 2 + 4 + 8
+
+
+def test_every_named_algorithm_has_a_builder():
+    """params.TREE_ALGOS (torch-free, what the UI offers and validate checks) names exactly the
+    builders tree.TREE_ALGOS has."""
+    from jetspec_chat.engine import params
+
+    assert tuple(TREE_ALGOS) == params.TREE_ALGOS
