@@ -23,6 +23,7 @@ from .timing import (
     Stat,
     environment,
     free_device_memory,
+    measure_copy_bandwidth,
     peak_memory,
     peak_memory_reset,
     ratio,
@@ -171,14 +172,6 @@ def kv_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: int, ele
 def bound_ms(nbytes: int, gb_s: float) -> float:
     """Milliseconds to stream `nbytes` at `gb_s` (1e9 bytes per second)."""
     return nbytes / (gb_s * 1e9) * 1e3
-
-
-def measure_copy_bandwidth(device: torch.device, nbytes: int, warmup: int, reps: int) -> tuple[Stat, float]:
-    """Large device-to-device copy; bandwidth counts bytes read plus bytes written (GB/s)."""
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    stat = Stat.of(time_fn(lambda: dst.copy_(src), warmup, reps, device))
-    return stat, 2 * nbytes / (stat.median * 1e-3) / 1e9
 
 
 def _verify_forward(engine, tree, prefix: int):

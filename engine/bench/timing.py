@@ -66,6 +66,40 @@ class Stat:
         return cls(statistics.median(samples), min(samples), max(samples), [round(s, 6) for s in samples])
 
 
+def measure_copy_bandwidth(device: torch.device, nbytes: int, warmup: int, reps: int) -> tuple[Stat, float]:
+    """Large device-to-device copy; bandwidth counts bytes read plus bytes written (GB/s)."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    stat = Stat.of(time_fn(lambda: dst.copy_(src), warmup, reps, device))
+    return stat, 2 * nbytes / (stat.median * 1e-3) / 1e9
+
+
+def graphed_ms(fn: Callable[[], object], reps: int, warmup: int = 2) -> list[float]:
+    """Milliseconds of `reps` replays of one CUDA graph of fn (kernel benchmarks: no launch
+    overhead). fn runs `warmup` times on a side stream first (compiles, allocator pools), then it
+    is captured and replayed 3 times untimed; CUDA events time each replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return samples
+
+
 def median_or_none(values: list[float]) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None

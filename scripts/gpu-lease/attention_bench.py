@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from jetspec_chat.engine.bench.timing import graphed_ms
 from jetspec_chat.kernels import paged_tree_attention_triton, split_len_for, visible_keys
 
 # (name, n_heads, n_kv, T, context, mask)
@@ -48,24 +49,7 @@ def tree_mask(t: int, kind: str, gen: torch.Generator) -> torch.Tensor:
 
 
 def graphed_us(fn, reps: int = 30) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return statistics.median(graphed_ms(fn, reps)) * 1e3
 
 
 def main() -> None:

@@ -43,8 +43,9 @@ if str(REPO) not in jetspec_chat.__path__:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from jetspec_chat.engine.bench.timing import graphed_ms, measure_copy_bandwidth  # noqa: E402
 from jetspec_chat.kernels import matmul  # noqa: E402
-from jetspec_chat.kernels.matmul import LinearConfig, choose_config, groups_for, linear_ref, linear_triton, use_split  # noqa: E402
+from jetspec_chat.kernels.matmul import LinearConfig, choose_config, groups_for, linear_triton, use_split  # noqa: E402
 
 SHAPES = [  # (model, projection, N, K, bias)
     ("1.5B", "qkv", 2048, 1536, True),
@@ -63,45 +64,9 @@ MAX_ROWS = 256
 DTYPE = torch.bfloat16
 
 
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    src = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize()
-    del src, dst
-    return 2 * nbytes * 10 / (start.elapsed_time(end) * 1e-3)  # bytes/s, read + write
-
-
 def graphed_us(fn, weights, reps: int) -> float:
     """Median µs per call of fn(w) over one graph replay that calls it once per weight copy."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for w in weights[:2]:
-            fn(w)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for w in weights:
-            fn(w)
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(weights))
-    del graph
-    return statistics.median(times)
+    return statistics.median(graphed_ms(lambda: [fn(w) for w in weights], reps)) * 1e3 / len(weights)
 
 
 def make_weights(n: int, k: int, bias: bool, seed: int):
@@ -250,7 +215,7 @@ def main() -> None:
     assert max(ms) <= MAX_ROWS
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)
-    bw = copy_bandwidth()
+    bw = measure_copy_bandwidth(torch.device("cuda"), 1 << 30, 3, 10)[1] * 1e9  # bytes/s
     print(f"{props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}; kernels from "
           f"{Path(matmul.__file__).parent}; copy bandwidth {bw / 1e9:.0f} GB/s (read + write)")
     print("µs per call in a CUDA graph, weights streamed from HBM; median of 25 replays")

@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import statistics
 import time
 import traceback
 
 import torch
 import torch.nn.functional as F
 
+from jetspec_chat.engine.bench.timing import graphed_ms, measure_copy_bandwidth
 from jetspec_chat.kernels import moe_block_triton, moe_experts_ref, moe_route_ref, moe_route_triton
 from jetspec_chat.kernels.moe import TILES, MoeTile, choose_tile
 
@@ -30,40 +32,6 @@ from jetspec_chat.kernels.moe import TILES, MoeTile, choose_tile
 moe_module = importlib.import_module("jetspec_chat.kernels.moe")
 
 H, I, E, K = 2048, 768, 128, 8
-
-
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    src = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * nbytes * 10 / (start.elapsed_time(end) * 1e-3)  # bytes/s, read + write
-
-
-def graphed_ms(fn, reps: int = 20) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def gemv(block_m, gate_up_n, down_n, block_k, warps=4, stages=3) -> MoeTile:
@@ -112,7 +80,7 @@ def main() -> None:
     ]
     expert_bytes = 3 * I * H * 2
     router_bytes = E * H * 2
-    bw = copy_bandwidth()
+    bw = measure_copy_bandwidth(torch.device("cuda"), 1 << 30, 3, 10)[1] * 1e9  # bytes/s
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s; {args.layers} layers per graph")
     started = time.perf_counter()
     results, best, failed = [], {}, []
@@ -152,7 +120,7 @@ def main() -> None:
                 torch.cuda.synchronize()
                 if not torch.allclose(got, want, rtol=2e-2, atol=2e-2):
                     raise AssertionError(f"differs from moe_experts_ref: max |diff| {(got - want).abs().max():.3g}")
-                ms = graphed_ms(chain) / args.layers
+                ms = statistics.median(graphed_ms(chain, 20)) / args.layers
             except Exception as err:  # noqa: BLE001 - one bad candidate must not end the sweep
                 torch.cuda.synchronize()
                 msg = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
