@@ -9,6 +9,7 @@ from typing import Callable
 from jetspec_chat.settings import Settings
 from jetspec_chat.ui.app import JetspecApp
 from jetspec_chat.ui.chat import ChatInput
+from jetspec_chat.ui.compare import CompareScreen
 from jetspec_chat.ui.fake_engine import FakeBackend
 
 
@@ -76,6 +77,15 @@ async def send(pilot, text: str, *, wait: bool = True) -> None:
         await wait_idle(pilot)
     else:
         await app.send_message(box.text)
+
+
+async def open_compare(pilot) -> CompareScreen:
+    """F6 from the chat: the compare screen is on top (a prompt must have been sent)."""
+    await pilot.press("f6")
+    await pilot.pause()
+    screen = pilot.app.screen
+    assert isinstance(screen, CompareScreen)
+    return screen
 
 
 async def freeze(pilot) -> None:

@@ -9,6 +9,7 @@ from app_support import (
     freeze,
     isolate,
     make_app,
+    open_compare,
     send,
     wait_idle,
     wait_ready,
@@ -330,10 +331,7 @@ async def test_compare_budgets_flow():
         await pilot.pause()
         assert not isinstance(app.screen, CompareScreen)  # needs a prompt first
         await send(pilot, "write python fib")
-        await pilot.press("f6")
-        await pilot.pause()
-        screen = app.screen
-        assert isinstance(screen, CompareScreen)
+        screen = await open_compare(pilot)
         assert "Compare budgets" in str(screen.query_one("#compare-title").content)  # drawn on open
         assert screen.query_one("#compare-table").row_count == len(app.settings.compare_budgets)
         box = screen.query_one("#compare-budgets")
@@ -692,9 +690,7 @@ async def test_help_on_the_compare_screen():
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "hello")
-        await pilot.press("f6")
-        await pilot.pause()
-        assert isinstance(app.screen, CompareScreen)
+        await open_compare(pilot)
         await pilot.press("f1")
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)

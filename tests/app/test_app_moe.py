@@ -3,11 +3,10 @@ and stats, then a budget comparison. The MoE block changes nothing the app sees 
 from __future__ import annotations
 
 import pytest
-from app_support import async_test, isolate, wait_until
+from app_support import async_test, isolate, open_compare, wait_until
 from test_app_real import SIZE, TIMEOUT, ask, content, idle, ready, real_app
 
 from jetspec_chat.ui.chat import AssistantMessage
-from jetspec_chat.ui.compare import CompareScreen
 from jetspec_chat.ui.tree_view import TreePanel
 
 pytestmark = pytest.mark.slow
@@ -36,9 +35,7 @@ async def test_moe_model_answers_with_trees_stats_and_compare():
         assert f"round {n}/{n}" in app.main_screen.query_one(TreePanel).border_title
         lines = content(app, "#stats-lines")
         assert "tok/s" in lines and "τ" in lines and f"rounds {n}" in lines
-        await pilot.press("f6")
-        await pilot.pause()
-        assert isinstance(app.screen, CompareScreen)
+        await open_compare(pilot)
         await pilot.press("enter")
         await wait_until(
             pilot, lambda: app.compare.job_id is not None and not app.compare.running, timeout=TIMEOUT, what="the comparison"

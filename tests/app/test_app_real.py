@@ -7,12 +7,11 @@ tokens, the trees are small.
 from __future__ import annotations
 
 import pytest
-from app_support import async_test, isolate, send, wait_idle, wait_ready, wait_until
+from app_support import async_test, isolate, open_compare, send, wait_idle, wait_ready, wait_until
 
 from jetspec_chat.settings import Settings
 from jetspec_chat.ui.app import JetspecApp
 from jetspec_chat.ui.chat import AssistantMessage
-from jetspec_chat.ui.compare import CompareScreen
 from jetspec_chat.ui.tree_view import TreePanel
 
 pytestmark = pytest.mark.slow
@@ -127,10 +126,7 @@ async def test_real_engine_compare_budgets():
         await ready(pilot)
         await ask(pilot, "Count to five.")
         first = app.current_trace.result.text
-        await pilot.press("f6")
-        await pilot.pause()
-        screen = app.screen
-        assert isinstance(screen, CompareScreen)
+        screen = await open_compare(pilot)
         await pilot.press("enter")  # runs the default list: AR, 4, 16
         await wait_until(
             pilot, lambda: app.compare.job_id is not None and not app.compare.running, timeout=TIMEOUT, what="the comparison"

@@ -7,12 +7,11 @@ import random
 
 import pytest
 from textual import events
-from app_support import async_test, isolate, make_app, send, wait_idle, wait_ready, wait_until
+from app_support import async_test, isolate, make_app, open_compare, send, wait_idle, wait_ready, wait_until
 
 from jetspec_chat.settings import Settings, error_log_path
 from jetspec_chat.ui import engine_worker as ew
 from jetspec_chat.ui.app import JetspecApp, LoadingPanel
-from jetspec_chat.ui.compare import CompareScreen
 from jetspec_chat.ui.fake_engine import FakeBackend
 
 SIZE = (120, 40)
@@ -63,9 +62,7 @@ async def test_theme_change_after_the_compare_screen_was_closed():
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "write python fib")
-        await pilot.press("f6")
-        await pilot.pause()
-        assert isinstance(app.screen, CompareScreen)
+        await open_compare(pilot)
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is app.main_screen
@@ -73,9 +70,7 @@ async def test_theme_change_after_the_compare_screen_was_closed():
         await pilot.pause()
         app.theme = "jetspec-dark"
         await pilot.pause()
-        await pilot.press("f6")  # and the compare screen opens again
-        await pilot.pause()
-        assert isinstance(app.screen, CompareScreen)
+        await open_compare(pilot)  # and the compare screen opens again
         await pilot.press("escape")
     assert not ui_errors()
 
@@ -87,10 +82,7 @@ async def test_a_second_close_of_a_closed_screen_pops_nothing():
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "hello")
-        await pilot.press("f6")
-        await pilot.pause()
-        screen = app.screen
-        assert isinstance(screen, CompareScreen)
+        screen = await open_compare(pilot)
         screen.action_cancel_or_close()
         screen.action_cancel_or_close()  # was: ScreenStackError
         await pilot.press("f1")

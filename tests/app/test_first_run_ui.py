@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from types import SimpleNamespace
 
-from app_support import async_test, isolate, make_app, send, wait_ready, wait_until
+from app_support import async_test, isolate, make_app, open_compare, send, wait_ready, wait_until
 
 from jetspec_chat.engine import GenerationParams, SamplingParams
 from jetspec_chat.ui.app import context_label
@@ -153,9 +153,7 @@ async def test_f6_reopens_compare_after_esc_closed_it(tmp_path, monkeypatch):
         await wait_ready(pilot)
         await send(pilot, "hello")
         for _ in range(2):
-            await pilot.press("f6")
-            await pilot.pause()
-            assert isinstance(app.screen, CompareScreen)
+            await open_compare(pilot)
             await pilot.press("escape")
             await pilot.pause()
             assert not isinstance(app.screen, CompareScreen)
