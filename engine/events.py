@@ -81,6 +81,12 @@ class GenerationResult:
         return len(self.token_ids)
 
     @property
+    def decoded_ids(self) -> list[int]:
+        """Every token the model produced: the answer, then the stop token if one ended it
+        (what a greedy comparison with another decoder must match)."""
+        return list(self.token_ids) + ([self.stop_token] if self.stop_token is not None else [])
+
+    @property
     def mean_accept_length(self) -> float:
         return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
 

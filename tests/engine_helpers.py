@@ -40,10 +40,6 @@ def run(engine, prompt_ids, cancel=None, **kw):
     return events, events[-1].result
 
 
-def full_answer(result) -> list[int]:
-    return list(result.token_ids) + ([result.stop_token] if result.stop_token is not None else [])
-
-
 @functools.cache
 def hf_model(name: str):
     return transformers_model(tiny_engine(name))

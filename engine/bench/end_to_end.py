@@ -237,7 +237,7 @@ def _engine_run(engine, prompt_ids: list[int], params: GenerationParams) -> tupl
             rounds.append(event)
         elif isinstance(event, FinishEvent):
             result = event.result
-    answer = list(result.token_ids) + ([result.stop_token] if result.stop_token is not None else [])
+    answer = result.decoded_ids
     by_size: dict[int, list[float]] = {}
     for r in rounds:
         by_size.setdefault(len(r.tree_tokens), []).append(r.timings.verify_ms)

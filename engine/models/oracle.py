@@ -45,8 +45,7 @@ def reference_greedy(engine: SpecEngine, prompt_ids: list[int], max_new_tokens: 
 def engine_ar_greedy(engine: SpecEngine, prompt_ids: list[int], params: GenerationParams) -> list[int]:
     """The same engine's greedy answer without speculation (same dtype, kernels and stops)."""
     ar = replace(params, spec=replace(params.spec, enabled=False))
-    result = list(engine.generate(prompt_ids, ar))[-1].result
-    return list(result.token_ids) + ([result.stop_token] if result.stop_token is not None else [])
+    return list(engine.generate(prompt_ids, ar))[-1].result.decoded_ids
 
 
 def check_lossless(
@@ -61,7 +60,7 @@ def check_lossless(
         ref = engine_ar_greedy(engine, prompt_ids, params)
     else:
         ref = reference_greedy(engine, prompt_ids, max_new_tokens)
-    ours = list(result.token_ids) + ([result.stop_token] if result.stop_token is not None else [])
+    ours = result.decoded_ids
     complete = result.finish_reason in ("eos", "length")
     n = max(len(ours), len(ref)) if complete else len(ours)
     mismatch = next((i for i in range(n) if i >= len(ours) or i >= len(ref) or ours[i] != ref[i]), None)

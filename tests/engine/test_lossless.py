@@ -1,7 +1,7 @@
 """Greedy speculative decoding equals transformers' greedy decoding, token for token."""
 import pytest
 
-from engine_helpers import OracleDraft, full_answer, hf_greedy, hf_model, random_prompt, run, tiny_engine
+from engine_helpers import OracleDraft, hf_greedy, hf_model, random_prompt, run, tiny_engine
 
 # Tiny models: one intra-op thread (a MoE layer is ~10 small GEMMs per forward; on a busy 2-core
 # runner extra threads made the MoE model's tests 10x slower).
@@ -29,7 +29,7 @@ def test_random_head_greedy_equals_transformers(name):
         for budget, width, depth, algo in CONFIGS:
             engine.reset()
             _, res = run(engine, prompt, max_new_tokens=24, budget=budget, width=width, depth=depth, tree_algo=algo)
-            assert full_answer(res) == ref, (seed, budget, width, depth, algo)
+            assert res.decoded_ids == ref, (seed, budget, width, depth, algo)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -45,7 +45,7 @@ def test_long_accepted_paths_stay_lossless(name, error_rate):
             engine.reset()
             with OracleDraft(engine, hf_model(name), error_rate=error_rate, seed=seed):
                 _, res = run(engine, prompt, max_new_tokens=40, budget=budget, width=width, depth=depth, tree_algo=algo)
-            assert full_answer(res) == ref, (seed, budget, width, depth, algo)
+            assert res.decoded_ids == ref, (seed, budget, width, depth, algo)
             if budget >= 16:
                 taus.append(res.mean_accept_length)
     # The test only means something if long paths were actually accepted.

@@ -306,8 +306,7 @@ def test_replay_equals_the_real_decoder_round_by_round(short_run, budget, width)
         result = [e for e in ChatSession(evaluator.engine, thinking=False).send(prompt, params)
                   if isinstance(e, FinishEvent)][0].result
         prompt_ids = ws.prompt_ids(prompt)
-        stop = [result.stop_token] if result.stop_token is not None else []
-        ids = torch.tensor(prompt_ids + list(result.token_ids) + stop)
+        ids = torch.tensor(prompt_ids + result.decoded_ids)
         drafts = draft_all(evaluator.head, ws.hf, ids, len(prompt_ids), top_k=8)
         assert replay(drafts, TreeSetting(budget, width)) == list(result.accept_lengths), prompt
         longer += max(result.accept_lengths) > 1
