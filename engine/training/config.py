@@ -10,7 +10,7 @@ from ..errors import ConfigError
 LogFn = Callable[[str], None]
 
 STAGES = ("prompts", "data", "train", "eval", "replay", "all")
-PROMPT_SOURCES = ("builtin", "sharegpt")
+PROMPT_SOURCES = ("builtin", "sharegpt", "mixed")
 EXPORT_DTYPES = ("bfloat16", "float32", "int8")
 
 
@@ -32,7 +32,7 @@ class TrainConfig:
     init: str = "random"  # "random" (std 0.02), "target" (copy its last layers), or a head DIR to continue
     # prompts and data
     prompts_file: str | None = None
-    prompt_source: str = "builtin"  # "builtin" (offline generators) or "sharegpt" (the train extra)
+    prompt_source: str = "builtin"  # "builtin" (offline generators), "sharegpt" (the train extra) or "mixed" (half each)
     num_prompts: int = 4000
     self_prompts: float = 0.15  # share of built-in training prompts the target proposes itself
     max_new_tokens: int = 256
@@ -83,7 +83,7 @@ class TrainConfig:
         if self.prompt_source not in PROMPT_SOURCES:
             raise ConfigError(f"--prompt-source must be one of {', '.join(PROMPT_SOURCES)}, got {self.prompt_source!r}")
         if self.prompts_file and self.prompt_source != "builtin":
-            raise ConfigError("--prompts FILE and --prompt-source sharegpt exclude each other; pass one")
+            raise ConfigError(f"--prompts FILE and --prompt-source {self.prompt_source} exclude each other; pass one")
         if self.init not in ("random", "target") and not (Path(self.init) / "config.json").is_file():
             raise ConfigError(f"--init must be random, target or a head directory (with config.json), got {self.init!r}")
         if not 0 <= self.self_prompts <= 0.9:

@@ -3,6 +3,7 @@ and the data (the target's own answers through the chat template, one shard per 
 from __future__ import annotations
 
 import json
+import random
 import time
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -45,7 +46,7 @@ def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None)
         train, dev = [r["prompt"] for r in rows if r["split"] == "train"], [r["prompt"] for r in rows if r["split"] == "dev"]
         if json.loads(meta.read_text()) == key or (evaluating and len(dev) >= num_dev):
             return train, dev
-    if evaluating and cfg.prompt_source == "sharegpt":  # the (built-in) dev prompts are all it needs
+    if evaluating and cfg.prompt_source != "builtin":  # the (built-in) dev prompts are all it needs
         return [], P.builtin_prompts(0, num_dev, seed=cfg.seed)[1]
     if cfg.prompts_file:
         try:
@@ -57,12 +58,17 @@ def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None)
         if len(dev) < num_dev:  # a small file may have no held-out prompt: add built-in dev prompts
             dev += P.builtin_prompts(0, num_dev - len(dev), seed=cfg.seed)[1]
         dev = dev[:num_dev]
-    elif cfg.prompt_source == "sharegpt":
-        dev = P.builtin_prompts(0, num_dev, seed=cfg.seed)[1]
-        train, stats = sharegpt_prompts(cfg.num_prompts, cfg.seed, set(dev) | held_out_sets(),
-                                        sharegpt_max_chars(cfg))
+    elif cfg.prompt_source in ("sharegpt", "mixed"):
+        # mixed: half real chats, half built-in generator prompts (the head keeps the templates'
+        # styles while it learns real ones), shuffled together; no self-proposed prompts.
+        n_chats = cfg.num_prompts if cfg.prompt_source == "sharegpt" else cfg.num_prompts // 2
+        builtin_train, dev = P.builtin_prompts(cfg.num_prompts - n_chats, num_dev, seed=cfg.seed)
+        chats, stats = sharegpt_prompts(n_chats, cfg.seed, set(dev) | held_out_sets(), sharegpt_max_chars(cfg))
         log(f"ShareGPT: {stats.conversations} conversations read, {stats.held_out} held out (dev side or eval "
-            f"sets), {stats.contexts} distinct contexts; {len(train)} sampled")
+            f"sets), {stats.contexts} distinct contexts; {len(chats)} sampled"
+            + (f", with {len(builtin_train)} built-in prompts" if builtin_train else ""))
+        train = chats + builtin_train
+        random.Random(cfg.seed).shuffle(train)
     else:
         log(f"generating {cfg.num_prompts - n_self} training prompts (+{num_dev} held out)")
         train, dev = P.builtin_prompts(cfg.num_prompts - n_self, num_dev, seed=cfg.seed)

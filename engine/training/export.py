@@ -48,7 +48,8 @@ def pick_mask_token(embed: torch.Tensor, default: int, fallback: int) -> int:
 def init_head(head: DraftHead, how: str, seed: int, hf_model=None) -> None:
     """random; target (the target's last layers into the draft layers); or a trained head's
     directory (published format) to continue training it with fresh data and a new schedule.
-    A directory must hold a head of exactly this shape (layers, widths, block, taps, MASK)."""
+    A directory must hold a head of this shape, or one with fewer layers or a narrower MLP
+    (same widths, block, taps, MASK otherwise): it is then grown (`load_grown`)."""
     head.init_random(seed)
     if how == "random":
         return
@@ -57,12 +58,14 @@ def init_head(head: DraftHead, how: str, seed: int, hf_model=None) -> None:
 
         trained = load_head_dir(Path(how), next(head.parameters()).device, torch.float32)
         want, got = head.cfg.to_json(), trained.cfg.to_json()
-        diff = sorted(k for k in set(want) | set(got) if not _same(want.get(k), got.get(k)))
+        diff = sorted(k for k in set(want) | set(got) if k not in GROWABLE and not _same(want.get(k), got.get(k)))
+        diff += [k for k in GROWABLE if got[k] > want[k]]
         if diff:
-            raise ConfigError(f"--init {how} holds a head of another shape ({', '.join(diff)} differ); "
-                              "pass the same --draft-layers, --intermediate-size, --attention-heads, --block-size and --taps")
+            raise ConfigError(f"--init {how} holds a head of another shape ({', '.join(sorted(diff))} differ); "
+                              "pass the same --attention-heads, --block-size and --taps, and at least its "
+                              "--draft-layers and --intermediate-size")
         with torch.no_grad():
-            head.load_state_dict(trained.state_dict())
+            load_grown(head, trained)
         return
     # Copy the target's last layers (same widths by construction); fc stays random.
     src_layers = hf_model.model.layers
@@ -74,6 +77,33 @@ def init_head(head: DraftHead, how: str, seed: int, hf_model=None) -> None:
                 if name in src and src[name].shape == p.shape:
                     p.copy_(src[name].float())
         head.norm.weight.copy_(hf_model.model.norm.weight.float())
+
+
+# What --init may grow: a head with more layers or a wider MLP than the one it continues.
+GROWABLE = ("num_hidden_layers", "intermediate_size")
+
+
+def load_grown(head: DraftHead, trained: DraftHead) -> None:
+    """`trained`'s weights into `head`, which has as many or more layers and an MLP as wide or
+    wider, such that `head` drafts exactly as `trained` does (function-preserving growth): each
+    extra layer's o_proj and down_proj are zero, so the residual stream passes through it, and
+    the extra MLP columns meet zero columns of down_proj. Their other weights stay random, so
+    they learn as soon as those projections move off zero; the trained part keeps training."""
+    src = trained.state_dict()
+    old_i, new_i = trained.cfg.intermediate_size, head.cfg.intermediate_size
+    for name, p in head.state_dict().items():
+        layer = int(name.split(".")[1]) if name.startswith("layers.") else -1
+        if layer >= trained.cfg.num_layers:  # a new layer: adds nothing yet
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.zero_()
+        elif name.endswith("mlp.gate_up_proj.weight"):  # [gate rows; up rows], old rows first in each
+            p[:old_i].copy_(src[name][:old_i])
+            p[new_i : new_i + old_i].copy_(src[name][old_i:])
+        elif name.endswith("mlp.down_proj.weight"):
+            p[:, :old_i].copy_(src[name])
+            p[:, old_i:].zero_()
+        else:
+            p.copy_(src[name])
 
 
 def _same(a, b) -> bool:

@@ -364,8 +364,9 @@ def test_init_from_a_trained_head_directory_continues_it(tmp_path):
     init_head(fresh, str(tmp_path / "h"), 0)
     for (name, a), b in zip(trained.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), name
+    export_head(random_head(layers=2), tmp_path / "h2", torch.float32)
     with pytest.raises(ConfigError, match="another shape.*num_hidden_layers"):
-        init_head(random_head(layers=2), str(tmp_path / "h"), 0)
+        init_head(random_head(layers=1), str(tmp_path / "h2"), 0)
     export_head(trained, tmp_path / "h8", torch.bfloat16, int8=True)  # an int8 head continues dequantized
     from_int8 = random_head(layers=1, seed=12)
     init_head(from_int8, str(tmp_path / "h8"), 0)
@@ -375,6 +376,35 @@ def test_init_from_a_trained_head_directory_continues_it(tmp_path):
         tiny_cfg(tmp_path, init=str(tmp_path / "missing")).validate()
     with pytest.raises(ConfigError, match="--attention-heads must be a multiple of the target's 2 KV heads"):
         workspace().head_config(tiny_cfg(tmp_path, attention_heads=3))
+
+
+def test_init_grows_a_smaller_head_without_changing_its_drafts(tmp_path):
+    """--init with a head of fewer layers and a narrower MLP: the grown head drafts what the
+    trained one drafts (new layers and MLP columns add exact zeros), yet its new weights get
+    gradients through the zero projections, and a bigger head cannot be shrunk."""
+    from jetspec_chat.engine.training.export import init_head
+
+    ws = workspace()
+    shape = lambda layers, width: DraftHead(ws.head_config(tiny_cfg(Path("unused"), draft_layers=layers,
+                                                                     block_size=8, intermediate_size=width)))
+    trained = shape(1, 24)
+    trained.init_random(11)
+    export_head(trained, tmp_path / "h", torch.float32)
+    grown = shape(3, 40)
+    init_head(grown, str(tmp_path / "h"), 0)
+    ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(2))
+    taps = features(ids, trained)
+    with torch.no_grad():
+        torch.testing.assert_close(inference_logits(grown, taps, ids, 17), inference_logits(trained, taps, ids, 17),
+                                   rtol=1e-5, atol=1e-5)
+        assert grown.layers[1].mlp.down_proj.weight.abs().sum() == 0  # (the test would pass on a copy)
+        assert grown.layers[1].self_attn.qkv_proj.weight.abs().sum() > 0  # random: it will learn
+    out = inference_logits(grown, taps, ids, 17)
+    out.square().mean().backward()
+    assert grown.layers[2].self_attn.o_proj.weight.grad.abs().sum() > 0
+    assert grown.layers[0].mlp.down_proj.weight.grad[:, 24:].abs().sum() > 0
+    with pytest.raises(ConfigError, match="another shape.*intermediate_size"):
+        init_head(shape(3, 16), str(tmp_path / "h"), 0)
 
 
 def test_resume_continues_the_interrupted_run_exactly(data_dir, tmp_path, monkeypatch):
@@ -617,3 +647,29 @@ def test_prompts_stage_makes_sharegpt_contexts_without_the_target(tmp_path, monk
     monkeypatch.setattr(S, "open_sharegpt", lambda: pytest.fail("read the dataset again"))
     train_p, _ = prepare_prompts(tiny_cfg(tmp_path, stage="data", prompt_source="sharegpt", num_prompts=5), quiet)
     assert len(train_p) == 5 and all(p[0]["content"].startswith("Question") for p in train_p)
+
+
+def test_mixed_prompt_source_takes_half_chats_half_builtin(tmp_path, monkeypatch):
+    """--prompt-source mixed: half ShareGPT contexts (message lists), half built-in generator
+    prompts (strings), shuffled together; the dev prompts stay the built-in ones and the target
+    proposes nothing (the prompts stage loads no model)."""
+    import contextlib
+    import io
+
+    from jetspec_chat.engine.training import run as R
+    from jetspec_chat.engine.training import sharegpt as S
+
+    convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i} about {w}?"},
+                                              {"from": "gpt", "value": "An answer."}]} for i, w in enumerate(WORDS)]
+    monkeypatch.setattr(S, "open_sharegpt", lambda: contextlib.nullcontext(io.StringIO(json.dumps(convs))))
+    monkeypatch.setattr(R, "Workspace", lambda *a: pytest.fail("the prompts stage loaded the target"))
+    cfg = tiny_cfg(tmp_path, stage="prompts", prompt_source="mixed", num_prompts=8, self_prompts=0.5)
+    R.run_training(cfg)
+    train_p, dev_p = prepare_prompts(tiny_cfg(tmp_path, stage="data", prompt_source="mixed", num_prompts=8,
+                                              self_prompts=0.5), quiet)
+    chats = [p for p in train_p if isinstance(p, list)]
+    builtin = [p for p in train_p if isinstance(p, str)]
+    assert len(chats) == 4 and len(builtin) == 4
+    assert sorted(builtin) == sorted(P.builtin_prompts(4, 0, seed=cfg.seed)[0])  # the generators' own
+    assert train_p != chats + builtin  # shuffled together, not two runs
+    assert dev_p == P.builtin_prompts(0, len(dev_p), seed=cfg.seed)[1]
