@@ -11,7 +11,7 @@ from .fused import (
     silu_mul_triton,
 )
 from .matmul import linear_ref, linear_triton
-from .moe import moe_block, moe_block_triton, moe_group_triton, moe_route_triton
+from .moe import moe_block, moe_block_triton, moe_route_triton
 from .reference import (
     accum_tree_ref,
     add_rms_norm_ref,
@@ -57,7 +57,6 @@ __all__ = [
     "moe_block_ref",
     "moe_block_triton",
     "moe_experts_ref",
-    "moe_group_triton",
     "moe_route_ref",
     "moe_route_triton",
     "paged_tree_attention",

@@ -34,7 +34,7 @@ def test_graphed_fp32_is_lossless(engine, budget, width, algo):
 BF16_PROMPTS = [PROMPT, [3, 1, 4, 1, 5, 9, 2, 6] * 9, list(range(40, 240, 3)), [7] * 70]
 
 
-@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen2", "tiny-llama"])
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen2", "tiny-llama", "tiny-qwen3-moe"])
 def test_bf16_speculation_equals_bf16_ar(model):
     """Batch-invariant kernels: in bf16 (random weights: logits full of near-ties), every greedy
     speculative answer equals the same engine's greedy AR answer token for token, across budgets,

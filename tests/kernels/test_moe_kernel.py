@@ -16,11 +16,10 @@ from jetspec_chat.kernels import (  # noqa: E402
     moe_block_ref,
     moe_block_triton,
     moe_experts_ref,
-    moe_group_triton,
     moe_route_ref,
     moe_route_triton,
 )
-from jetspec_chat.kernels.moe import TILES, MoeTile, choose_tile, max_blocks  # noqa: E402
+from jetspec_chat.kernels.moe import BLOCK_M, ROUTE_TOKENS, TILE, MoeTile, max_blocks, router_logits  # noqa: E402
 from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
 
 CUDA = torch.cuda.is_available()
@@ -37,64 +36,69 @@ def weights(t, hidden, inter, experts, seed=0, dtype=torch.float32, device=DEVIC
     return [a.to(device=device, dtype=dtype) for a in (x, router, gate_up, down)]
 
 
-@pytest.mark.parametrize("t,experts,top_k", [(1, 8, 2), (7, 6, 3), (5, 128, 8)])
+# T = 1 and 16: one routing program that also groups; 17, 40: a second launch groups.
+@pytest.mark.parametrize("t,experts,top_k", [(1, 8, 2), (7, 6, 3), (5, 128, 8), (16, 12, 4), (40, 128, 8)])
 @pytest.mark.parametrize("norm", [True, False])
 def test_route_matches_reference(t, experts, top_k, norm):
     x, router, _, _ = weights(t, 32, 16, experts, seed=t)
     w_ref, ids_ref = moe_route_ref(x, router, top_k, norm)
-    w, ids = moe_route_triton(F.linear(x, router), top_k, norm, x.dtype)
-    assert torch.equal(ids.long(), ids_ref)
-    torch.testing.assert_close(w, w_ref, rtol=1e-6, atol=1e-7)
+    routing = moe_route_triton(F.linear(x, router), top_k, norm, x.dtype)
+    assert torch.equal(routing.ids.long(), ids_ref)
+    torch.testing.assert_close(routing.weights, w_ref, rtol=1e-6, atol=1e-7)
     if norm:
-        torch.testing.assert_close(w.sum(-1), torch.ones(t, device=DEVICE))
+        torch.testing.assert_close(routing.weights.sum(-1), torch.ones(t, device=DEVICE))
 
 
-@pytest.mark.parametrize(
-    "t,experts,top_k,block_m",
-    [(1, 8, 2, 16), (13, 8, 2, 16), (40, 6, 3, 16), (9, 128, 8, 32), (1, 128, 8, 1), (30, 8, 3, 2), (100, 4, 3, 4)],
-)
-def test_grouping_covers_every_assignment_once_by_expert(t, experts, top_k, block_m):
-    g = torch.Generator().manual_seed(t)
-    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(t)]).int().to(DEVICE)
-    block_expert, block_rows, row_assign = moe_group_triton(ids, experts, block_m)
-    block_expert, block_rows, row_assign = block_expert.cpu(), block_rows.cpu(), row_assign.cpu()
-    flat = ids.reshape(-1).cpu()
-    assert block_expert.numel() == max_blocks(t * top_k, experts, block_m)
+def check_layout(routing, t, experts, top_k):
+    """Every assignment exactly once, blocks of one expert each, used blocks first with experts
+    ascending, tokens in order within an expert, the unused tail marked."""
+    block_expert, block_rows, row_assign = (a.cpu() for a in (routing.block_expert, routing.block_rows, routing.row_assign))
+    flat = routing.ids.reshape(-1).cpu()
+    assert block_expert.numel() == max_blocks(t * top_k, experts)
     seen = []
     for b, (e, rows) in enumerate(zip(block_expert.tolist(), block_rows.tolist())):
         if rows == 0:
             assert e == experts  # only the unused tail
             continue
-        assert 0 < rows <= block_m
-        got = row_assign[b * block_m: b * block_m + rows].tolist()
+        assert 0 < rows <= BLOCK_M
+        got = row_assign[b * BLOCK_M: b * BLOCK_M + rows].tolist()
         assert all(flat[a] == e for a in got)  # a block holds one expert's rows
         seen += got
     used = block_rows > 0
     n_used = int(used.sum())
     assert bool(used[:n_used].all()) and not bool(used[n_used:].any())  # used blocks first
     assert block_expert[used].tolist() == sorted(block_expert[used].tolist())  # experts ascending
-    # every assignment exactly once, tokens in order within an expert
     assert sorted(seen) == list(range(t * top_k))
     assert seen == sorted(range(t * top_k), key=lambda a: (int(flat[a]), a))
     counts = torch.bincount(flat.long(), minlength=experts)
-    assert int(used.sum()) == int(((counts + block_m - 1) // block_m).sum())
+    assert n_used == int(((counts + BLOCK_M - 1) // BLOCK_M).sum())
 
 
-GEMV = dict(dot=False, num_warps=4, num_stages=2)
-DOT = dict(dot=True, num_warps=4, num_stages=2)
+@pytest.mark.parametrize(
+    "t,experts,top_k",
+    # one program (T <= ROUTE_TOKENS) and two launches; several routing programs' counts summed
+    # (T = 100 is 7 programs), experts with several blocks (T = 100, 4 experts: 75 rows each)
+    [(1, 8, 2), (13, 8, 2), (16, 128, 8), (17, 6, 3), (40, 128, 8), (100, 4, 3), (70, 16, 1)],
+)
+def test_grouping_covers_every_assignment_once_by_expert(t, experts, top_k):
+    g = torch.Generator().manual_seed(t)
+    logits = torch.randn(t, experts, generator=g).to(DEVICE)
+    routing = moe_route_triton(logits, top_k, True, torch.float32)
+    check_layout(routing, t, experts, top_k)
+
+
+SMALL = MoeTile(gate_up_n=16, down_n=32, block_k=32, num_warps=4, num_stages=2)
 
 
 @pytest.mark.parametrize(
     "t,hidden,inter,experts,top_k,tile",
     [
-        (1, 64, 32, 8, 2, None),
-        (6, 80, 48, 6, 3, MoeTile(block_m=16, gate_up_n=32, down_n=64, block_k=64, **DOT)),
-        (21, 64, 32, 16, 4, MoeTile(block_m=32, gate_up_n=16, down_n=32, block_k=32, **DOT)),
-        (3, 128, 96, 128, 8, None),
-        # the GEMV path: one row per block (AR), a few rows, ragged N and K tails, block_k > K
-        (1, 64, 32, 8, 2, MoeTile(block_m=1, gate_up_n=16, down_n=16, block_k=32, **GEMV)),
-        (7, 80, 48, 6, 3, MoeTile(block_m=2, gate_up_n=32, down_n=32, block_k=32, **GEMV)),
-        (9, 64, 40, 4, 2, MoeTile(block_m=4, gate_up_n=16, down_n=32, block_k=128, **GEMV)),
+        (1, 64, 32, 8, 2, TILE),
+        (6, 80, 48, 6, 3, TILE),  # ragged N and K tails, block_k > K
+        (21, 64, 32, 16, 4, SMALL),  # two routing launches
+        (3, 128, 96, 128, 8, TILE),
+        (40, 64, 40, 4, 2, SMALL),  # 20 rows an expert: two blocks each
+        (9, 64, 40, 4, 2, SMALL),
     ],
 )
 @pytest.mark.parametrize("norm", [True, False])
@@ -119,9 +123,10 @@ def test_fused_path_reads_nothing_on_the_host():
     live in a CUDA graph (the reference, by contrast, groups with nonzero on the host)."""
     from engine_helpers import NoHostReads
 
-    x, router, gate_up, down = weights(9, 64, 32, 8, seed=4)
-    with NoHostReads():
-        moe_block_triton(x, router, gate_up, down, 2, True)
+    for t in (9, 40):  # one routing launch, two
+        x, router, gate_up, down = weights(t, 64, 32, 8, seed=4)
+        with NoHostReads():
+            moe_block_triton(x, router, gate_up, down, 2, True)
     with pytest.raises(AssertionError, match="on the host"), NoHostReads():
         moe_block_ref(x, router, gate_up, down, 2, True)
 
@@ -133,16 +138,32 @@ def test_too_many_tokens_for_32_bit_offsets_is_refused_before_any_launch():
         moe_block_triton(x, router, gate_up, down, 8, True)
 
 
-def test_tile_table():
-    bounds = [bound for bound, _ in TILES]
-    assert bounds == sorted(bounds) and bounds[-1] >= 1 << 40  # ascending, the last takes any size
-    assert choose_tile(8) is TILES[0][1]  # one AR token at top-8
-    assert choose_tile(bounds[0] + 1) is TILES[1][1]
-    assert choose_tile(1 << 20) is TILES[-1][1]
-    for _, tile in TILES:
-        assert tile.block_m >= 16 if tile.dot else 1 <= tile.block_m <= 8  # tl.dot needs 16 rows
-        for v in (tile.block_m, tile.gate_up_n, tile.down_n, tile.block_k):
-            assert v & (v - 1) == 0  # powers of two (tl.arange)
+def test_tile_shapes():
+    assert BLOCK_M == 16  # tl.dot needs 16 rows; below 64 Triton stays on mma.sync (no wgmma)
+    for v in (BLOCK_M, ROUTE_TOKENS, TILE.gate_up_n, TILE.down_n, TILE.block_k):
+        assert v & (v - 1) == 0  # powers of two (tl.arange)
+
+
+def check_batch_invariant(hidden, inter, experts, top_k, many, dtype, tile=TILE, alone=None):
+    """Each token's output row computed alone (an AR step) is bitwise its row among `many` tokens
+    (a verify), and among the same tokens in another order: routing, grouping, the GEMM tiles and
+    the combine all run per row. alone: the tokens checked one by one (default: all)."""
+    x, router, gate_up, down = weights(many, hidden, inter, experts, seed=many + hidden, dtype=dtype)
+    together = moe_block_triton(x, router, gate_up, down, top_k, True, tile=tile)
+    shuffled = torch.randperm(many, generator=torch.Generator().manual_seed(1)).to(x.device)
+    other = moe_block_triton(x[shuffled], router, gate_up, down, top_k, True, tile=tile)
+    assert torch.equal(other, together[shuffled])
+    for i in range(many) if alone is None else alone:
+        one = moe_block_triton(x[i:i + 1], router, gate_up, down, top_k, True, tile=tile)
+        assert torch.equal(one[0], together[i]), f"token {i}: max |diff| {(one[0].float() - together[i].float()).abs().max()}"
+
+
+@pytest.mark.parametrize("many", [5, 40])  # one routing launch, two; 40 tokens: several blocks an expert
+def test_batch_invariant_bf16(many, rtne_bf16):
+    """bf16: the router through linear_triton, one expert tile at 1 and `many` rows. K = 512 is
+    long enough for fp32 sums in another order to change bf16 bits: the previous kernel (GEMV
+    tiles at 1 row an expert, tensor cores among 40 tokens) fails this at many = 40 (token 12)."""
+    check_batch_invariant(512, 128, 8, 2, many, torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------- GPU, real shapes
@@ -150,16 +171,17 @@ def test_tile_table():
 QWEN3_30B = dict(hidden=2048, inter=768, experts=128)
 
 
-def check_bf16(t, hidden, inter, experts, top_k=8, tile=None):
+def check_bf16(t, hidden, inter, experts, top_k=8, tile=TILE):
     x, router, gate_up, down = weights(t, hidden, inter, experts, seed=t, dtype=torch.bfloat16)
     got = moe_block_triton(x, router, gate_up, down, top_k, True, tile=tile)
     # Routing: bf16 logits tie often (8-bit mantissa), and any of tied experts is a right pick, so
     # the kernel's picks are checked as sets of probabilities, and the experts part runs the
     # reference on the kernel's own routing.
-    w, ids = moe_route_triton(F.linear(x, router), top_k, True, x.dtype)
+    routing = moe_route_triton(router_logits(x, router), top_k, True, x.dtype)
+    w, ids = routing.weights, routing.ids
     w_ref, _ = moe_route_ref(x, router, top_k, True)
     torch.testing.assert_close(w.float().sort(-1).values, w_ref.float().sort(-1).values, rtol=1e-2, atol=1e-3)
-    probs = torch.softmax(F.linear(x, router), dim=-1, dtype=torch.float32)
+    probs = torch.softmax(router_logits(x, router), dim=-1, dtype=torch.float32)
     assert (probs.gather(1, ids.long()).min(-1).values >= probs.topk(top_k).values[:, -1]).all()  # a true top 8
     ref = moe_experts_ref(x, gate_up, down, w, ids.long())
     # bf16: the reference adds the k experts' rows in bf16 one by one, we sum them in fp32
@@ -170,14 +192,11 @@ def check_bf16(t, hidden, inter, experts, top_k=8, tile=None):
     assert err < 1.1 * ref_err, (err, ref_err)
 
 
-@pytest.mark.parametrize("t", [1, 13])
-@pytest.mark.parametrize("dot", [True, False])
-def test_bf16_small(t, dot, rtne_bf16):
+@pytest.mark.parametrize("t", [1, 13, 40])
+def test_bf16_small(t, rtne_bf16):
     """The bf16 epilogue's roundings under the interpreter (its casts made to round to nearest
-    even, as the GPU's do), on both GEMM paths."""
-    tile = MoeTile(block_m=16, gate_up_n=32, down_n=64, block_k=64, **DOT) if dot else \
-        MoeTile(block_m=2, gate_up_n=16, down_n=32, block_k=64, **GEMV)
-    check_bf16(t, 64, 32, 16, tile=tile)
+    even, as the GPU's do), one and two routing launches."""
+    check_bf16(t, 64, 32, 16, tile=SMALL)
 
 
 @gpu_only
@@ -187,11 +206,11 @@ def test_gpu_bf16_real_shapes(t):
 
 
 @gpu_only
-@pytest.mark.parametrize("t", [1, 20, 200])
-@pytest.mark.parametrize("size_class", range(len(TILES)))
-def test_gpu_bf16_every_tile_at_every_size(t, size_class):
-    """Each table entry is right at any row count (the table picks by size; a sweep may move it)."""
-    check_bf16(t, QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"], tile=TILES[size_class][1])
+@pytest.mark.parametrize("many", [16, 64, 256, 512])
+def test_gpu_bf16_batch_invariant_real_shapes(many):
+    """A token's bits alone (an AR step) equal its bits among `many` (a verify, a prefill chunk)."""
+    check_batch_invariant(QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"], 8, many, torch.bfloat16,
+                          alone=range(0, many, max(1, many // 16)))
 
 
 @gpu_only
