@@ -14,6 +14,11 @@ to nearest even (`rtne_bf16`). The real shapes, wgmma, and CUDA graphs run only 
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -145,6 +150,31 @@ def test_row_tile_launches_agree_bitwise():
 def test_block_m_rule():
     """64-row programs up to 64 rows (AR and small trees), 128 beyond; warps follow the rows."""
     assert [block_m_for(m) for m in (1, 16, 64, 65, 128, 256)] == [64, 64, 64, 128, 128, 128]
+
+
+def test_sm90_wide_tile_runs_the_same_wgmma():
+    """Offline sm_90 compiles (no GPU): the 128-row, 8-warp program lays its warps out as two
+    warpgroups stacked on M ([8, 1]) with the 64-row program's MMA instruction shape, and its PTX
+    issues the same wgmma instructions, for the 64- and 128-wide tiles, one or several K groups,
+    split, and the SiLU epilogue; no local-memory spills. (Equal bits on the device are the GPU
+    tests' to show; this pins what the compiler emits.)"""
+    pytest.importorskip("triton.backends.nvidia")
+    variants = [(bn, split, one, silu) for bn, split, one, silu in
+                ((128, 0, 1, 0), (64, 0, 0, 0), (64, 1, 0, 0), (128, 0, 1, 1), (64, 0, 0, 1))]
+    args = [f"{bm},{bn},{warps},{split},{one},{silu}" for bn, split, one, silu in variants
+            for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
+    script = Path(__file__).with_name("sm90_linear_compile.py")
+    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("no ptxas for sm_90")
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = [json.loads(line) for line in run.stdout.splitlines()]
+    assert len(out) == len(args)
+    for narrow, wide in zip(out[::2], out[1::2]):
+        bn = narrow["block_n"]
+        assert narrow["mma"] == [[4, 1, 16, bn, 16]] and wide["mma"] == [[8, 1, 16, bn, 16]], (narrow, wide)
+        assert narrow["wgmma"] == wide["wgmma"] and len(wide["wgmma"]) == 1 and f"m64n{bn}k16" in wide["wgmma"][0]
+        assert narrow["local"] == 0 and wide["local"] == 0, (narrow, wide)
 
 
 @pytest.mark.parametrize("config", [SMALL, None], ids=["small", "default"])
