@@ -1,6 +1,7 @@
 """Compile kernels/matmul.py's _linear_kernel for sm_90 without a GPU and print, per variant, what
 decides its arithmetic: the MMA layout (warps per CTA, instruction shape) and the wgmma
-instructions in the PTX, plus registers and shared memory. Run as a script (test_matmul_kernel.py
+instructions in the PTX, plus registers, local memory (spills) and shared memory, with the
+wrapper's warps and stages (BLOCK_K 64, the default config's stages). Run as a script (test_matmul_kernel.py
 does, in a subprocess: the compiler needs the real triton.jit, not the interpreter's).
 
     python tests/kernels/sm90_linear_compile.py BLOCK_M,BLOCK_N,WARPS,SPLIT,ONE_GROUP,SILU ...
@@ -29,6 +30,7 @@ FLAGS = ("UPCAST", "SPLIT", "ONE_GROUP", "HAS_BIAS", "EVEN_K", "SILU", "USE_LIBD
 
 
 def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_group: bool, silu: bool) -> dict:
+    config = matmul.LinearConfig(block_n=block_n, block_k=64, groups=1 if one_group else 2)
     sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "P": "*fp32"}
     sig |= {name: "i32" for name in INTS} | {name: "constexpr" for name in FLAGS}
     consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=one_group, HAS_BIAS=False, EVEN_K=True, SILU=silu,
@@ -37,7 +39,7 @@ def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_gro
     src = ASTSource(fn=matmul._linear_kernel, signature=sig, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=warps, num_stages=4, enable_fp_fusion=False))
+                            options=dict(num_warps=warps, num_stages=matmul.stages_for(block_m, config), enable_fp_fusion=False))
     mma = re.findall(r"nvidia_mma<\{[^}]*warpsPerCTA = \[(\d+), (\d+)\], instrShape = \[(\d+), (\d+), (\d+)\]", kernel.asm["ttgir"])
     wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)", kernel.asm["ptx"])))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
