@@ -165,7 +165,9 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
     """Launch choice for M rows (never changes the result). Measured on an H200 with the
     64-wide configs: 1.5B qkv splits up to M=64 (7.7 vs 9.5 us at M=1) and fuses from 128
     (9.6 vs 14.9); down splits at every M up to 256 (36.6 vs 43.3); 8B qkv splits up to 64
-    (20.0 vs 25.2 at M=1) and fuses from 128, where its fused launch fills the SMs."""
+    (20.0 vs 25.2 at M=1) and fuses from 128, where its fused launch fills the SMs. The fused
+    launch's programs are counted with `block_m_for`'s rows: with 128-row programs, 8B qkv at
+    M=128 (96 programs) and 8B down at M=256 (128) now split (not measured yet)."""
     groups = config.num_groups(k)
     fused_programs = _cdiv(m, block_m_for(m)) * _cdiv(n, config.block_n)
     partial_bytes, weight_bytes = 8 * groups * m * n, 2 * n * k
