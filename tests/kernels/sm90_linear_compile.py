@@ -40,7 +40,11 @@ def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_gro
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps, num_stages=matmul.stages_for(block_m, config), enable_fp_fusion=False))
-    mma = re.findall(r"nvidia_mma<\{[^}]*warpsPerCTA = \[(\d+), (\d+)\], instrShape = \[(\d+), (\d+), (\d+)\]", kernel.asm["ttgir"])
+    mma = set()
+    for layout in re.findall(r"nvidia_mma<\{([^}]*)\}>", kernel.asm["ttgir"]):
+        warps = re.search(r"warpsPerCTA = \[([\d, ]+)\]", layout).group(1)
+        instr = re.search(r"instrShape = \[([\d, ]+)\]", layout).group(1)
+        mma.add(tuple(int(v) for v in (warps + ", " + instr).split(", ")))
     wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)", kernel.asm["ptx"])))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -50,7 +54,7 @@ def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_gro
     regs = re.search(r"REG:(\d+)", usage)
     local = re.search(r"LOCAL:(\d+)", usage)
     return dict(block_m=block_m, block_n=block_n, warps=warps, split=split, one_group=one_group, silu=silu,
-                mma=sorted({tuple(int(v) for v in layout) for layout in mma}), wgmma=wgmma,
+                mma=sorted(mma), wgmma=wgmma,
                 regs=int(regs.group(1)) if regs else None, local=int(local.group(1)) if local else None,
                 shared=kernel.metadata.shared)
 
