@@ -225,6 +225,9 @@ def test_choose_config_rule():
         assert use_split(m, 1536, 1536, choose_config(1536, 1536))
     assert not use_split(256, 1536, 1536, choose_config(1536, 1536))
     assert not use_split(1, 151936, 1536, choose_config(151936, 1536))
+    # Fused programs are counted in 128-row tiles past 64 rows (use_split's docstring).
+    assert use_split(128, 6144, 4096, choose_config(6144, 4096)) and not use_split(256, 6144, 4096, choose_config(6144, 4096))
+    assert use_split(256, 4096, 12288, choose_config(4096, 12288))
 
 
 def silu_after_linear(x, w, b=None, **kw):
