@@ -1,16 +1,23 @@
 """The batch-invariant linear (kernels/matmul.py): correctness against fp32 arithmetic, bias,
-strided weight views, both launches (split over K groups + group-sum pass, or fused), ragged
-M / N / K, and bitwise M-invariance; the dispatch in engine.layers.linear.
+strided weight views, the launches (split over K groups + group-sum pass, or fused; 64- or
+128-row programs), ragged M / N / K, and bitwise M-invariance; the gate_up GEMM with its SiLU*up
+epilogue (linear_silu_mul) against linear + silu_mul; the dispatch in engine.layers.
 
 On the CPU the kernel runs under TRITON_INTERPRET=1 (conftest.py) with small shapes and small
 tile configs. There tl.dot is numpy's fp32 matmul on fp32-upcast operands (exact products) of
-one fixed tile shape, [64, BLOCK_K] x [BLOCK_K, BLOCK_N], whatever M is; numpy's matmul of a
-fixed shape gives each row the same bits wherever it sits in the tile, so the invariance tests
-hold bitwise there too (they also catch a wrong group order or a launch that re-associates).
+one fixed tile shape, [64 or 128, BLOCK_K] x [BLOCK_K, BLOCK_N]; numpy's matmul gives each row
+the same bits wherever it sits in the tile and whichever of the two tile heights runs it, so the
+invariance tests hold bitwise there too (they also catch a wrong group order or a launch that
+re-associates).
 The interpreter truncates fp32 -> bf16 casts, so the bf16 accuracy tests patch the cast to round
 to nearest even (`rtne_bf16`). The real shapes, wgmma, and CUDA graphs run only on a GPU.
 """
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,9 +27,16 @@ triton = pytest.importorskip("triton")
 
 from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
 
-from jetspec_chat.engine.layers import FusedLinear, linear  # noqa: E402
-from jetspec_chat.kernels import linear_ref, linear_triton  # noqa: E402
-from jetspec_chat.kernels.matmul import BLOCK_M, LinearConfig, choose_config, use_split  # noqa: E402
+from jetspec_chat.engine.layers import MLP, FusedLinear, linear  # noqa: E402
+from jetspec_chat.kernels import linear_ref, linear_silu_mul, linear_triton, silu_mul_ref, silu_mul_triton  # noqa: E402
+from jetspec_chat.kernels.matmul import (  # noqa: E402
+    BLOCK_M,
+    WIDE_BLOCK_M,
+    LinearConfig,
+    block_m_for,
+    choose_config,
+    use_split,
+)
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -39,6 +53,19 @@ QWEN25_1_5B = {  # name: (N, K, bias)
     "down": (1536, 8960, False),
     "lm_head": (151936, 1536, False),
 }
+QWEN3_8B = {
+    "qkv": (6144, 4096, False),
+    "o_proj": (4096, 4096, False),
+    "gate_up": (24576, 4096, False),
+    "down": (4096, 12288, False),
+    "lm_head": (151936, 4096, False),
+}
+REAL_SHAPES = {f"1.5B-{k}": v for k, v in QWEN25_1_5B.items()} | {f"8B-{k}": v for k, v in QWEN3_8B.items()}
+# gate_up [2I, H] of the 1.5B, the 8B and Qwen3-0.6B (I=3072, H=1024: 64-wide tiles and 3 K groups)
+GATE_UP = {"1.5B": (8960, 1536), "8B": (12288, 4096), "0.6B": (3072, 1024)}
+# Row counts on both sides of the 64 -> 128-row switch (block_m_for), for the GPU invariance tests
+GPU_MS = (1, 7, 64, 65, 128, 200, 256)
+LAUNCHES = [(split, bm) for split in (False, True) for bm in (BLOCK_M, WIDE_BLOCK_M)]
 
 
 def randn(*shape, seed, dtype=torch.bfloat16, scale=1.0, device=DEVICE):
@@ -53,14 +80,15 @@ def problem(m, n, k, bias, seed, dtype=torch.bfloat16):
     return x, w, b
 
 
-def assert_rows_invariant(x, w, b, config=None, ms=(1, 7, 64, 70)):
-    """Every prefix x[:M] (and single rows from inside the tiles) gives the full result's rows."""
-    full = linear_triton(x, w, b, config=config)
+def assert_rows_invariant(x, w, b, config=None, ms=(1, 7, 64, 65, 70), op=linear_triton, alone=(5, 63, 64, -1)):
+    """Every prefix x[:M] (and single rows from inside the tiles) gives the full result's rows.
+    alone: the rows checked against their own M=1 call ("all": every row)."""
+    full = op(x, w, b, config=config)
     for m in ms:
-        got = linear_triton(x[:m], w, b, config=config)
+        got = op(x[:m], w, b, config=config)
         assert torch.equal(got, full[:m]), f"M={m}: rows differ from the M={x.shape[0]} result"
-    for i in (5, 63, x.shape[0] - 1):
-        assert torch.equal(linear_triton(x[i : i + 1], w, b, config=config)[0], full[i]), f"row {i} alone"
+    for i in range(x.shape[0]) if alone == "all" else [i % x.shape[0] for i in alone]:
+        assert torch.equal(op(x[i : i + 1], w, b, config=config)[0], full[i]), f"row {i} alone"
     return full
 
 
@@ -110,9 +138,49 @@ def test_groups_change_the_sum_order():
     assert (one == 0).all() and (three > 1).all(), (one[0, 0].item(), three[0, 0].item())
 
 
+def test_row_tile_launches_agree_bitwise():
+    """The 128-row program (two 64-row warpgroups) gives the 64-row launch's bits, split and
+    fused, with a bias and a ragged N (80), K (200) and M (200: a ragged last tile of either)."""
+    x, w, b = problem(200, 80, 200, True, seed=15)
+    expect = linear_triton(x, w, b, config=SMALL, split=False, block_m=BLOCK_M)
+    for split, bm in LAUNCHES:
+        assert torch.equal(linear_triton(x, w, b, config=SMALL, split=split, block_m=bm), expect), (split, bm)
+
+
+def test_block_m_rule():
+    """64-row programs up to 64 rows (AR and small trees), 128 beyond; warps follow the rows."""
+    assert [block_m_for(m) for m in (1, 16, 64, 65, 128, 256)] == [64, 64, 64, 128, 128, 128]
+
+
+def test_sm90_wide_tile_runs_the_same_wgmma():
+    """Offline sm_90 compiles (no GPU): the 128-row, 8-warp program lays its warps out as two
+    warpgroups stacked on M ([8, 1]) with the 64-row program's MMA instruction shape, and its PTX
+    issues the same wgmma instructions, for the 64- and 128-wide tiles, one or several K groups,
+    split, and the SiLU epilogue; no local-memory spills. (Equal bits on the device are the GPU
+    tests' to show; this pins what the compiler emits.)"""
+    pytest.importorskip("triton.backends.nvidia")
+    variants = [(bn, split, one, silu) for bn, split, one, silu in
+                ((128, 0, 1, 0), (64, 0, 0, 0), (64, 1, 0, 0), (128, 0, 1, 1), (64, 0, 0, 1))]
+    args = [f"{bm},{bn},{warps},{split},{one},{silu}" for bn, split, one, silu in variants
+            for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
+    script = Path(__file__).with_name("sm90_linear_compile.py")
+    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("no ptxas for sm_90")
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = [json.loads(line) for line in run.stdout.splitlines()]
+    assert len(out) == len(args)
+    for narrow, wide in zip(out[::2], out[1::2]):
+        bn = narrow["block_n"]
+        assert narrow["mma"] == [[4, 1, 16, bn, 16]] and wide["mma"] == [[8, 1, 16, bn, 16]], (narrow, wide)
+        assert narrow["wgmma"] == wide["wgmma"] and len(wide["wgmma"]) == 1 and f"m64n{bn}k16" in wide["wgmma"][0]
+        assert narrow["local"] == 0 and wide["local"] == 0, (narrow, wide)
+
+
 @pytest.mark.parametrize("config", [SMALL, None], ids=["small", "default"])
 def test_rows_are_m_invariant(config):
-    """Bitwise: a row's result is the same at M = 1, 7, 64, 70 and 130, and alone."""
+    """Bitwise: a row's result is the same at M = 1, 7, 64, 65, 70 and 130 (64- and 128-row
+    programs), and alone."""
     x, w, b = problem(130, 80, 192, True, seed=6)
     assert_rows_invariant(x, w, b, config)
 
@@ -157,6 +225,46 @@ def test_choose_config_rule():
         assert use_split(m, 1536, 1536, choose_config(1536, 1536))
     assert not use_split(256, 1536, 1536, choose_config(1536, 1536))
     assert not use_split(1, 151936, 1536, choose_config(151936, 1536))
+    # Fused programs are counted in 128-row tiles past 64 rows (use_split's docstring).
+    assert use_split(128, 6144, 4096, choose_config(6144, 4096)) and not use_split(256, 6144, 4096, choose_config(6144, 4096))
+    assert use_split(256, 4096, 12288, choose_config(4096, 12288))
+
+
+def silu_after_linear(x, w, b=None, **kw):
+    """The two-step path linear_silu_mul replaces: the gate_up GEMM, then silu_mul on its halves."""
+    gate, up = linear_triton(x, w, b, **kw).chunk(2, dim=-1)
+    return silu_mul_triton(gate, up)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_silu_mul_is_linear_then_silu_mul(bias, poisoned_alloc):
+    """Bitwise linear_triton + silu_mul_triton, for every launch (split / fused, 64 / 128 rows),
+    with I = 40 (a ragged last gate tile whose wrapped columns would read up rows), a ragged K
+    and M = 70. Gates scaled up so that silu's curve (and the rounding of gate before it) matters."""
+    x, w, b = problem(70, 80, 200, bias, seed=16)
+    x = x * 4
+    expect = silu_after_linear(x, w, b, config=SMALL)
+    assert expect.shape == (70, 40)
+    for split, bm in LAUNCHES:
+        got = linear_silu_mul(x, w, b, config=SMALL, split=split, block_m=bm)
+        assert torch.equal(got, expect), (split, bm)
+
+
+def test_linear_silu_mul_matches_reference(rtne_bf16):
+    """Against plain torch (fp32 GEMM, one rounding, F.silu(gate) * up): the linear is at most an
+    output ulp off (another fp32 sum order), so most elements agree bitwise and all within 2 ulps."""
+    x, w, b = problem(9, 96, 192, True, seed=17)
+    got = linear_silu_mul(x * 4, w, b, config=SMALL)
+    gate, up = linear_ref(x * 4, w, b).chunk(2, dim=-1)
+    ref = silu_mul_ref(gate, up)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2 ** -6, atol=1e-2)
+    assert (got == ref).float().mean() > 0.8
+
+
+def test_linear_silu_mul_rows_are_m_invariant():
+    """Bitwise: the fused activation's rows at M = 1, 7, 64, 65, 70 and 130, and alone."""
+    x, w, b = problem(130, 96, 192, False, seed=18)
+    assert_rows_invariant(x, w, b, SMALL, op=linear_silu_mul)
 
 
 def test_linear_dispatch_cpu_unchanged():
@@ -169,21 +277,48 @@ def test_linear_dispatch_cpu_unchanged():
 
 
 @gpu_only
-@pytest.mark.parametrize("name", list(QWEN25_1_5B))
+@pytest.mark.parametrize("name", list(REAL_SHAPES))
 def test_gpu_m_invariant_real_shapes(name):
-    """Qwen2.5-1.5B shapes, bf16: bitwise the same rows at M = 1, 7, 64 and 200 (and alone), both
-    launches, and close to cuBLAS."""
-    n, k, bias = QWEN25_1_5B[name]
-    x, w, b = problem(200, n, k, bias, seed=11)
-    full = assert_rows_invariant(x, w, b, ms=(1, 7, 64, 200))
-    for m in (1, 200):
-        split = linear_triton(x[:m], w, b, split=True)
-        fused = linear_triton(x[:m], w, b, split=False)
-        assert torch.equal(split, full[:m]) and torch.equal(fused, full[:m]), f"M={m}: launches differ"
+    """Qwen2.5-1.5B and Qwen3-8B shapes, bf16: bitwise the same rows at M = 1, 7, 64, 65, 128,
+    200 and 256 (64- and 128-row programs) and every one of the 256 rows alone (M=1); every launch
+    (split / fused, 64 / 128 rows) at M = 1, 65 and 200 gives the same bits; close to cuBLAS."""
+    n, k, bias = REAL_SHAPES[name]
+    x, w, b = problem(256, n, k, bias, seed=11)
+    full = assert_rows_invariant(x, w, b, ms=GPU_MS, alone="all")
+    for m in (1, 65, 200):
+        for split, bm in LAUNCHES:
+            got = linear_triton(x[:m], w, b, split=split, block_m=bm)
+            assert torch.equal(got, full[:m]), f"M={m}: split={split} block_m={bm} differs"
     ref = F.linear(x, w, b)
     torch.testing.assert_close(full.float(), ref.float(), rtol=2e-2, atol=2e-2)
     exact = linear_ref(x, w, b).float()
     assert (full.float() - exact).norm() <= 1.05 * (ref.float() - exact).norm()  # as accurate as cuBLAS
+
+
+@gpu_only
+@pytest.mark.parametrize("name", list(GATE_UP))
+def test_gpu_linear_silu_mul_real_shapes(name):
+    """The gate_up GEMM with its SiLU*up epilogue, bf16, real shapes: bitwise linear_triton +
+    silu_mul_triton at M = 1-256 for every launch, and M-invariant row by row (every row alone)."""
+    i, h = GATE_UP[name]
+    x, w, _ = problem(256, 2 * i, h, False, seed=19)
+    x = x * 4  # gates of a few units: silu's curve, not its linear tail
+    full = assert_rows_invariant(x, w, None, ms=GPU_MS, op=linear_silu_mul, alone="all")
+    for m in GPU_MS:
+        expect = silu_after_linear(x[:m], w)
+        assert torch.equal(full[:m], expect), f"M={m}: not linear + silu_mul"
+        for split, bm in LAUNCHES:
+            assert torch.equal(linear_silu_mul(x[:m], w, split=split, block_m=bm), expect), (m, split, bm)
+
+
+@gpu_only
+def test_gpu_mlp_uses_the_fused_activation():
+    """MLP.forward on CUDA bf16 (linear_silu_mul) gives the bits of the two-step path."""
+    torch.manual_seed(20)
+    mlp = MLP(1536, 8960).to(DEVICE, torch.bfloat16).requires_grad_(False)
+    x = randn(3, 70, 1536, seed=20)
+    gate, up = mlp.gate_up_proj.split(mlp.gate_up_proj(x))
+    assert torch.equal(mlp(x), mlp.down_proj(silu_mul_triton(gate, up)))
 
 
 @gpu_only
@@ -207,17 +342,19 @@ def test_gpu_fused_linear_parts_and_dispatch():
 
 
 @gpu_only
-def test_gpu_cuda_graph():
-    """Captured once, replayed on new inputs: the same bits as eager (split and fused launches)."""
-    for m, (n, k) in ((1, (1536, 8960)), (128, (17920, 1536))):
+@pytest.mark.parametrize("op", [linear_triton, linear_silu_mul])
+def test_gpu_cuda_graph(op):
+    """Captured once, replayed on new inputs: the same bits as eager (split and fused launches,
+    64- and 128-row programs)."""
+    for m, (n, k) in ((1, (1536, 8960)), (128, (17920, 1536)), (200, (6144, 1024))):
         x, w, _ = problem(m, n, k, False, seed=13)
         static_x = x.clone()
-        linear_triton(static_x, w)  # compile outside the capture
+        op(static_x, w)  # compile outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_y = linear_triton(static_x, w)
+            static_y = op(static_x, w)
         new_x = randn(m, k, seed=14)
         static_x.copy_(new_x)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(static_y, linear_triton(new_x, w))
+        assert torch.equal(static_y, op(new_x, w))

@@ -1,0 +1,65 @@
+"""Compile kernels/matmul.py's _linear_kernel for sm_90 without a GPU and print, per variant, what
+decides its arithmetic: the MMA layout (warps per CTA, instruction shape) and the wgmma
+instructions in the PTX, plus registers, local memory (spills) and shared memory, with the
+wrapper's warps and stages (BLOCK_K 64, the default config's stages). Run as a script (test_matmul_kernel.py
+does, in a subprocess: the compiler needs the real triton.jit, not the interpreter's).
+
+    python tests/kernels/sm90_linear_compile.py BLOCK_M,BLOCK_N,WARPS,SPLIT,ONE_GROUP,SILU ...
+
+prints one JSON object per variant, one a line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from jetspec_chat.kernels import matmul  # noqa: E402
+
+INTS = ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "group_blocks", "k_blocks", "n_up")
+FLAGS = ("UPCAST", "SPLIT", "ONE_GROUP", "HAS_BIAS", "EVEN_K", "SILU", "USE_LIBDEVICE", "BLOCK_M", "BLOCK_N", "BLOCK_K")
+
+
+def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_group: bool, silu: bool) -> dict:
+    config = matmul.LinearConfig(block_n=block_n, block_k=64, groups=1 if one_group else 2)
+    sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "P": "*fp32"}
+    sig |= {name: "i32" for name in INTS} | {name: "constexpr" for name in FLAGS}
+    consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=one_group, HAS_BIAS=False, EVEN_K=True, SILU=silu,
+                  USE_LIBDEVICE=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64)
+    aligned = [list(sig).index(name) for name in ("X", "W", "B", "Y", "P", "stride_xm", "stride_wn", "stride_ym")]
+    src = ASTSource(fn=matmul._linear_kernel, signature=sig, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=warps, num_stages=matmul.stages_for(block_m, config), enable_fp_fusion=False))
+    mma = set()
+    for layout in re.findall(r"nvidia_mma<\{([^}]*)\}>", kernel.asm["ttgir"]):
+        warps = re.search(r"warpsPerCTA = \[([\d, ]+)\]", layout).group(1)
+        instr = re.search(r"instrShape = \[([\d, ]+)\]", layout).group(1)
+        mma.add(tuple(int(v) for v in (warps + ", " + instr).split(", ")))
+    wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)", kernel.asm["ptx"])))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    local = re.search(r"LOCAL:(\d+)", usage)
+    return dict(block_m=block_m, block_n=block_n, warps=warps, split=split, one_group=one_group, silu=silu,
+                mma=sorted(mma), wgmma=wgmma,
+                regs=int(regs.group(1)) if regs else None, local=int(local.group(1)) if local else None,
+                shared=kernel.metadata.shared)
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        bm, bn, warps, split, one, silu = (int(v) for v in arg.split(","))
+        print(json.dumps(compile_variant(bm, bn, warps, bool(split), bool(one), bool(silu))))
