@@ -10,7 +10,7 @@ from .fused import (
     silu_mul,
     silu_mul_triton,
 )
-from .matmul import linear_ref, linear_silu_mul, linear_triton
+from .matmul import linear_ref, linear_triton
 from .moe import moe_block, moe_block_triton, moe_route_triton
 from .reference import (
     accum_tree_ref,
@@ -51,7 +51,6 @@ __all__ = [
     "distill_rows_ref",
     "distill_rows_triton",
     "linear_ref",
-    "linear_silu_mul",
     "linear_triton",
     "logical_to_slots",
     "moe_block",

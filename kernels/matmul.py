@@ -31,11 +31,6 @@ the output is bitwise the same whatever M is and whatever the other rows hold:
 A row's result does not depend on its position in the tile either: the MMA computes each
 output element from its own row and column with the same instruction sequence.
 
-`linear_silu_mul` is the MLP's gate_up GEMM with silu(gate) * up in its epilogue (two
-accumulators over the same x tile in the fused launch, in the group-sum pass in the split launch):
-each of gate and up is the plain GEMM's arithmetic, rounded to the dtype, then fused.silu_times,
-so it is bitwise linear_triton followed by silu_mul, one launch (and one [M, 2I] round trip) less.
-
 Under TRITON_INTERPRET=1 (CPU tests) the operands are upcast to fp32 before tl.dot: the
 interpreter's bf16 dot returns garbage (triton 3.9), and bf16/fp16 products are exact in fp32.
 
@@ -139,14 +134,15 @@ def choose_config(n: int, k: int) -> LinearConfig:
     return LinearConfig(block_n=block_n, block_k=block_k, groups=groups_for(n, k, block_n, block_k))
 
 
-def block_m_for(m: int) -> int:
+def block_m_for(m: int, groups: int, split: bool) -> int:
     """Rows per program for M rows (speed only, never bits: each 64-row warpgroup runs the same
     wgmma steps). Past 64 rows a 128-row program shares each weight tile in shared memory between
-    two warpgroups: half the programs and half the weight reads from L2 of two 64-row programs,
-    and at M=65-128 one program per N tile (8B gate_up at M=128: 192 programs, not 384 in 1.45
-    waves). Expected to matter most at M=128 (session 7, H200: 8B gate_up 80.8 vs cuBLAS 58.6 us);
-    M=256 measures the pair (`linear_bench.py` prints both launches past 64 rows)."""
-    return WIDE_BLOCK_M if m > BLOCK_M else BLOCK_M
+    two warpgroups, halving the programs and the weight reads from L2. Measured on an H200
+    (linear_bench.py, session 8) it pays where programs are plentiful: weights in one K group
+    (gate_up, lm_head: 8B gate_up at M=128 65.9 vs 80.3 us) and split launches (1.5B down at
+    M=256 27.0 vs 31.0); a fused launch over K groups has few N tiles, and halving its programs
+    lost (1.5B qkv at M=128 15.2 vs 10.2 us), so it keeps 64 rows."""
+    return WIDE_BLOCK_M if m > BLOCK_M and (groups == 1 or split) else BLOCK_M
 
 
 def warps_for(block_m: int, config: LinearConfig) -> int:
@@ -166,10 +162,9 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
     64-wide configs: 1.5B qkv splits up to M=64 (7.7 vs 9.5 us at M=1) and fuses from 128
     (9.6 vs 14.9); down splits at every M up to 256 (36.6 vs 43.3); 8B qkv splits up to 64
     (20.0 vs 25.2 at M=1) and fuses from 128, where its fused launch fills the SMs. The fused
-    launch's programs are counted with `block_m_for`'s rows: with 128-row programs, 8B qkv at
-    M=128 (96 programs) and 8B down at M=256 (128) now split (not measured yet)."""
+    launch this weighs against is a 64-row one (`block_m_for`: a fused launch over K groups)."""
     groups = config.num_groups(k)
-    fused_programs = _cdiv(m, block_m_for(m)) * _cdiv(n, config.block_n)
+    fused_programs = _cdiv(m, BLOCK_M) * _cdiv(n, config.block_n)
     partial_bytes, weight_bytes = 8 * groups * m * n, 2 * n * k
     return groups > 1 and fused_programs <= SMS and partial_bytes <= SPLIT_MAX_PARTIAL_RATIO * weight_bytes
 
@@ -177,19 +172,15 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
 # ----------------------------------------------------------------------------- triton kernels
 
 if triton is not None:
-    from .fused import silu_times
 
     @triton.jit(do_not_specialize=["M"])
     def _linear_kernel(
-        X, W, B, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, group_blocks, k_blocks, n_up,
+        X, W, B, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, group_blocks, k_blocks,
         UPCAST: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-        SILU: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         """grid (M tiles, N tiles[, groups]). M tiles vary fastest, so the programs that share a
-        weight tile (and K group) run together and it is read from HBM once.
-        SILU (fused launch only): N = I outputs; weight rows n_up + col are the up rows of output
-        col: a second accumulator over the same x tiles, then silu(gate) * up."""
+        weight tile (and K group) run together and it is read from HBM once."""
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -213,10 +204,6 @@ if triton is not None:
         w_ptrs = W + offs_n[None, :].to(tl.int64) * stride_wn + (k0 + offs_k)[:, None]  # [BK, BN]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if SILU:
-            u_ptrs = W + (offs_n + n_up)[None, :].to(tl.int64) * stride_wn + (k0 + offs_k)[:, None]
-            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            total_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for kb in range(kb_start, kb_end):
             if EVEN_K:
                 x = tl.load(x_ptrs, mask=row_ok, other=0.0)
@@ -229,16 +216,6 @@ if triton is not None:
                 acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
             else:
                 acc = tl.dot(x, w, acc)
-            if SILU:
-                if EVEN_K:
-                    wu = tl.load(u_ptrs)
-                else:
-                    wu = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-                if UPCAST:
-                    acc_u = tl.dot(x.to(tl.float32), wu.to(tl.float32), acc_u, input_precision="ieee")
-                else:
-                    acc_u = tl.dot(x, wu, acc_u)
-                u_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
             if not SPLIT and not ONE_GROUP:
@@ -246,9 +223,6 @@ if triton is not None:
                 if ((kb + 1) % group_blocks == 0) & (kb + 1 < kb_end):
                     total += acc
                     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                    if SILU:
-                        total_u += acc_u
-                        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         mask = row_ok & (cols < N)[None, :]
         if SPLIT:
             # The group sum, for _sum_groups_kernel. P: [groups, M, N] fp32, contiguous.
@@ -258,41 +232,22 @@ if triton is not None:
             total += acc
             if HAS_BIAS:
                 total += tl.load(B + offs_n).to(tl.float32)[None, :]
-            y = total.to(Y.dtype.element_ty)
-            if SILU:
-                total_u += acc_u
-                if HAS_BIAS:
-                    total_u += tl.load(B + n_up + offs_n).to(tl.float32)[None, :]
-                y = silu_times(y, total_u.to(Y.dtype.element_ty), USE_LIBDEVICE).to(Y.dtype.element_ty)
             y_ptrs = Y + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
-            tl.store(y_ptrs, y, mask=mask)
+            tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
 
-    @triton.jit
-    def _group_sum(P, B, M, N, row, cols, mask, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-        """(0 + p_0 + p_1 + ... + p_{G-1}) (+ bias) at (row, cols), in group order, fp32.
+    @triton.jit(do_not_specialize=["M"])
+    def _sum_groups_kernel(P, B, Y, M, N, stride_ym, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        """grid (M, N blocks): y = (0 + p_0 + p_1 + ... + p_{G-1}) (+ bias), cast; in group order.
         Unrolled (GROUPS constexpr) so that all the loads are issued before the adds."""
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < N
         total = tl.zeros([BLOCK], dtype=tl.float32)
         for g in tl.static_range(GROUPS):
             total += tl.load(P + (g * M + row) * N + cols, mask=mask, other=0.0)
         if HAS_BIAS:
             total += tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
-        return total
-
-    @triton.jit(do_not_specialize=["M"])
-    def _sum_groups_kernel(
-        P, B, Y, M, N, n_out, stride_ym,
-        GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, USE_LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr,
-    ):
-        """grid (M, n_out blocks): y = the group sum of P [GROUPS, M, N], cast. SILU: N = 2 n_out
-        (gate columns, then up columns); y = silu(gate sum, cast) * (up sum, cast), cast."""
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < n_out
-        y = _group_sum(P, B, M, N, row, cols, mask, GROUPS, HAS_BIAS, BLOCK).to(Y.dtype.element_ty)
-        if SILU:
-            up = _group_sum(P, B, M, N, row, n_out + cols, mask, GROUPS, HAS_BIAS, BLOCK).to(Y.dtype.element_ty)
-            y = silu_times(y, up, USE_LIBDEVICE).to(Y.dtype.element_ty)
-        tl.store(Y + row * stride_ym + cols, y, mask=mask)
+        tl.store(Y + row * stride_ym + cols, total.to(Y.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------- wrappers
@@ -326,29 +281,7 @@ def linear_triton(
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1, "out: [M, N], x's dtype"
-    _launch(x, weight, bias, out, silu=False, config=config, split=split, block_m=block_m)
-    return out
-
-
-def linear_silu_mul(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    config: LinearConfig | None = None,
-    split: bool | None = None,
-    block_m: int | None = None,
-) -> torch.Tensor:
-    """silu(x @ gate.T) * (x @ up.T) -> [M, I], weight = [gate; up] ([2I, K]: the gate rows, then
-    the up rows, as MLP.gate_up_proj stacks them), bias [2I] likewise. Bitwise
-    `silu_mul(*linear_triton(x, weight, bias).chunk(2, -1))` (module docstring), in one GEMM
-    launch (fused) or the split launch with the activation in its group-sum pass. The config is
-    the one of the whole [2I, K] weight, so gate and up are summed exactly as linear_triton sums
-    them; config / split / block_m as for linear_triton."""
-    x, weight, bias = _operands(x, weight, bias)
-    assert weight.shape[0] % 2 == 0, f"weight {tuple(weight.shape)}: [gate; up] needs an even row count"
-    out = torch.empty(x.shape[0], weight.shape[0] // 2, device=x.device, dtype=x.dtype)
-    _launch(x, weight, bias, out, silu=True, config=config, split=split, block_m=block_m)
+    _launch(x, weight, bias, out, config=config, split=split, block_m=block_m)
     return out
 
 
@@ -368,8 +301,8 @@ def _operands(x, weight, bias):
     return x, weight, bias
 
 
-def _launch(x, weight, bias, out, *, silu: bool, config, split, block_m) -> None:
-    """The GEMM of x [M, K] and weight [N, K] into out: [M, N], or [M, N/2] with silu."""
+def _launch(x, weight, bias, out, *, config, split, block_m) -> None:
+    """The GEMM of x [M, K] and weight [N, K] into out [M, N]."""
     m, k = x.shape
     n = weight.shape[0]
     if m == 0 or n == 0:
@@ -378,28 +311,22 @@ def _launch(x, weight, bias, out, *, silu: bool, config, split, block_m) -> None
     config = config or choose_config(n, k)
     groups = config.num_groups(k)
     split = use_split(m, n, k, config) if split is None else (split and groups > 1)
-    block_m = block_m or block_m_for(m)
+    block_m = block_m or block_m_for(m, groups, split)
     assert block_m in (BLOCK_M, WIDE_BLOCK_M), f"block_m {block_m}"
-    n_out = out.shape[1]  # n, or n // 2 with silu (gate columns; the up rows start there)
-    k_blocks = _cdiv(k, config.block_k)
-    libdevice = x.is_cuda and not _interpreting()
     partials = torch.empty(groups, m, n, device=x.device, dtype=torch.float32) if split else out
     b = bias if bias is not None else out  # unused without HAS_BIAS
-    gemm_n = n if split else n_out  # the split GEMM is the plain one; its group-sum pass applies silu
-    grid = (_cdiv(m, block_m), _cdiv(gemm_n, config.block_n)) + ((groups,) if split else ())
+    grid = (_cdiv(m, block_m), _cdiv(n, config.block_n)) + ((groups,) if split else ())
     _linear_kernel[grid](
-        x, weight, b, out, partials, m, gemm_n, k, x.stride(0), weight.stride(0), out.stride(0),
-        config.group_blocks(k), k_blocks, n_out,
+        x, weight, b, out, partials, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        config.group_blocks(k), _cdiv(k, config.block_k),
         UPCAST=_interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
-        SILU=silu and not split, USE_LIBDEVICE=libdevice,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
     )
     if split:
-        _sum_groups_kernel[(m, _cdiv(n_out, SUM_BLOCK))](
-            partials, b, out, m, n, n_out, out.stride(0),
-            GROUPS=groups, HAS_BIAS=bias is not None, SILU=silu, USE_LIBDEVICE=libdevice,
-            BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
+        _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
+            partials, b, out, m, n, out.stride(0),
+            GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
         )
 
 
@@ -411,7 +338,6 @@ __all__ = [
     "choose_config",
     "groups_for",
     "linear_ref",
-    "linear_silu_mul",
     "linear_triton",
     "use_split",
 ]

@@ -1,6 +1,5 @@
 """The batch-invariant linear (kernels/matmul.py) against F.linear (cuBLAS) at Qwen2.5-1.5B and
-Qwen3-8B shapes, bf16, M = 1, 16, 64, 128, 256; then the MLP activation: the gate_up GEMM with
-SiLU*up in its epilogue (linear_silu_mul) against gate_up then silu_mul.
+Qwen3-8B shapes, bf16, M = 1, 16, 64, 128, 256.
 
 Timing: µs per call inside a CUDA graph that calls the linear once on each of C copies of the
 weight (C x weight >= 128 MB, so every call streams its weight from HBM as a decode step does,
@@ -11,10 +10,8 @@ the first m rows of ours(x[:256]) for every m, and single rows 0, 100, 255 alone
 for cuBLAS is shown beside it. `err`: |y - exact| / |exact| (Frobenius, exact = fp32 arithmetic)
 for ours and for cuBLAS. `64-row µs` (M > 64, where `block_m_for` picks 128-row programs): the
 same GEMM with 64-row programs, the faster of its split and fused launches (session 7's kernel).
-
-The activation table (gate_up shapes, same timing): `fused` = linear_silu_mul, `2-step` =
-linear_triton then silu_mul_triton (what it replaces), `cuBLAS+silu` = F.linear then
-silu_mul_triton (session 6); `=bits`: fused equals 2-step bitwise at every M (M=256 prefixes).
+(Session 8 also timed a gate_up GEMM with SiLU*up in its epilogue here: slower at every M, dropped;
+PERF_NOTES.)
 
 --sweep also times, per shape, a handful of candidate configs (block_n, block_k, K groups,
 warps, stages) at every M, each with both launches (split over K groups, groups summed in-kernel, and
@@ -52,14 +49,12 @@ import torch.nn.functional as F  # noqa: E402
 
 from jetspec_chat.engine.bench.timing import graphed_ms, measure_copy_bandwidth  # noqa: E402
 from jetspec_chat.kernels import matmul  # noqa: E402
-from jetspec_chat.kernels.fused import silu_mul_triton  # noqa: E402
 from jetspec_chat.kernels.matmul import (  # noqa: E402
     BLOCK_M,
     LinearConfig,
     block_m_for,
     choose_config,
     groups_for,
-    linear_silu_mul,
     linear_triton,
     use_split,
 )
@@ -125,9 +120,10 @@ def main_table(ms, reps: int) -> list[dict]:
             t_ours = graphed_us(lambda ww: linear_triton(x, ww, b), weights, reps)
             t_cublas = graphed_us(lambda ww: F.linear(x, ww, b), weights, reps)
             split = use_split(m, n, k, config)
-            launch = f"{'split' if split else 'fused'}/{block_m_for(m)}"
+            rows_per_program = block_m_for(m, config.num_groups(k), split)
+            launch = f"{'split' if split else 'fused'}/{rows_per_program}"
             t_64 = None
-            if block_m_for(m) != BLOCK_M:
+            if rows_per_program != BLOCK_M:
                 t_64 = min(graphed_us(lambda ww, sp=sp: linear_triton(x, ww, b, split=sp, block_m=BLOCK_M), weights, reps)
                            for sp in ((False, True) if config.num_groups(k) > 1 else (False,)))
             gbps = (w.nbytes + x.nbytes + m * n * 2) / (t_ours * 1e-6) / 1e9 if m == 1 else None
@@ -140,37 +136,6 @@ def main_table(ms, reps: int) -> list[dict]:
                   f"{t_ours / t_cublas:>7.2f}{launch:>10}{(f'{t_64:.1f}' if t_64 else ''):>10}{(f'{gbps:.0f}' if gbps else ''):>7}"
                   f"{'yes' if ours_inv else 'NO':>5}{'yes' if cublas_inv else 'no':>11}{err:>9.2e}{cublas_err:>11.2e}")
         del weights, w, b, x_all
-        torch.cuda.empty_cache()
-    return rows
-
-
-def silu_table(ms, reps: int) -> list[dict]:
-    """The MLP activation: linear_silu_mul against gate_up then silu_mul (ours and cuBLAS's GEMM)."""
-    rows = []
-    print(f"\n{'gate_up + SiLU*up':<18}{'M':>4}{'fused µs':>10}{'2-step µs':>11}{'ratio':>7}{'cuBLAS+silu':>12}{'=bits':>6}")
-    for s_i, (model, name, n, k, bias) in enumerate(SHAPES):
-        if name != "gate_up":
-            continue
-        weights, _ = make_weights(n, k, False, seed=s_i)
-        gen = torch.Generator(device="cuda").manual_seed(200 + s_i)
-        x_all = (4 * torch.randn(MAX_ROWS, k, device="cuda", generator=gen)).to(DTYPE)
-
-        def two_step(x, ww, linear=linear_triton):
-            gate, up = linear(x, ww).chunk(2, dim=-1)
-            return silu_mul_triton(gate, up)
-
-        w = weights[0]
-        same = all(torch.equal(linear_silu_mul(x_all[:m], w), two_step(x_all[:m], w)) for m in ms)
-        for m in ms:
-            x = x_all[:m]
-            t_fused = graphed_us(lambda ww: linear_silu_mul(x, ww), weights, reps)
-            t_two = graphed_us(lambda ww: two_step(x, ww), weights, reps)
-            t_cublas = graphed_us(lambda ww: two_step(x, ww, F.linear), weights, reps)
-            rows.append(dict(model=model, n=n, k=k, m=m, fused_us=t_fused, two_step_us=t_two,
-                             cublas_silu_us=t_cublas, same_bits=same))
-            print(f"{model + ' ' + name:<18}{m:>4}{t_fused:>10.1f}{t_two:>11.1f}{t_fused / t_two:>7.2f}{t_cublas:>12.1f}"
-                  f"{'yes' if same else 'NO':>6}")
-        del weights, w, x_all
         torch.cuda.empty_cache()
     return rows
 
@@ -274,7 +239,7 @@ def main() -> None:
     print("µs per call in a CUDA graph, weights streamed from HBM; median of 25 replays")
     report = dict(device=props.name, sms=props.multi_processor_count, copy_gbps=bw / 1e9,
                   timing="CUDA graph, one call per weight copy (>= 128 MB of copies), median of replays",
-                  table=main_table(ms, reps=25), activation=silu_table(ms, reps=25))
+                  table=main_table(ms, reps=25))
     if args.sweep:
         report["sweep"] = sweep(ms, reps=15)
     report["seconds"] = time.time() - t0

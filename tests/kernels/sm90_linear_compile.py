@@ -4,7 +4,7 @@ instructions in the PTX, plus registers, local memory (spills) and shared memory
 wrapper's warps and stages (BLOCK_K 64, the default config's stages). Run as a script (test_matmul_kernel.py
 does, in a subprocess: the compiler needs the real triton.jit, not the interpreter's).
 
-    python tests/kernels/sm90_linear_compile.py BLOCK_M,BLOCK_N,WARPS,SPLIT,ONE_GROUP,SILU ...
+    python tests/kernels/sm90_linear_compile.py BLOCK_M,BLOCK_N,WARPS,SPLIT,ONE_GROUP ...
 
 prints one JSON object per variant, one a line.
 """
@@ -25,16 +25,16 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from jetspec_chat.kernels import matmul  # noqa: E402
 
-INTS = ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "group_blocks", "k_blocks", "n_up")
-FLAGS = ("UPCAST", "SPLIT", "ONE_GROUP", "HAS_BIAS", "EVEN_K", "SILU", "USE_LIBDEVICE", "BLOCK_M", "BLOCK_N", "BLOCK_K")
+INTS = ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "group_blocks", "k_blocks")
+FLAGS = ("UPCAST", "SPLIT", "ONE_GROUP", "HAS_BIAS", "EVEN_K", "BLOCK_M", "BLOCK_N", "BLOCK_K")
 
 
-def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_group: bool, silu: bool) -> dict:
+def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_group: bool) -> dict:
     config = matmul.LinearConfig(block_n=block_n, block_k=64, groups=1 if one_group else 2)
     sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "P": "*fp32"}
     sig |= {name: "i32" for name in INTS} | {name: "constexpr" for name in FLAGS}
-    consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=one_group, HAS_BIAS=False, EVEN_K=True, SILU=silu,
-                  USE_LIBDEVICE=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64)
+    consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=one_group, HAS_BIAS=False, EVEN_K=True,
+                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64)
     aligned = [list(sig).index(name) for name in ("X", "W", "B", "Y", "P", "stride_xm", "stride_wn", "stride_ym")]
     src = ASTSource(fn=matmul._linear_kernel, signature=sig, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
@@ -53,7 +53,7 @@ def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_gro
         usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
     regs = re.search(r"REG:(\d+)", usage)
     local = re.search(r"LOCAL:(\d+)", usage)
-    return dict(block_m=block_m, block_n=block_n, warps=warps, split=split, one_group=one_group, silu=silu,
+    return dict(block_m=block_m, block_n=block_n, warps=warps, split=split, one_group=one_group,
                 mma=sorted(mma), wgmma=wgmma,
                 regs=int(regs.group(1)) if regs else None, local=int(local.group(1)) if local else None,
                 shared=kernel.metadata.shared)
@@ -61,5 +61,5 @@ def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_gro
 
 if __name__ == "__main__":
     for arg in sys.argv[1:]:
-        bm, bn, warps, split, one, silu = (int(v) for v in arg.split(","))
-        print(json.dumps(compile_variant(bm, bn, warps, bool(split), bool(one), bool(silu))))
+        bm, bn, warps, split, one = (int(v) for v in arg.split(","))
+        print(json.dumps(compile_variant(bm, bn, warps, bool(split), bool(one))))

@@ -1,7 +1,6 @@
 """The batch-invariant linear (kernels/matmul.py): correctness against fp32 arithmetic, bias,
 strided weight views, the launches (split over K groups + group-sum pass, or fused; 64- or
-128-row programs), ragged M / N / K, and bitwise M-invariance; the gate_up GEMM with its SiLU*up
-epilogue (linear_silu_mul) against linear + silu_mul; the dispatch in engine.layers.
+128-row programs), ragged M / N / K, and bitwise M-invariance; the dispatch in engine.layers.
 
 On the CPU the kernel runs under TRITON_INTERPRET=1 (conftest.py) with small shapes and small
 tile configs. There tl.dot is numpy's fp32 matmul on fp32-upcast operands (exact products) of
@@ -27,8 +26,8 @@ triton = pytest.importorskip("triton")
 
 from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
 
-from jetspec_chat.engine.layers import MLP, FusedLinear, linear  # noqa: E402
-from jetspec_chat.kernels import linear_ref, linear_silu_mul, linear_triton, silu_mul_ref, silu_mul_triton  # noqa: E402
+from jetspec_chat.engine.layers import FusedLinear, linear  # noqa: E402
+from jetspec_chat.kernels import linear_ref, linear_triton  # noqa: E402
 from jetspec_chat.kernels.matmul import (  # noqa: E402
     BLOCK_M,
     WIDE_BLOCK_M,
@@ -61,8 +60,6 @@ QWEN3_8B = {
     "lm_head": (151936, 4096, False),
 }
 REAL_SHAPES = {f"1.5B-{k}": v for k, v in QWEN25_1_5B.items()} | {f"8B-{k}": v for k, v in QWEN3_8B.items()}
-# gate_up [2I, H] of the 1.5B, the 8B and Qwen3-0.6B (I=3072, H=1024: 64-wide tiles and 3 K groups)
-GATE_UP = {"1.5B": (8960, 1536), "8B": (12288, 4096), "0.6B": (3072, 1024)}
 # Row counts on both sides of the 64 -> 128-row switch (block_m_for), for the GPU invariance tests
 GPU_MS = (1, 7, 64, 65, 128, 200, 256)
 LAUNCHES = [(split, bm) for split in (False, True) for bm in (BLOCK_M, WIDE_BLOCK_M)]
@@ -148,20 +145,22 @@ def test_row_tile_launches_agree_bitwise():
 
 
 def test_block_m_rule():
-    """64-row programs up to 64 rows (AR and small trees), 128 beyond; warps follow the rows."""
-    assert [block_m_for(m) for m in (1, 16, 64, 65, 128, 256)] == [64, 64, 64, 128, 128, 128]
+    """64-row programs up to 64 rows (AR and small trees); past that 128 for one-group weights and
+    split launches, 64 for a fused launch over K groups (block_m_for's measurements)."""
+    assert [block_m_for(m, 1, False) for m in (1, 16, 64, 65, 128, 256)] == [64, 64, 64, 128, 128, 128]
+    assert [block_m_for(m, 8, True) for m in (1, 64, 65, 256)] == [64, 64, 128, 128]
+    assert [block_m_for(m, 8, False) for m in (1, 64, 65, 256)] == [64, 64, 64, 64]
 
 
 def test_sm90_wide_tile_runs_the_same_wgmma():
     """Offline sm_90 compiles (no GPU): the 128-row, 8-warp program lays its warps out as two
     warpgroups stacked on M ([8, 1]) with the 64-row program's MMA instruction shape, and its PTX
     issues the same wgmma instructions, for the 64- and 128-wide tiles, one or several K groups,
-    split, and the SiLU epilogue; no local-memory spills. (Equal bits on the device are the GPU
+    and split; no local-memory spills. (Equal bits on the device are the GPU
     tests' to show; this pins what the compiler emits.)"""
     pytest.importorskip("triton.backends.nvidia")
-    variants = [(bn, split, one, silu) for bn, split, one, silu in
-                ((128, 0, 1, 0), (64, 0, 0, 0), (64, 1, 0, 0), (128, 0, 1, 1), (64, 0, 0, 1))]
-    args = [f"{bm},{bn},{warps},{split},{one},{silu}" for bn, split, one, silu in variants
+    variants = ((128, 0, 1), (64, 0, 0), (64, 1, 0))
+    args = [f"{bm},{bn},{warps},{split},{one}" for bn, split, one in variants
             for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
     script = Path(__file__).with_name("sm90_linear_compile.py")
     run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
@@ -225,46 +224,10 @@ def test_choose_config_rule():
         assert use_split(m, 1536, 1536, choose_config(1536, 1536))
     assert not use_split(256, 1536, 1536, choose_config(1536, 1536))
     assert not use_split(1, 151936, 1536, choose_config(151936, 1536))
-    # Fused programs are counted in 128-row tiles past 64 rows (use_split's docstring).
-    assert use_split(128, 6144, 4096, choose_config(6144, 4096)) and not use_split(256, 6144, 4096, choose_config(6144, 4096))
-    assert use_split(256, 4096, 12288, choose_config(4096, 12288))
-
-
-def silu_after_linear(x, w, b=None, **kw):
-    """The two-step path linear_silu_mul replaces: the gate_up GEMM, then silu_mul on its halves."""
-    gate, up = linear_triton(x, w, b, **kw).chunk(2, dim=-1)
-    return silu_mul_triton(gate, up)
-
-
-@pytest.mark.parametrize("bias", [False, True])
-def test_linear_silu_mul_is_linear_then_silu_mul(bias, poisoned_alloc):
-    """Bitwise linear_triton + silu_mul_triton, for every launch (split / fused, 64 / 128 rows),
-    with I = 40 (a ragged last gate tile whose wrapped columns would read up rows), a ragged K
-    and M = 70. Gates scaled up so that silu's curve (and the rounding of gate before it) matters."""
-    x, w, b = problem(70, 80, 200, bias, seed=16)
-    x = x * 4
-    expect = silu_after_linear(x, w, b, config=SMALL)
-    assert expect.shape == (70, 40)
-    for split, bm in LAUNCHES:
-        got = linear_silu_mul(x, w, b, config=SMALL, split=split, block_m=bm)
-        assert torch.equal(got, expect), (split, bm)
-
-
-def test_linear_silu_mul_matches_reference(rtne_bf16):
-    """Against plain torch (fp32 GEMM, one rounding, F.silu(gate) * up): the linear is at most an
-    output ulp off (another fp32 sum order), so most elements agree bitwise and all within 2 ulps."""
-    x, w, b = problem(9, 96, 192, True, seed=17)
-    got = linear_silu_mul(x * 4, w, b, config=SMALL)
-    gate, up = linear_ref(x * 4, w, b).chunk(2, dim=-1)
-    ref = silu_mul_ref(gate, up)
-    torch.testing.assert_close(got.float(), ref.float(), rtol=2 ** -6, atol=1e-2)
-    assert (got == ref).float().mean() > 0.8
-
-
-def test_linear_silu_mul_rows_are_m_invariant():
-    """Bitwise: the fused activation's rows at M = 1, 7, 64, 65, 70 and 130, and alone."""
-    x, w, b = problem(130, 96, 192, False, seed=18)
-    assert_rows_invariant(x, w, b, SMALL, op=linear_silu_mul)
+    # The fused launch weighed is a 64-row one: 8B qkv fuses from 128 rows (192 programs), 8B
+    # o_proj splits at 128 (128 programs) and fuses at 256.
+    assert not use_split(128, 6144, 4096, choose_config(6144, 4096))
+    assert use_split(128, 4096, 4096, choose_config(4096, 4096)) and not use_split(256, 4096, 4096, choose_config(4096, 4096))
 
 
 def test_linear_dispatch_cpu_unchanged():
@@ -296,32 +259,6 @@ def test_gpu_m_invariant_real_shapes(name):
 
 
 @gpu_only
-@pytest.mark.parametrize("name", list(GATE_UP))
-def test_gpu_linear_silu_mul_real_shapes(name):
-    """The gate_up GEMM with its SiLU*up epilogue, bf16, real shapes: bitwise linear_triton +
-    silu_mul_triton at M = 1-256 for every launch, and M-invariant row by row (every row alone)."""
-    i, h = GATE_UP[name]
-    x, w, _ = problem(256, 2 * i, h, False, seed=19)
-    x = x * 4  # gates of a few units: silu's curve, not its linear tail
-    full = assert_rows_invariant(x, w, None, ms=GPU_MS, op=linear_silu_mul, alone="all")
-    for m in GPU_MS:
-        expect = silu_after_linear(x[:m], w)
-        assert torch.equal(full[:m], expect), f"M={m}: not linear + silu_mul"
-        for split, bm in LAUNCHES:
-            assert torch.equal(linear_silu_mul(x[:m], w, split=split, block_m=bm), expect), (m, split, bm)
-
-
-@gpu_only
-def test_gpu_mlp_uses_the_fused_activation():
-    """MLP.forward on CUDA bf16 (linear_silu_mul) gives the bits of the two-step path."""
-    torch.manual_seed(20)
-    mlp = MLP(1536, 8960).to(DEVICE, torch.bfloat16).requires_grad_(False)
-    x = randn(3, 70, 1536, seed=20)
-    gate, up = mlp.gate_up_proj.split(mlp.gate_up_proj(x))
-    assert torch.equal(mlp(x), mlp.down_proj(silu_mul_triton(gate, up)))
-
-
-@gpu_only
 def test_gpu_fused_linear_parts_and_dispatch():
     """FusedLinear.forward_parts (a row-slice view of the weight) goes through the kernel on CUDA
     bf16 and is M-invariant; fp32 on CUDA stays F.linear; autograd falls back to F.linear."""
@@ -342,19 +279,18 @@ def test_gpu_fused_linear_parts_and_dispatch():
 
 
 @gpu_only
-@pytest.mark.parametrize("op", [linear_triton, linear_silu_mul])
-def test_gpu_cuda_graph(op):
+def test_gpu_cuda_graph():
     """Captured once, replayed on new inputs: the same bits as eager (split and fused launches,
     64- and 128-row programs)."""
     for m, (n, k) in ((1, (1536, 8960)), (128, (17920, 1536)), (200, (6144, 1024))):
         x, w, _ = problem(m, n, k, False, seed=13)
         static_x = x.clone()
-        op(static_x, w)  # compile outside the capture
+        linear_triton(static_x, w)  # compile outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_y = op(static_x, w)
+            static_y = linear_triton(static_x, w)
         new_x = randn(m, k, seed=14)
         static_x.copy_(new_x)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(static_y, op(new_x, w))
+        assert torch.equal(static_y, linear_triton(new_x, w))
