@@ -85,11 +85,12 @@ class MoeTile:
 
 
 # At T = 1 (Qwen3-30B-A3B: 8 experts of 2x768x2048 gate/up and 2048x768 down): 9 blocks x 24
-# gate/up programs (192 with a row, each streaming 2 x 32 x 2048 weights) and 9 x 64 down
-# programs, so the 132 SMs each hold 1-2 gate/up and ~4 down programs, each with 3 stages of
-# 128-deep K steps in flight. Not yet measured: re-tune with
+# gate/up programs (192 with a row, each streaming 2 x 32 x 2048 weights) and 9 x 32 down
+# programs, each with 3 stages of 128-deep K steps in flight. Picked by the sweep on an H200
+# (session 8; mean 1.43x the expert-bytes bound over 1-256 rows, 1.45x for down_n 32; every
+# candidate 2.3-2.7x at one row). Re-tune with
 #     python scripts/gpu-lease/moe_kernel_bench.py --sweep   (prints the TILE line to paste here)
-TILE = MoeTile(gate_up_n=32, down_n=32, block_k=128, num_warps=4, num_stages=3)
+TILE = MoeTile(gate_up_n=32, down_n=64, block_k=128, num_warps=4, num_stages=3)
 
 
 def max_blocks(assignments: int, num_experts: int, block_m: int = BLOCK_M) -> int:
