@@ -114,20 +114,6 @@ if triton is not None:
                 tl.store(Y + row_y + cc, out.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def silu_times(g, u, USE_LIBDEVICE: tl.constexpr):
-        """silu(g) * u in fp32 (the caller casts), g and u in the model dtype: torch's
-        g / (1 + exp(-g)) in fp32 (CUDA expf, IEEE division), rounded to g's dtype, times u.
-        Shared by `_silu_mul_kernel` and the gate_up GEMM's epilogue (kernels/matmul.py), so the
-        fused MLP activation is the same arithmetic as silu_mul."""
-        gf = g.to(tl.float32)
-        if USE_LIBDEVICE:
-            e = libdevice.exp(-gf)
-        else:
-            e = tl.exp(-gf)
-        s = tl.math.div_rn(gf, 1.0 + e).to(g.dtype)
-        return s.to(tl.float32) * u.to(tl.float32)
-
-    @triton.jit
     def _silu_mul_kernel(
         G, U, O, n_cols, stride_g, stride_u, stride_o,
         BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
@@ -135,9 +121,16 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < n_cols
-        g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0)
+        g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0)
-        tl.store(O + row * stride_o + cols, silu_times(g, u, USE_LIBDEVICE).to(O.dtype.element_ty), mask=mask)
+        # torch: x / (1 + exp(-x)) in fp32 (CUDA expf, IEEE division), rounded to the dtype.
+        if USE_LIBDEVICE:
+            e = libdevice.exp(-g)
+        else:
+            e = tl.exp(-g)
+        s = tl.math.div_rn(g, 1.0 + e).to(G.dtype.element_ty)
+        out = s.to(tl.float32) * u.to(tl.float32)
+        tl.store(O + row * stride_o + cols, out.to(O.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _norm_rope_heads(
