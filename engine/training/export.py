@@ -58,8 +58,8 @@ def init_head(head: DraftHead, how: str, seed: int, hf_model=None) -> None:
 
         trained = load_head_dir(Path(how), next(head.parameters()).device, torch.float32)
         want, got = head.cfg.to_json(), trained.cfg.to_json()
-        diff = sorted(k for k in set(want) | set(got) if k not in GROWABLE and not _same(want.get(k), got.get(k)))
-        diff += [k for k in GROWABLE if got[k] > want[k]]
+        diff = [k for k in set(want) | set(got) if k not in GROWABLE and not _same(want.get(k), got.get(k))]
+        diff += [k for k in GROWABLE if got[k] > want[k]]  # a head grows, never shrinks
         if diff:
             raise ConfigError(f"--init {how} holds a head of another shape ({', '.join(sorted(diff))} differ); "
                               "pass the same --attention-heads, --block-size and --taps, and at least its "
