@@ -6,7 +6,8 @@
 #
 # Here, before the lease (CPU, no GPU):
 #   scripts/gpu-lease/train_heads.sh prepare KEY [GGUF]   split the model's GGUF (default: assembled
-#       from the installed weight packages) into .stage/c-KEY-NN/ (one <=60 MiB chunk a folder), make the
+#       from the installed weight packages) into .stage/c-KEY-NN/ (one <=60 MiB chunk a folder; a head
+#       over 40 MiB likewise into .stage/c-hKEY-NN/), make the
 #       mixed training contexts (half ShareGPT, half built-in; train-head --stage prompts, the `train`
 #       extra) gzipped into .stage/prompts-KEY/, copy the shipped head to .stage/h-KEY; then
 #       scripts/gpu-lease/heads_aside.sh out, and the device calls it prints (both models can be
@@ -15,8 +16,9 @@
 #   setup                 installs the carried .whl wheels and this checkout, copies what .stage/ carries
 #                         to /root/stage, runs the GPU tests of the kernels a run depends on
 #   stage                 copies the carried .stage/ folders to /root/stage (GGUF chunks, heads, prompts)
-#   launch KEY [MINUTES]  assembles the GGUF (sha256 checked) and starts, in the background (setsid),
-#                         the run (`run_grown` below, ~MINUTES, default 18) into /root/runs/KEY
+#   launch KEY [MINUTES] [DATA_MINUTES]  assembles the GGUF (sha256 checked) and starts, in the
+#                         background (setsid), the run (`run_grown` below, ~MINUTES, default 18, of which
+#                         DATA_MINUTES, default 4, answer prompts) into /root/runs/KEY
 #                         (it runs this script's `run` verb); both models' runs may share the GPU
 #   poll SECONDS          waits (at most SECONDS, less once every run is DONE) and shows the logs
 #   collect KEY [FROM]    tars head/, eval.json, the baseline's eval, logs and summaries (once), and puts
@@ -48,7 +50,7 @@ declare -A HEAD=(
 # ShareGPT chats (~2/3 multi-turn, <= 3,072 characters), half built-in generator prompts (the
 # session-6 run on chats alone lost 17-20% dev τ). 40,000 are more than the data stage answers
 # in its minutes; it answers a seeded random order of length-sorted batches, a fair sample.
-PROMPTS="--prompt-source mixed --num-prompts 40000 --seed 2 --max-prompt-tokens 1024 --eval-prompts 8"
+PROMPTS="--prompt-source mixed --num-prompts 40000 --seed 3 --max-prompt-tokens 1024 --eval-prompts 8"
 DATA="--max-new-tokens 256 --gen-batch-size 512 --temperature 0"
 # Continue the shipped head, grown: its recipe (block 16, 16 x 128 blocks a step, depth decay 8)
 # at the gentler peak lr of the earlier --init runs; int8 export. The time budget ends it.
@@ -69,6 +71,16 @@ assemble() {
   echo $gguf
 }
 
+# /root/stage/h-KEY/model.safetensors from its carried chunks, when prepare split it (sha256 checked).
+join_head() {
+  local head=$STAGE/h-$1
+  [ -f $head/model.safetensors ] && return 0
+  ls $STAGE/h-$1.safetensors.part* > /dev/null || { echo "no h-$1.safetensors.part* in $STAGE" >&2; return 1; }
+  cat $STAGE/h-$1.safetensors.part* > $head/model.safetensors
+  [ "$(sha256sum $head/model.safetensors | cut -d' ' -f1)" = "$(cat $head/model.safetensors.sha256)" ] \
+    || { echo "sha256 mismatch for the h-$1 head" >&2; rm -f $head/model.safetensors; return 1; }
+}
+
 # Carried .stage/c-KEY-NN/ chunk files land flat in /root/stage; any other .stage/NAME folder as /root/stage/NAME.
 take_stage() {
   mkdir -p $STAGE
@@ -85,22 +97,24 @@ take_stage() {
 }
 
 # One run, ~MINUTES (18: both models together on one H200): data (the mixed contexts answered
-# by the target) for DATA_MIN, then the shipped head, grown (HEAD), trained until EVAL_MIN are
+# by the target) for DATA_MIN (launch's third argument), then the shipped head, grown (HEAD), trained until EVAL_MIN are
 # left while the shipped head itself is measured beside it (same machine, same prompts: the
 # baseline), then τ of the exported int8 head on the dev prompts and both eval sets at every
 # budget. Each step writes DIR/stage.txt.
-DATA_MIN=4 EVAL_MIN=3.5
+DATA_MIN=${DATA_MIN:-4} EVAL_MIN=3.5
 run_grown() {
   local key=$1 gguf=$2 minutes=$3 dir=$RUNS/$1 t0=$(date +%s)
   local cmd="python3 -m jetspec_chat train-head $gguf --quiet $PROMPTS"
   left() { python3 -c "print(round(max(0.5, $minutes - ($(date +%s) - $t0) / 60 - $1), 2))"; }
   echo "data $(date +%T)" >> $dir/stage.txt
   $cmd --out $dir --stage data $DATA --time-budget-min $DATA_MIN > $dir/data.txt 2>&1 || return 1
+  cp $dir/summary.json $dir/summary-data.json  # each stage rewrites summary.json: keep each one's (head_record.py)
   echo "train + baseline $(date +%T)" >> $dir/stage.txt
   mkdir -p $dir/baseline && cp -r $STAGE/h-$key $dir/baseline/head
   $cmd --out $dir/baseline --stage eval $EVAL > $dir/baseline/eval.txt 2>&1 &
   $cmd --out $dir --stage train ${HEAD[$key]} --init $STAGE/h-$key $FIT $EVAL --time-budget-min $(left $EVAL_MIN) \
     > $dir/train.txt 2>&1 || return 1
+  cp $dir/summary.json $dir/summary-train.json && cp $dir/run_config.json $dir/run_config-train.json
   wait
   echo "eval $(date +%T)" >> $dir/stage.txt
   $cmd --out $dir --stage eval $EVAL > $dir/eval.txt 2>&1
@@ -133,10 +147,19 @@ m = E.EMBEDDED[sys.argv[1]]; E.assemble_gguf(m, E.find_parts(m), Path(sys.argv[2
   gzip -c .stage/prompts-run-$key/prompts.jsonl > .stage/prompts-$key/prompts.jsonl.gz
   cp .stage/prompts-run-$key/prompts.meta.json .stage/prompts-$key/
   heads=engine/models/heads; [ -d $heads ] || heads=.stage/heads
-  rm -rf .stage/h-$key && cp -r $heads/${ALIAS[$key]} .stage/h-$key
+  rm -rf .stage/h-$key .stage/c-h$key-* && cp -r $heads/${ALIAS[$key]} .stage/h-$key
+  # A head over 40 MiB (the 1.5B's is 74) does not fit one call beside the wheels and prompts:
+  # its weights travel as chunks (c-hKEY-NN, carried by stage calls) and `join_head` rebuilds them.
+  if [ $(stat -c %s .stage/h-$key/model.safetensors) -gt $((40 << 20)) ]; then
+    mkdir -p .stage/split-h$key && split -b 40m -d -a 2 .stage/h-$key/model.safetensors .stage/split-h$key/h-$key.safetensors.part
+    j=0; for part in .stage/split-h$key/*; do mkdir -p .stage/c-h$key-$j && mv $part .stage/c-h$key-$j/; j=$((j+1)); done
+    sha256sum .stage/h-$key/model.safetensors | cut -d' ' -f1 > .stage/h-$key/model.safetensors.sha256
+    rm -rf .stage/split-h$key .stage/h-$key/model.safetensors
+  fi
   du -sh .stage/c-$key-* .stage/h-$key .stage/prompts-$key .whl 2>/dev/null
   last=$(printf "c-$key-%02d" $((i-1)))
-  echo "calls: setup (carry .whl .stage/h-$key .stage/prompts-$key), then stage (carry .stage/c-$key-NN) for ..$last,"
+  echo "calls: setup (carry .whl .stage/h-$key .stage/prompts-$key), then stage (carry .stage/c-$key-NN) for ..$last"
+  echo "       and .stage/c-h$key-NN if listed above,"
   echo "       the last one as 'stage && launch $key', then poll 590 until DONE, then collect $key"
   ;;
 setup)
@@ -158,14 +181,15 @@ stage)
   take_stage | wc -l
   ;;
 launch)
-  key=${1:?key} minutes=${2:-18}
+  key=${1:?key} minutes=${2:-18} DATA_MIN=${3:-$DATA_MIN}
   gguf=$(assemble $key) || exit 1
+  join_head $key || exit 1
   [ -d $STAGE/h-$key ] && [ -f $STAGE/prompts-$key/prompts.jsonl.gz ] || { echo "carry .stage/h-$key and .stage/prompts-$key first" >&2; exit 1; }
   rm -rf $RUNS/$key && mkdir -p $RUNS/$key
   gunzip -c $STAGE/prompts-$key/prompts.jsonl.gz > $RUNS/$key/prompts.jsonl
   cp $STAGE/prompts-$key/prompts.meta.json $RUNS/$key/
   echo "launching $key: ${minutes} min"
-  cd $APP && setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
+  cd $APP && DATA_MIN=$DATA_MIN setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
     > $RUNS/$key/run.txt 2>&1 < /dev/null &
   sleep 20; cat $RUNS/$key/stage.txt; tail -3 $RUNS/$key/data.txt
   ;;
@@ -213,8 +237,8 @@ collect)
   mkdir -p "$OUT" /root/parts-$key
   if [ ! -f /root/$key.tar ]; then
     [ -f $RUNS/$key/baseline/eval.json ] && cp $RUNS/$key/baseline/eval.json $RUNS/$key/baseline-eval.json
-    tar -C $RUNS/$key -cf /root/$key.tar $(cd $RUNS/$key && ls -d head eval.json baseline-eval.json summary.json \
-      run_config.json log.jsonl stage.txt run.txt data.txt train.txt eval.txt baseline/eval.txt data/meta.json 2>/dev/null)
+    tar -C $RUNS/$key -cf /root/$key.tar $(cd $RUNS/$key && ls -d head eval.json baseline-eval.json summary*.json \
+      run_config*.json log.jsonl stage.txt run.txt data.txt train.txt eval.txt baseline/eval.txt data/meta.json 2>/dev/null)
     split -b 15m -d -a 2 /root/$key.tar /root/parts-$key/$key.tar.part
   fi
   for i in 0 1 2 3; do  # <= 4 parts a call (the device tool returns <= 64 MiB)
