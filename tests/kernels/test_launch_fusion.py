@@ -361,3 +361,70 @@ def test_gpu_cuda_graph_partials_consumers():
         for got, want in zip(static, step()):
             assert torch.equal(got, want)
         assert torch.equal(kp, k_graph)
+
+
+# ----------------------------------------------------------------------------- the engine's forward
+
+
+def load_bench():
+    """scripts/gpu-lease/layer_launch_bench.py: its `old_forward` is the unfused loop it times."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu-lease" / "layer_launch_bench.py"
+    spec = importlib.util.spec_from_file_location("layer_launch_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(CUDA, reason="the GPU runs this through layer_launch_bench.py at the real shapes")
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_target_forward_equals_the_unfused_loop(model_type, monkeypatch, rtne_bf16):
+    """TargetModel.forward (partials handed to qkv_rope_write / add_rms_norm) == the session-8
+    loop (group-sum passes, qk_norm_rope, write_kv) through the Triton kernels under the
+    interpreter (the dispatchers forced onto them): final hidden states and K/V pools bitwise, at
+    T = 1 and a 5-token chunk. Shapes big enough that qkv, o_proj and down split at T=1."""
+    from jetspec_chat.engine import layers as layers_mod
+    from jetspec_chat.engine import model as model_mod
+    from jetspec_chat.engine.kv_cache import PagedKVCache
+    from jetspec_chat.engine.model import ForwardBatch, build_target
+    from jetspec_chat.engine.model_config import ModelConfig
+    from jetspec_chat.kernels import fused, paged_tree_attention_triton
+
+    bench = load_bench()
+
+    def attention(q, k_pool, v_pool, table, prefix, mask, scale, keys=None):
+        return paged_tree_attention_triton(q, k_pool, v_pool, table, prefix, keys if keys is not None else mask, scale)
+
+    monkeypatch.setattr(fused, "_use_triton", lambda *tensors: True)
+    monkeypatch.setattr(layers_mod, "_batch_invariant", lambda *args: True)
+    monkeypatch.setattr(layers_mod, "linear", lambda x, w, b=None: linear_triton(x, w, b))  # not the CPU skinny path
+    monkeypatch.setattr(model_mod, "paged_tree_attention", attention)
+    monkeypatch.setattr(bench, "paged_tree_attention", attention)
+    monkeypatch.setattr(bench, "write_kv", write_kv_triton)
+    hidden, inter, heads, kv_heads, d = 256, 512, 4, 2, 64
+    cfg = ModelConfig.from_hf(dict(model_type=model_type, vocab_size=64, hidden_size=hidden, intermediate_size=inter,
+                                   num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                   head_dim=d, rope_theta=1e4))
+    for n, k in (((heads + 2 * kv_heads) * d, hidden), (hidden, heads * d), (hidden, inter)):
+        assert use_split(1, n, k, choose_config(n, k)), (n, k)
+    model = build_target(cfg, torch.device("cpu"), BF)
+    model.init_random(seed=3, std=0.05)
+    kv = PagedKVCache(cfg.num_layers, kv_heads, d, 128, torch.device("cpu"), BF)
+    kv.pool.copy_(randn(*kv.pool.shape, seed=4))
+    prefix, first = 40, {}
+    for t in (1, 5):
+        batch = ForwardBatch(torch.arange(t) + 7, prefix + torch.arange(t), torch.ones(t, t, dtype=torch.bool).tril(),
+                             torch.tensor(prefix))
+        pools = [kv.pool.clone(), kv.pool.clone()]
+        before = kv.pool.clone()
+        runs = []
+        for path, pool in zip((bench.old_forward, bench.new_forward), pools):
+            kv.pool = pool
+            with torch.no_grad():
+                runs.append(path(model, batch, kv))
+        assert torch.equal(runs[0], runs[1]), f"T={t}: hidden states differ"
+        assert torch.equal(pools[0], pools[1]), f"T={t}: K/V pools differ"
+        assert not torch.equal(pools[0], before) and runs[0].isfinite().all()
+        first.setdefault("x", runs[1][0])
+        assert torch.equal(runs[1][0], first["x"]), "token 0 of the chunk differs from its AR step"
