@@ -1,6 +1,11 @@
 """Fused elementwise kernels for the decoder layer: RMSNorm, residual add + RMSNorm, SiLU*mul,
-and per-head q/k RMSNorm + RoPE. One launch each instead of the ~6-8 small kernels eager torch
-runs for the same step.
+and per-head q/k RMSNorm + RoPE (alone, or with the K/V cache write: `qkv_rope_write`). One
+launch each instead of the ~6-8 small kernels eager torch runs for the same step.
+
+add_rms_norm and qkv_rope_write read a linear's output, or, where the batch-invariant GEMM
+splits over K groups (kernels/matmul.py), its fp32 group sums (`Partials`), which they add as
+they load with the group-sum pass's arithmetic (`_load_input`): that pass's launch is saved and
+the bits are the same (tests/kernels/test_launch_fusion.py).
 
 Numerics follow the eager code in engine/layers.py (and transformers) step by step, including
 its intermediate roundings to the input dtype, so that swapping a kernel in changes as little
@@ -95,7 +100,7 @@ if triton is not None:
         """One row per program. HAS_RES: h = x + r is written to H and normalised. GROUPS > 0:
         x is summed from a split linear's group sums as it loads (`_load_input`); the code after
         the load is the same, so the result is that of the linear's own output."""
-        DT: tl.constexpr = H.dtype.element_ty  # x's dtype (H is Y when there is no residual)
+        DT: tl.constexpr = H.dtype.element_ty  # x's dtype (the wrapper passes X as H without a residual)
         row = tl.program_id(0).to(tl.int64)
         row_x = row * stride_x
         row_r = row * stride_r
