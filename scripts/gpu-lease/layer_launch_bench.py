@@ -116,7 +116,8 @@ def launches_per_layer(model: TargetModel, fn, batch, kv) -> tuple[int, list[str
         model.model.layers = layers
     extra = list(counts[2])
     for name in counts[1]:
-        extra.remove(name) if name in extra else None
+        if name in extra:
+            extra.remove(name)
     return len(counts[2]) - len(counts[1]), extra
 
 
