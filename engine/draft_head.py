@@ -314,14 +314,13 @@ class DraftHead(nn.Module):
         x = self.layers[0].input_layernorm(h)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = attn.qkv_rope(x, cos, sin)
             k_pool, v_pool = cache.pools(i)
-            write_kv(k_pool, v_pool, rows, k, v)
+            q = attn.qkv_rope_write(x, cos, sin, k_pool, v_pool, rows)
             o = paged_tree_attention(q, k_pool, v_pool, cache.block_table, length, mask, attn.head_dim**-0.5, keys)
             # Residual adds fused with the following norm, as in the target model.
-            x, h = add_rms_norm(attn.o_proj(o.reshape(b, -1)), h, layer.post_attention_layernorm.weight, eps)
+            x, h = add_rms_norm(attn.o_proj.forward_partials(o.reshape(b, -1)), h, layer.post_attention_layernorm.weight, eps)
             next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            x, h = add_rms_norm(layer.mlp(x), h, next_norm.weight, eps)
+            x, h = add_rms_norm(layer.mlp.forward_partials(x), h, next_norm.weight, eps)
         return linear(x[1 : depth + 1], lm_head_weight).float()  # x is the final-normed block
 
     # -- weights ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import linear_triton, moe_block, qk_norm_rope, rms_norm, silu_mul
+from ..kernels import Partials, linear_partials_triton, linear_triton, moe_block, qk_norm_rope, qkv_rope_write, rms_norm, silu_mul
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -36,6 +36,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | Partials:
+    """`linear` for a consumer that also takes `Partials` (add_rms_norm, qkv_rope_write): where
+    the Triton GEMM takes its split launch (AR, small trees) the K-group sums come back unsummed
+    and the consumer adds them as it loads, one launch fewer, the same bits; else `linear`."""
+    if x.dim() == 2 and _batch_invariant(x, weight, bias):
+        return linear_partials_triton(x, weight, bias)
+    return linear(x, weight, bias)
+
+
 def _batch_invariant(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """The Triton GEMM applies: CUDA, one 16-bit dtype throughout, and no backward needed (it has
     none; training runs the head in fp32 under autocast, which stays on F.linear)."""
@@ -53,6 +62,10 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+    def forward_partials(self, x: torch.Tensor) -> torch.Tensor | Partials:
+        """x [T, in] -> the output, or its `Partials` (`linear_partials`)."""
+        return linear_partials(x, self.weight, self.bias)
 
 
 class FusedLinear(Linear):
@@ -139,6 +152,11 @@ class MLP(nn.Module):
         gate, up = self.gate_up_proj.split(self.gate_up_proj(x))  # strided views: silu_mul reads them in place
         return self.down_proj(silu_mul(gate, up))
 
+    def forward_partials(self, x: torch.Tensor) -> torch.Tensor | Partials:
+        """forward, for add_rms_norm: down's `Partials` where it splits (x: [T, hidden])."""
+        gate, up = self.gate_up_proj.split(self.gate_up_proj(x))
+        return self.down_proj.forward_partials(silu_mul(gate, up))
+
 
 class MoEExperts(nn.Module):
     """The experts of one sparse MoE layer, stacked for the grouped GEMMs: gate_up_proj
@@ -176,6 +194,10 @@ class SparseMoeBlock(nn.Module):
         out = moe_block(rows, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k, self.norm_topk_prob)
         return out.view(x.shape)
 
+    def forward_partials(self, x: torch.Tensor) -> torch.Tensor:
+        """MLP.forward_partials' counterpart: the output itself (the combine kernel sums it)."""
+        return self(x)
+
 
 class AttentionWeights(nn.Module):
     """Projections of one attention layer; the forward lives with the caller (paged or draft)."""
@@ -204,6 +226,17 @@ class AttentionWeights(nn.Module):
         v = v.view(t, self.n_kv, self.head_dim)
         q, k = qk_norm_rope(q, k, self._norm_weight(self.q_norm), self._norm_weight(self.k_norm), cos, sin, self.eps)
         return q, k, v
+
+    def qkv_rope_write(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """qkv_rope, with k and v stored at the pools' `slots` (write_kv) rather than returned:
+        one projection GEMM and, on the GPU, one kernel that also adds the GEMM's K-group sums
+        where it split (kernels/fused.py). Returns q [T, heads, head_dim]."""
+        qkv = self.qkv_proj.forward_partials(x)
+        return qkv_rope_write(qkv, self.n_heads, self.n_kv, self._norm_weight(self.q_norm), self._norm_weight(self.k_norm),
+                              cos, sin, self.eps, k_pool, v_pool, slots)
 
     def k_rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k (normed, RoPE'd) and v only: the draft head's context rows."""

@@ -5,12 +5,14 @@ from .fused import (
     add_rms_norm_triton,
     qk_norm_rope,
     qk_norm_rope_triton,
+    qkv_rope_write,
+    qkv_rope_write_triton,
     rms_norm,
     rms_norm_triton,
     silu_mul,
     silu_mul_triton,
 )
-from .matmul import linear_ref, linear_triton
+from .matmul import Partials, linear_partials_triton, linear_ref, linear_triton
 from .moe import moe_block, moe_block_triton, moe_route_triton
 from .reference import (
     accum_tree_ref,
@@ -22,6 +24,7 @@ from .reference import (
     moe_route_ref,
     paged_tree_attention_ref,
     qk_norm_rope_ref,
+    qkv_rope_write_ref,
     rms_norm_ref,
     rope_ref,
     silu_mul_ref,
@@ -39,6 +42,7 @@ from .tree_attention import (
 from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
+    "Partials",
     "VisibleKeys",
     "accum_tree",
     "accum_tree_ref",
@@ -50,6 +54,7 @@ __all__ = [
     "distill_rows",
     "distill_rows_ref",
     "distill_rows_triton",
+    "linear_partials_triton",
     "linear_ref",
     "linear_triton",
     "logical_to_slots",
@@ -65,6 +70,9 @@ __all__ = [
     "qk_norm_rope",
     "qk_norm_rope_ref",
     "qk_norm_rope_triton",
+    "qkv_rope_write",
+    "qkv_rope_write_ref",
+    "qkv_rope_write_triton",
     "rms_norm",
     "rms_norm_ref",
     "rms_norm_triton",

@@ -1,6 +1,11 @@
 """Fused elementwise kernels for the decoder layer: RMSNorm, residual add + RMSNorm, SiLU*mul,
-and per-head q/k RMSNorm + RoPE. One launch each instead of the ~6-8 small kernels eager torch
-runs for the same step.
+and per-head q/k RMSNorm + RoPE (alone, or with the K/V cache write: `qkv_rope_write`). One
+launch each instead of the ~6-8 small kernels eager torch runs for the same step.
+
+add_rms_norm and qkv_rope_write read a linear's output, or, where the batch-invariant GEMM
+splits over K groups (kernels/matmul.py), its fp32 group sums (`Partials`), which they add as
+they load with the group-sum pass's arithmetic (`_load_input`): that pass's launch is saved and
+the bits are the same (tests/kernels/test_launch_fusion.py).
 
 Numerics follow the eager code in engine/layers.py (and transformers) step by step, including
 its intermediate roundings to the input dtype, so that swapping a kernel in changes as little
@@ -31,7 +36,8 @@ import os
 
 import torch
 
-from .reference import add_rms_norm_ref, qk_norm_rope_ref, rms_norm_ref, silu_mul_ref
+from .matmul import Partials
+from .reference import add_rms_norm_ref, qk_norm_rope_ref, qkv_rope_write_ref, rms_norm_ref, silu_mul_ref
 
 try:  # triton is optional: CPU-only installs use the torch references.
     import triton
@@ -58,21 +64,43 @@ def _interpreting() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _load_row(X, R, row_x, row_r, cols, mask, HAS_RES: tl.constexpr):
-        """x (or x + residual, rounded to x's dtype as torch's add is) in fp32."""
-        x = tl.load(X + row_x + cols, mask=mask, other=0.0)
-        if HAS_RES:
-            r = tl.load(R + row_r + cols, mask=mask, other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
+    def _load_input(X, B, row, n_rows, n_cols, row_x, cols, mask, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+        """Elements `cols` of row `row` of a linear's output, in DT. GROUPS == 0: X is that output.
+        GROUPS > 0: X is its split launch's group sums [GROUPS, n_rows, n_cols] fp32 (`Partials`),
+        summed here with `_sum_groups_kernel`'s arithmetic: in group order onto a zero fp32
+        total, the bias (B) added, one cast."""
+        if GROUPS == 0:
+            x = tl.load(X + row_x + cols, mask=mask, other=0.0)
+        else:
+            x = tl.zeros(cols.shape, dtype=tl.float32)
+            for g in tl.static_range(GROUPS):
+                x += tl.load(X + (g * n_rows + row) * n_cols + cols, mask=mask, other=0.0)
+            if HAS_BIAS:
+                x += tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+            x = x.to(DT)
         return x
 
     @triton.jit
+    def _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cols, mask,
+                  HAS_RES: tl.constexpr, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+        """x (or x + residual, rounded to DT as torch's add is) in DT; x as `_load_input`."""
+        x = _load_input(X, B, row, n_rows, n_cols, row_x, cols, mask, GROUPS, HAS_BIAS, DT)
+        if HAS_RES:
+            r = tl.load(R + row_r + cols, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(DT)
+        return x
+
+    @triton.jit(do_not_specialize=["n_rows"])
     def _rms_norm_kernel(
-        X, R, W, Y, H, n_cols, inv_n, eps,
+        X, R, B, W, Y, H, n_rows, n_cols, inv_n, eps,
         stride_x, stride_r, stride_y, stride_h,
-        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+        HAS_RES: tl.constexpr, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr,
+        BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr,
     ):
-        """One row per program. HAS_RES: h = x + r is written to H and normalised."""
+        """One row per program. HAS_RES: h = x + r is written to H and normalised. GROUPS > 0:
+        x is summed from a split linear's group sums as it loads (`_load_input`); the code after
+        the load is the same, so the result is that of the linear's own output."""
+        DT: tl.constexpr = H.dtype.element_ty  # x's dtype (the wrapper passes X as H without a residual)
         row = tl.program_id(0).to(tl.int64)
         row_x = row * stride_x
         row_r = row * stride_r
@@ -81,13 +109,13 @@ if triton is not None:
         cols = tl.arange(0, BLOCK)
         if NUM_CHUNKS == 1:
             mask = cols < n_cols
-            x = _load_row(X, R, row_x, row_r, cols, mask, HAS_RES)
+            x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cols, mask, HAS_RES, GROUPS, HAS_BIAS, DT)
             if HAS_RES:
                 tl.store(H + row_h + cols, x, mask=mask)
             xf = x.to(tl.float32)
             ss = tl.sum(xf * xf, 0)
             scale = tl.math.rsqrt(ss * inv_n + eps)
-            y = (xf * scale).to(X.dtype.element_ty)
+            y = (xf * scale).to(DT)
             w = tl.load(W + cols, mask=mask, other=0.0)
             out = y.to(tl.float32) * w.to(tl.float32)
             tl.store(Y + row_y + cols, out.to(Y.dtype.element_ty), mask=mask)
@@ -96,7 +124,7 @@ if triton is not None:
             for c in range(NUM_CHUNKS):
                 cc = c * BLOCK + cols
                 mask = cc < n_cols
-                x = _load_row(X, R, row_x, row_r, cc, mask, HAS_RES)
+                x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cc, mask, HAS_RES, GROUPS, HAS_BIAS, DT)
                 if HAS_RES:
                     tl.store(H + row_h + cc, x, mask=mask)
                 xf = x.to(tl.float32)
@@ -107,8 +135,8 @@ if triton is not None:
             for c in range(NUM_CHUNKS):
                 cc = c * BLOCK + cols
                 mask = cc < n_cols
-                x = _load_row(X, R, row_x, row_r, cc, mask, HAS_RES)
-                y = (x.to(tl.float32) * scale).to(X.dtype.element_ty)
+                x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cc, mask, HAS_RES, GROUPS, HAS_BIAS, DT)
+                y = (x.to(tl.float32) * scale).to(DT)
                 w = tl.load(W + cc, mask=mask, other=0.0)
                 out = y.to(tl.float32) * w.to(tl.float32)
                 tl.store(Y + row_y + cc, out.to(Y.dtype.element_ty), mask=mask)
@@ -133,19 +161,12 @@ if triton is not None:
         tl.store(O + row * stride_o + cols, out.to(O.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _norm_rope_heads(
-        X, O, W, C, S, t, h0, n_heads, inv_d, eps,
-        stride_xt, stride_xh, stride_ot, stride_oh, stride_ct, stride_st,
-        HAS_NORM: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr,
-    ):
-        """Heads h0..h0+HEADS-1 of token t: optional RMSNorm over head_dim, then half-split RoPE."""
-        dt = X.dtype.element_ty
-        heads = h0 + tl.arange(0, HEADS)
-        hmask = (heads < n_heads)[:, None]
+    def _norm_rope(x1, x2, W, C, S, t, inv_d, eps, stride_ct, stride_st, HAS_NORM: tl.constexpr, HALF: tl.constexpr):
+        """The two halves [heads, HALF] (fp32 holding x's dtype's values) of heads of token t:
+        optional RMSNorm over head_dim, then half-split RoPE. Returns the halves in fp32 (exact
+        in x's dtype); the one arithmetic for qk_norm_rope and qkv_rope_write."""
+        dt = C.dtype.element_ty  # cos/sin come in x's dtype
         d = tl.arange(0, HALF)[None, :]
-        src = X + t * stride_xt + heads[:, None].to(tl.int64) * stride_xh + d
-        x1 = tl.load(src, mask=hmask, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF, mask=hmask, other=0.0).to(tl.float32)
         if HAS_NORM:
             ss = tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)
             scale = tl.math.rsqrt(ss * inv_d + eps)[:, None]
@@ -160,9 +181,63 @@ if triton is not None:
         # x * cos + cat(-x2, x1) * sin, each product rounded to the dtype before the add.
         o1 = (x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)
         o2 = (x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)
+        return o1, o2
+
+    @triton.jit
+    def _norm_rope_heads(
+        X, O, W, C, S, t, h0, n_heads, inv_d, eps,
+        stride_xt, stride_xh, stride_ot, stride_oh, stride_ct, stride_st,
+        HAS_NORM: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr,
+    ):
+        """Heads h0..h0+HEADS-1 of token t: optional RMSNorm over head_dim, then half-split RoPE."""
+        heads = h0 + tl.arange(0, HEADS)
+        hmask = (heads < n_heads)[:, None]
+        d = tl.arange(0, HALF)[None, :]
+        src = X + t * stride_xt + heads[:, None].to(tl.int64) * stride_xh + d
+        x1 = tl.load(src, mask=hmask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=hmask, other=0.0).to(tl.float32)
+        o1, o2 = _norm_rope(x1, x2, W, C, S, t, inv_d, eps, stride_ct, stride_st, HAS_NORM, HALF)
         dst = O + t * stride_ot + heads[:, None].to(tl.int64) * stride_oh + d
         tl.store(dst, o1.to(O.dtype.element_ty), mask=hmask)
         tl.store(dst + HALF, o2.to(O.dtype.element_ty), mask=hmask)
+
+    @triton.jit(do_not_specialize=["n_rows"])
+    def _qkv_rope_write_kernel(
+        QKV, B, QO, K_POOL, V_POOL, SLOTS, QW, KW, C, S,
+        n_rows, n_cols, n_q, inv_d, eps,
+        stride_qkv, stride_qot, stride_qoh, stride_ps, stride_ph, stride_ct, stride_st,
+        GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
+        HALF: tl.constexpr,
+    ):
+        """grid (T, n_q + n_kv): one head of token t's qkv row [q heads | k heads | v heads] per
+        program (`_load_input`: the linear's output, or its group sums added here). A q head is
+        normed, RoPE'd and stored to QO; program n_q + j takes k head j (normed, RoPE'd) and v
+        head j and stores both at physical slot SLOTS[t] of the pools (write_kv's stores)."""
+        dt = C.dtype.element_ty
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        d = tl.arange(0, HALF)[None, :]
+        row = t * stride_qkv
+        col = h * (2 * HALF) + d
+        every = col < n_cols  # all true: the loads keep the masked form of the other kernels
+        x1 = _load_input(QKV, B, t, n_rows, n_cols, row, col, every, GROUPS, HAS_BIAS, dt).to(tl.float32)
+        x2 = _load_input(QKV, B, t, n_rows, n_cols, row, col + HALF, every, GROUPS, HAS_BIAS, dt).to(tl.float32)
+        if h < n_q:
+            o1, o2 = _norm_rope(x1, x2, QW, C, S, t, inv_d, eps, stride_ct, stride_st, HAS_QNORM, HALF)
+            q_dst = QO + t * stride_qot + h * stride_qoh + d
+            tl.store(q_dst, o1.to(QO.dtype.element_ty))
+            tl.store(q_dst + HALF, o2.to(QO.dtype.element_ty))
+        else:
+            kv = h - n_q
+            o1, o2 = _norm_rope(x1, x2, KW, C, S, t, inv_d, eps, stride_ct, stride_st, HAS_KNORM, HALF)
+            off = tl.load(SLOTS + t).to(tl.int64) * stride_ps + kv * stride_ph + d
+            tl.store(K_POOL + off, o1.to(dt).to(K_POOL.dtype.element_ty))
+            tl.store(K_POOL + off + HALF, o2.to(dt).to(K_POOL.dtype.element_ty))
+            vcol = col + (n_cols - n_q * 2 * HALF) // 2  # the same head's v columns
+            v1 = _load_input(QKV, B, t, n_rows, n_cols, row, vcol, every, GROUPS, HAS_BIAS, dt)
+            v2 = _load_input(QKV, B, t, n_rows, n_cols, row, vcol + HALF, every, GROUPS, HAS_BIAS, dt)
+            tl.store(V_POOL + off, v1.to(V_POOL.dtype.element_ty))
+            tl.store(V_POOL + off + HALF, v2.to(V_POOL.dtype.element_ty))
 
     @triton.jit
     def _qk_norm_rope_kernel(
@@ -211,23 +286,28 @@ def _rms_norm_launch(x, residual, weight, eps, block):
     _check_triton()
     shape, n = x.shape, x.shape[-1]
     assert weight.shape == (n,), f"weight {tuple(weight.shape)} does not match hidden {n}"
-    x2 = _rows(x)
-    rows = x2.shape[0]
-    out_dtype = torch.promote_types(x.dtype, weight.dtype)
-    y = torch.empty(rows, n, device=x.device, dtype=out_dtype)
-    if residual is not None:
-        assert residual.shape == shape and residual.dtype == x.dtype, "residual must match x"
-        r2 = _rows(residual)
-        h = torch.empty(rows, n, device=x.device, dtype=x.dtype)
+    if isinstance(x, Partials):  # a split linear's group sums: [G, M, N] fp32, summed as loaded
+        assert residual is not None and x.groups.is_contiguous() and x.dtype == residual.dtype
+        x2, groups, bias, dtype = x.groups, x.groups.shape[0], x.bias, x.dtype
+        rows = x2.shape[1]
     else:
-        r2, h = x2, y  # unused (HAS_RES=False)
+        x2, groups, bias, dtype = _rows(x), 0, None, x.dtype
+        rows = x2.shape[0]
+    out_dtype = torch.promote_types(dtype, weight.dtype)
+    y = torch.empty(rows, n, device=x2.device, dtype=out_dtype)
+    if residual is not None:
+        assert residual.shape == shape and residual.dtype == dtype, "residual must match x"
+        r2 = _rows(residual)
+        h = torch.empty(rows, n, device=x2.device, dtype=dtype)
+    else:
+        r2, h = x2, x2  # unused (HAS_RES=False); h's dtype is x's (the kernel's rounding dtype)
     if rows > 0:
         weight = weight.contiguous()
         block, chunks, warps = _norm_launch(n, block)
         _rms_norm_kernel[(rows,)](
-            x2, r2, weight, y, h, n, 1.0 / n, eps,
-            x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
-            HAS_RES=residual is not None, BLOCK=block, NUM_CHUNKS=chunks,
+            x2, r2, bias if bias is not None else weight, weight, y, h, rows, n, 1.0 / n, eps,
+            x2.stride(-2), r2.stride(0), y.stride(0), h.stride(-2),
+            HAS_RES=residual is not None, GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=block, NUM_CHUNKS=chunks,
             num_warps=warps, enable_fp_fusion=False,
         )
     y = y.view(shape)
@@ -242,9 +322,11 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block:
 
 
 def add_rms_norm_triton(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int | None = None
+    x: torch.Tensor | Partials, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, block: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton `add_rms_norm_ref`: (rms_norm(x + residual), x + residual), both new tensors."""
+    """Triton `add_rms_norm_ref`: (rms_norm(x + residual), x + residual), both new tensors.
+    x may be a split linear's `Partials` (o_proj, down at AR): summed as loaded, one launch in
+    place of the group-sum pass and this one, the same bits."""
     return _rms_norm_launch(x, residual, weight, eps, block)
 
 
@@ -337,6 +419,55 @@ def qk_norm_rope_triton(
     return qo, ko
 
 
+def qkv_rope_write_triton(
+    qkv: torch.Tensor | Partials,
+    n_heads: int,
+    n_kv: int,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """Triton `qkv_rope_write_ref` in one launch: q/k norm + RoPE (qk_norm_rope's arithmetic) and
+    the k/v cache write (write_kv's), from the fused projection's output [T, (Hq + 2 Hk) * D]
+    or its split launch's `Partials` (summed as loaded: no group-sum pass). Returns q [T, Hq, D]."""
+    _check_triton()
+    if isinstance(qkv, Partials):
+        assert qkv.groups.is_contiguous()
+        x, groups, bias, dtype, stride = qkv.groups, qkv.groups.shape[0], qkv.bias, qkv.dtype, 0
+    else:
+        assert qkv.dim() == 2 and qkv.stride(1) == 1, "qkv: [T, N], dense rows"
+        x, groups, bias, dtype, stride = qkv, 0, None, qkv.dtype, qkv.stride(0)
+    t, n = qkv.shape
+    d = n // (n_heads + 2 * n_kv)
+    assert d * (n_heads + 2 * n_kv) == n and d >= 2 and d & (d - 1) == 0, "head_dim: a power of two"
+    for w in (q_norm_weight, k_norm_weight):
+        assert w is None or (w.shape == (d,) and w.dtype == dtype), "norm weight [D] in q's dtype"
+    assert cos.dtype == dtype and sin.dtype == dtype, "cos/sin in q's dtype (Rotary.cos_sin(.., dtype))"
+    assert k_pool.shape[2:] == (n_kv, d) and v_pool.stride() == k_pool.stride() and k_pool.stride(-1) == 1
+    assert k_pool.stride(0) == k_pool.shape[1] * k_pool.stride(1), "pool blocks must be contiguous"
+    q = torch.empty(t, n_heads, d, device=x.device, dtype=dtype)
+    if t == 0:
+        return q
+    c2, sc = _cos_sin_rows(cos, t, d)
+    s2, ss = _cos_sin_rows(sin, t, d)
+    qw = q_norm_weight.contiguous() if q_norm_weight is not None else c2
+    kw = k_norm_weight.contiguous() if k_norm_weight is not None else c2
+    _qkv_rope_write_kernel[(t, n_heads + n_kv)](
+        x, bias if bias is not None else c2, q, k_pool, v_pool, slots.contiguous(), qw, kw, c2, s2,
+        t, n, n_heads, 1.0 / d, eps,
+        stride, q.stride(0), q.stride(1), k_pool.stride(1), k_pool.stride(2), sc, ss,
+        GROUPS=groups, HAS_BIAS=bias is not None, HAS_QNORM=q_norm_weight is not None,
+        HAS_KNORM=k_norm_weight is not None, HALF=d // 2,
+        num_warps=max(1, min(4, d // 256)), enable_fp_fusion=False,  # qk_norm_rope's, one head a program
+    )
+    return q
+
+
 # ----------------------------------------------------------------------------- dispatchers
 
 
@@ -352,12 +483,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor | Partials, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(residual + x), residual + x): Triton on CUDA tensors, the reference elsewhere."""
-    if _use_triton(x, residual, weight):
+    """(rms_norm(residual + x), residual + x): Triton on CUDA tensors, the reference elsewhere.
+    x: a tensor, or a split linear's `Partials` (only the Triton GEMM makes them)."""
+    if _use_triton(x.groups if isinstance(x, Partials) else x, residual, weight):
         return add_rms_norm_triton(x, residual, weight, eps)
-    return add_rms_norm_ref(x, residual, weight, eps)
+    return add_rms_norm_ref(x.sum() if isinstance(x, Partials) else x, residual, weight, eps)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -381,11 +513,35 @@ def qk_norm_rope(
     return qk_norm_rope_ref(q, k, q_norm_weight, k_norm_weight, cos, sin, eps)
 
 
+def qkv_rope_write(
+    qkv: torch.Tensor | Partials,
+    n_heads: int,
+    n_kv: int,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """q of a fused qkv projection's output (or `Partials`), its k and v written to the cache
+    slots: one Triton launch on CUDA, else the reference. Returns q [T, Hq, D] (normed, RoPE'd)."""
+    x = qkv.groups if isinstance(qkv, Partials) else qkv
+    if _use_triton(x, q_norm_weight, k_norm_weight, cos, sin):
+        return qkv_rope_write_triton(qkv, n_heads, n_kv, q_norm_weight, k_norm_weight, cos, sin, eps, k_pool, v_pool, slots)
+    qkv = qkv.sum() if isinstance(qkv, Partials) else qkv
+    return qkv_rope_write_ref(qkv, n_heads, n_kv, q_norm_weight, k_norm_weight, cos, sin, eps, k_pool, v_pool, slots)
+
+
 __all__ = [
     "add_rms_norm",
     "add_rms_norm_triton",
     "qk_norm_rope",
     "qk_norm_rope_triton",
+    "qkv_rope_write",
+    "qkv_rope_write_triton",
     "rms_norm",
     "rms_norm_triton",
     "silu_mul",

@@ -20,7 +20,9 @@ the output is bitwise the same whatever M is and whatever the other rows hold:
     the total; then the cast. That arithmetic is fixed; only where it runs depends on M:
       - split launch (`use_split`: few output tiles, e.g. AR): one program per (tile, group) writes its
         group sum to an fp32 partial buffer [groups, M, N]; `_sum_groups_kernel` adds them in
-        group order (no atomics), adds the bias and casts.
+        group order (no atomics), adds the bias and casts. `linear_partials_triton` skips that
+        second launch and hands the buffer on (`Partials`) to a consumer that does the same adds
+        as it loads its input (kernels/fused.py: add_rms_norm, qkv_rope_write): one launch fewer.
       - fused launch (otherwise): one program per tile runs every group and
         adds each finished group sum to its total in the same order.
     Both launches execute the same dots on the same operands and the same fp32 adds in the same
@@ -70,6 +72,31 @@ MIN_GROUP_BLOCKS = 2
 # SMs idle and the fp32 partials (8 * groups * M * N bytes, written and read back) stay within
 # 1.5x the weight's bytes.
 SPLIT_MAX_PARTIAL_RATIO = 1.5
+
+
+@dataclass(frozen=True)
+class Partials:
+    """A split launch's output before its group-sum pass: `groups` [G, M, N] fp32 (group g's sum
+    of row m, column n), the bias [N] or None, and the output dtype. Its value is `sum()`: the
+    groups added in order to a zero fp32 total, the bias added, one cast. A consumer that takes
+    Partials (rather than the linear's output) does exactly these adds per element as it loads."""
+
+    groups: torch.Tensor
+    bias: torch.Tensor | None
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.groups.shape[1:]
+
+    def sum(self) -> torch.Tensor:
+        """The linear's output [M, N], `_sum_groups_kernel`'s arithmetic in torch (tests, CPU)."""
+        total = torch.zeros(self.shape, device=self.groups.device, dtype=torch.float32)
+        for g in range(self.groups.shape[0]):
+            total += self.groups[g]
+        if self.bias is not None:
+            total += self.bias.float()
+        return total.to(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -285,6 +312,31 @@ def linear_triton(
     return out
 
 
+def linear_partials_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    config: LinearConfig | None = None,
+    split: bool | None = None,
+    block_m: int | None = None,
+) -> torch.Tensor | Partials:
+    """`linear_triton`, except that where it takes the split launch the group sums come back
+    unsummed (`Partials`, no group-sum pass) for a consumer that adds them as it loads; else the
+    output [M, N]. Same bits either way once summed (module docstring)."""
+    x, weight, bias = _operands(x, weight, bias)
+    m, k = x.shape
+    n = weight.shape[0]
+    config = config or choose_config(n, k)
+    split = use_split(m, n, k, config) if split is None else (split and config.num_groups(k) > 1)
+    if not split or m == 0:
+        return linear_triton(x, weight, bias, config=config, split=False, block_m=block_m)
+    partials = torch.empty(config.num_groups(k), m, n, device=x.device, dtype=torch.float32)
+    # A split program never touches Y: x stands in (x's dtype, as the output would be).
+    _launch_gemm(x, weight, bias, x, partials, config=config, split=True, block_m=block_m)
+    return Partials(partials, bias, x.dtype)
+
+
 def _operands(x, weight, bias):
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -307,13 +359,29 @@ def _launch(x, weight, bias, out, *, config, split, block_m) -> None:
     n = weight.shape[0]
     if m == 0 or n == 0:
         return
-    assert k > 0, "K = 0"
     config = config or choose_config(n, k)
     groups = config.num_groups(k)
     split = use_split(m, n, k, config) if split is None else (split and groups > 1)
+    partials = torch.empty(groups, m, n, device=x.device, dtype=torch.float32) if split else out
+    _launch_gemm(x, weight, bias, out, partials, config=config, split=split, block_m=block_m)
+    if split:
+        b = bias if bias is not None else out  # unused without HAS_BIAS
+        _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
+            partials, b, out, m, n, out.stride(0),
+            GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
+        )
+
+
+def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m) -> None:
+    """_linear_kernel alone: into out [M, N] (fused launch) or partials [groups, M, N] (split)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if m == 0 or n == 0:
+        return
+    assert k > 0, "K = 0"
+    groups = config.num_groups(k)
     block_m = block_m or block_m_for(m, groups, split)
     assert block_m in (BLOCK_M, WIDE_BLOCK_M), f"block_m {block_m}"
-    partials = torch.empty(groups, m, n, device=x.device, dtype=torch.float32) if split else out
     b = bias if bias is not None else out  # unused without HAS_BIAS
     grid = (_cdiv(m, block_m), _cdiv(n, config.block_n)) + ((groups,) if split else ())
     _linear_kernel[grid](
@@ -323,20 +391,17 @@ def _launch(x, weight, bias, out, *, config, split, block_m) -> None:
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
     )
-    if split:
-        _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
-            partials, b, out, m, n, out.stride(0),
-            GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
-        )
 
 
 __all__ = [
     "BLOCK_M",
     "WIDE_BLOCK_M",
     "LinearConfig",
+    "Partials",
     "block_m_for",
     "choose_config",
     "groups_for",
+    "linear_partials_triton",
     "linear_ref",
     "linear_triton",
     "use_split",

@@ -125,6 +125,29 @@ def qk_norm_rope_ref(
     return out[0], out[1]
 
 
+def qkv_rope_write_ref(
+    qkv: torch.Tensor,
+    n_heads: int,
+    n_kv: int,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """A fused qkv projection's output [T, (Hq + 2 Hk) * D] -> q [T, Hq, D] (normed, RoPE'd);
+    k (normed, RoPE'd) and v written to the pools at `slots`: `qk_norm_rope_ref` + `write_kv_ref`."""
+    t = qkv.shape[0]
+    d = qkv.shape[1] // (n_heads + 2 * n_kv)
+    q, k, v = qkv.split([n_heads * d, n_kv * d, n_kv * d], dim=-1)
+    q, k = qk_norm_rope_ref(q.view(t, n_heads, d), k.view(t, n_kv, d), q_norm_weight, k_norm_weight, cos, sin, eps)
+    write_kv_ref(k_pool, v_pool, slots, k, v.view(t, n_kv, d))
+    return q
+
+
 def ancestor_mask_ref(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """[N, N] bool, [i, j] iff j is i or an ancestor of i, from parent pointers (-1 for a root)
     of a forest at most max_depth deep. Pointer doubling: ceil(log2(max_depth + 1)) rounds of a
