@@ -285,6 +285,33 @@ def linear_triton(
     return out
 
 
+def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T as its K-group sums: fp32 [G, M, N], G = choose_config's group
+    count (1 for weights in one group). linear_triton(x, weight) is bitwise
+    (0 + p_0 + p_1 + ... + p_{G-1}).to(x.dtype), adds in fp32 in group order: a consumer that
+    sums them itself saves the group-sum launch (kernels/moe.py's routing does, at every M)."""
+    x, weight, _ = _operands(x, weight, None)
+    m, k = x.shape
+    n = weight.shape[0]
+    config = choose_config(n, k)
+    groups = config.num_groups(k)
+    partials = torch.empty(groups, m, n, device=x.device, dtype=torch.float32)
+    if m == 0 or n == 0:
+        return partials
+    block_m = block_m_for(m, groups, True)
+    grid = (_cdiv(m, block_m), _cdiv(n, config.block_n), groups)
+    # The split launch's kernel with one group is the fused launch's one-group sum: the same dots
+    # from a zero accumulator, stored unrounded.
+    _linear_kernel[grid](
+        x, weight, partials, partials, partials, m, n, k, x.stride(0), weight.stride(0), n,
+        config.group_blocks(k), _cdiv(k, config.block_k),
+        UPCAST=_interpreting(), SPLIT=True, ONE_GROUP=groups == 1, HAS_BIAS=False, EVEN_K=k % config.block_k == 0,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
+    )
+    return partials
+
+
 def _operands(x, weight, bias):
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -337,6 +364,7 @@ __all__ = [
     "block_m_for",
     "choose_config",
     "groups_for",
+    "linear_partials",
     "linear_ref",
     "linear_triton",
     "use_split",
