@@ -83,9 +83,11 @@ class MoeTile:
     num_warps: int = 4
     num_stages: int = 3
     # Up to token_rows tokens, down and combine are one launch (`_down_combine_kernel`): a program
-    # per (token, token_n hidden columns) runs all k slots in one tl.dot, token_n columns each.
+    # per (token, token_n hidden columns) runs all k slots in one tl.dot, token_n columns each,
+    # with its own warps and pipeline depth. 0: the grouped down + combine at every row count.
     token_rows: int = 4
     token_n: int = 16
+    token_warps: int = 4
     token_stages: int = 3
 
 
@@ -95,7 +97,8 @@ class MoeTile:
 # (session 8; mean 1.43x the expert-bytes bound over 1-256 rows, 1.45x for down_n 32; every
 # candidate 2.3-2.7x at one row). Re-tune with
 #     python scripts/gpu-lease/moe_kernel_bench.py --sweep   (prints the TILE line to paste here)
-TILE = MoeTile(gate_up_n=32, down_n=64, block_k=128, num_warps=4, num_stages=3)
+TILE = MoeTile(gate_up_n=32, down_n=64, block_k=128, num_warps=4, num_stages=3,
+               token_rows=4, token_n=16, token_warps=4, token_stages=3)
 
 
 def max_blocks(assignments: int, num_experts: int, block_m: int = BLOCK_M) -> int:
@@ -516,7 +519,7 @@ def moe_block_triton(
             inter, down, routing.weights, routing.ids, routing.row_of, out, hidden, inter_size,
             inter.stride(0), down.stride(0), down.stride(1), out.stride(0),
             TOP_K=top_k, BLOCK_TOP=triton.next_power_of_2(top_k), BLOCK_M=BLOCK_M, BLOCK_N=tile.token_n,
-            BLOCK_K=tile.block_k, UPCAST=upcast, num_warps=tile.num_warps, num_stages=tile.token_stages,
+            BLOCK_K=tile.block_k, UPCAST=upcast, num_warps=tile.token_warps, num_stages=tile.token_stages,
         )
         return out
     per_slot = torch.empty(n_assign, hidden, dtype=x.dtype, device=x.device)

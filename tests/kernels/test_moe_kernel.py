@@ -87,13 +87,21 @@ def test_route_matches_reference(t, experts, top_k, norm):
         torch.testing.assert_close(routing.weights.sum(-1), torch.ones(t, device=DEVICE))
 
 
+@pytest.fixture
+def bf16_casts(request):
+    """bf16 as the GPU rounds it: natively on a GPU, else the interpreter's casts patched (rtne_bf16)."""
+    if not CUDA:
+        request.getfixturevalue("rtne_bf16")
+
+
 @pytest.mark.parametrize("t", [1, 16, 40])  # one routing launch, two
-def test_routing_from_the_router_partials_is_the_logits_routing(t, rtne_bf16):
+def test_routing_from_the_router_partials_is_the_logits_routing(t, bf16_casts):
     """bf16: routing from linear_partials' K-group sums (added inside the routing kernel) equals
-    routing from linear_triton's logits bitwise: ids, weights, layout."""
-    x, router, _, _ = weights(t, 512, 16, 128, seed=t, dtype=torch.bfloat16)
+    routing from linear_triton's logits bitwise: ids, weights, layout. On a GPU at the
+    Qwen3-30B-A3B router's shape (16 K groups), on the CPU a smaller one (4)."""
+    x, router, _, _ = weights(t, 2048 if CUDA else 512, 16, 128, seed=t, dtype=torch.bfloat16)
     partials = router_partials(x, router)
-    assert partials.dim() == 3 and partials.shape[0] > 1  # H = 512: 4 K groups
+    assert partials.dim() == 3 and partials.shape[0] == (16 if CUDA else 4)
     a = moe_route_triton(partials, 8, True, x.dtype)
     b = moe_route_triton(router_logits(x, router), 8, True, x.dtype)
     for name in ("ids", "weights", "block_expert", "block_rows", "row_of"):
@@ -312,6 +320,69 @@ def test_gpu_bf16_batch_invariant_real_shapes(many):
                           alone=range(0, many, max(1, many // 16)))
 
 
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _dot_probe_kernel(A, W, OUT, N, K, stride_w, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """OUT[BLOCK_M, N] = A [BLOCK_M, K] @ W[N, K].T, as the MoE kernels walk it: W tiles
+        [BLOCK_K, BLOCK_N] with K contiguous, one tl.dot per K step from a zero fp32 accumulator."""
+        m = tl.arange(0, BLOCK_M)
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(A + m[:, None] * K + k[None, :])
+            w = tl.load(W + n[None, :] * stride_w + k[:, None])
+            acc = tl.dot(a, w, acc)
+        tl.store(OUT + m[:, None] * N + n[None, :], acc)
+
+
+@gpu_only
+@pytest.mark.parametrize("n,k", [(2048, 768), (768, 2048)])  # down, gate (Qwen3-30B-A3B)
+def test_gpu_mma_bits_ignore_row_place_and_tile_width(n, k):
+    """What the per-token down relies on (module docstring): with 16-row bf16 tiles (mma.sync)
+    and one BLOCK_K, an output element's fp32 bits depend on its own row of A and column of W
+    only: not on the row's place in the tile, the other rows, the tile's width or the warps."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
+    row = torch.randn(k, device="cuda", generator=g).to(torch.bfloat16)
+    expect = None
+    for place, filler in ((0, "zeros"), (5, "random"), (15, "random"), (7, "zeros")):
+        a = torch.zeros(BLOCK_M, k, device="cuda", dtype=torch.bfloat16)
+        if filler == "random":
+            a.copy_(torch.randn(BLOCK_M, k, device="cuda", generator=g))
+        a[place] = row
+        for block_n in (16, 32, 64, 128, 256):
+            for warps in (4, 8):
+                out = torch.empty(BLOCK_M, n, device="cuda")
+                _dot_probe_kernel[(n // block_n,)](a, w, out, n, k, w.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n,
+                                                   BLOCK_K=TILE.block_k, num_warps=warps, num_stages=3)
+                expect = out[place].clone() if expect is None else expect
+                assert torch.equal(out[place], expect), (place, filler, block_n, warps)
+    torch.testing.assert_close(expect, row.float() @ w.float().T, rtol=1e-4, atol=1e-4)
+
+
+@gpu_only
+@pytest.mark.parametrize("tile", [TILE, dataclasses.replace(TILE, token_n=32, token_stages=4, token_warps=8)])
+def test_gpu_token_path_is_the_grouped_path_bitwise_real_shapes(tile):
+    """bf16, Qwen3-30B-A3B: T = 1, 2, 4 tokens through the per-token down (an AR step, a small
+    verify) have the bits of the grouped path on the same tokens, and of the same tokens
+    inside 16-, 64- and 256-row calls."""
+    h, i, e = QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"]
+    x, router, gate_up, down = weights(256, h, i, e, seed=11, dtype=torch.bfloat16)
+    grouped = dataclasses.replace(tile, token_rows=0)
+    many = {m: moe_block_triton(x[:m], router, gate_up, down, 8, True, tile=tile) for m in (16, 64, 256)}
+    for t in (1, 2, 4):
+        assert uses_token_path(t, 8, down, tile)
+        few = moe_block_triton(x[:t], router, gate_up, down, 8, True, tile=tile)
+        assert torch.equal(few, moe_block_triton(x[:t], router, gate_up, down, 8, True, tile=grouped)), t
+        for m, out in many.items():
+            assert torch.equal(few, out[:t]), (t, m)
+        middle = moe_block_triton(x[100:100 + t], router, gate_up, down, 8, True, tile=tile)  # not the first rows
+        assert torch.equal(middle, many[256][100:100 + t]), t
+
+
 @gpu_only
 @pytest.mark.parametrize("t", [1, 64, 300])
 def test_gpu_fp32_real_shapes(t):
@@ -321,7 +392,7 @@ def test_gpu_fp32_real_shapes(t):
 
 
 @gpu_only
-@pytest.mark.parametrize("t", [1, 17, 128])
+@pytest.mark.parametrize("t", [1, 3, 17, 128])  # per-token down at 1 and 3
 def test_gpu_deterministic_and_captured_in_a_cuda_graph(t):
     x, router, gate_up, down = weights(t, QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"], seed=5,
                                        dtype=torch.bfloat16)
