@@ -1,42 +1,59 @@
-"""Fused sparse MoE block (Qwen3 MoE) for CUDA: router, routing + grouping, two grouped GEMMs, combine.
+"""Fused sparse MoE block (Qwen3 MoE) for CUDA: router, routing + grouping, two expert GEMMs, combine.
 
-    logits  = x @ router.T        bf16/fp16: kernels/matmul.py's batch-invariant linear_triton
-                                  (fp32: F.linear, the oracle path, as engine/layers.py::linear)
-    route   : one launch of ceil(T / ROUTE_TOKENS) programs, each routing ROUTE_TOKENS tokens
-              (fp32 softmax, top-k by repeated argmax, lowest id on ties, renormalised; weights
-              rounded to x's dtype) and counting its (token, slot) assignments per expert. With
-              one program (T <= ROUTE_TOKENS: AR steps, small trees) that program also groups
-              the rows; otherwise a second launch (`_place_kernel`, same program count) does.
+    router  : bf16/fp16: kernels/matmul.py's linear_partials, the batch-invariant linear_triton's
+              split launch alone: fp32 sums of its K groups [G, T, E] (fp32 x: F.linear, the
+              oracle path, as engine/layers.py::linear)
+    route   : one launch of ceil(T / ROUTE_TOKENS) programs, each adding its tokens' K-group
+              sums in group order and rounding them (linear_triton's group-sum pass: the same
+              logits bits, one launch fewer), then routing ROUTE_TOKENS tokens (fp32 softmax,
+              top-k by repeated argmax, lowest id on ties, renormalised; weights rounded to x's
+              dtype) and counting its (token, slot) assignments per expert. With one program
+              (T <= ROUTE_TOKENS: AR steps, small trees) that program also groups the rows;
+              otherwise a second launch (`_place_kernel`, same program count) does.
     group   : the T*k assignments sorted by expert (tokens in order within one), each expert's
               run padded to a multiple of BLOCK_M rows; a block of BLOCK_M rows is one expert's
+              (row_assign: row -> assignment; row_of: assignment -> row)
     gate_up : per block, rows of x gathered by token, times that expert's [2I, H] weight,
               silu(gate) * up fused into the epilogue -> one intermediate row per assignment
-    down    : per block, intermediate rows times the expert's [H, I] weight, times the routing
-              weight, written to the assignment's own row [T*k, H]
+    down    : T > tile.token_rows: per block, intermediate rows times the expert's [H, I]
+              weight, times the routing weight, written to the assignment's own row [T*k, H];
     combine : out[t] = the k slot rows of t summed in slot order in fp32, rounded once (no atomics)
+    down + combine, T <= tile.token_rows (AR steps, tiny trees): one launch, a program per
+              (token, token_n hidden columns); one tl.dot a K step holds all k slots: row j of
+              the 16-row A tile is slot j's intermediate row, columns j*token_n.. of B are slot
+              j's expert's down rows, and slot j's result is the diagonal block (row j, its own
+              columns). Then the same epilogue and the same slot-order fp32 sum as above.
 
 Batch-invariant: a token's output bits do not depend on how many tokens share the call or on
 what they route to, so a tree node verified among N rows computes bitwise what the AR step for
 the same token computes (issue 13; docs/DESIGN.md). What fixes a row's arithmetic:
-  * the router logits: linear_triton (one reduction order per weight shape, never from M);
+  * the router logits: linear_triton's (one K-group split per weight shape, never from M; the
+    groups added in order from zero in fp32 and rounded, here inside the routing programs);
   * routing: per token, on a [ROUTE_TOKENS, E] tile whose rows do not interact;
-  * the expert GEMMs: one tile (`TILE`: BLOCK_M = 16 rows, tensor cores, K walked in BLOCK_K
-    steps from a zero fp32 accumulator, no split-K) for every row count. An expert's 1 row in
-    an AR step sits in a 16-row tile with 15 masked rows (zeros, no memory requests): the MMA
-    work is wasted, but at few rows the block only streams weights. A row's result does not
-    depend on its place in the tile (each MMA output element comes from its own row and
-    column), nor on the tile's other rows. BLOCK_M = 16 keeps Triton on mma.sync (wgmma needs
-    64-row tiles, and may round differently);
-  * the epilogues (roundings, SiLU, routing weight) are per element; the combine is per token.
-The previous kernel picked CUDA-core GEMV tiles for 1-4 rows an expert and tensor-core tiles
-beyond, so a token's bits depended on the call's size; scripts/gpu-lease/moe_kernel_bench.py
---old FILE times it beside this one.
+  * the expert GEMMs: BLOCK_M = 16 row tiles on tensor cores, K walked in tile.block_k steps
+    from a zero fp32 accumulator, no split-K, for every row count and both down launches. An
+    expert's 1 row in an AR step sits in a 16-row tile with 15 masked rows (zeros, no memory
+    requests): the MMA work is wasted, but at few rows the block only streams weights. An MMA
+    output element's bits depend on its own row of A and column of B only: not on the row's
+    place in the tile, the other rows, the tile's width or the warps
+    (tests/kernels/test_moe_kernel.py::test_gpu_mma_bits_ignore_row_place_and_tile_width checks
+    it at the real shapes), which is what lets the per-token down compute a slot's row at row j
+    of a tile k * token_n wide and get the grouped tile's bits. BLOCK_M = 16 keeps Triton on
+    mma.sync (wgmma needs 64-row tiles, and may round differently);
+  * the epilogues (roundings, SiLU, routing weight) are per element; the combine is per token,
+    and the per-token down picks its diagonal out with a sum over -0.0 (x + -0.0 == x for
+    every x), exactly.
+tile.token_rows and the N widths, warps and stages are speed only; tile.block_k is part of the
+numerics (the same at every row count). Session 7's kernel picked CUDA-core GEMV tiles for 1-4
+rows an expert and tensor-core tiles beyond, so a token's bits depended on the call's size.
 
 Every shape (grids included) depends on T, k and E only: the number of blocks is bounded by
 ceil(T*k / BLOCK_M) + min(E, T*k), and blocks past the real count see 0 valid rows and return.
-No host sync anywhere, so the whole block lives in a CUDA graph. Launches: linear_triton's one
-or two (two when it splits K, as at T = 1), route (+ place when T > ROUTE_TOKENS), gate_up,
-down, combine: 6 at T = 1 (the previous kernel: 7).
+No host sync anywhere, so the whole block lives in a CUDA graph. Launches: router, route
+(+ place when T > ROUTE_TOKENS), gate_up, then down + combine in one (T <= token_rows) or two:
+4 at T = 1 (session 8: 6, with the router's group-sum pass and a separate combine), 6 past
+ROUTE_TOKENS. scripts/gpu-lease/moe_kernel_bench.py times it against --old FILE (a previous
+kernels/moe.py) and against its own grouped path at every row count.
 
 Numerics follow transformers' Qwen3MoeExperts: gate/up and down GEMM outputs rounded to x's
 dtype, silu in fp32 rounded, then * up, * weight (each rounded). What differs is the sum over
@@ -92,10 +109,11 @@ class MoeTile:
 
 
 # At T = 1 (Qwen3-30B-A3B: 8 experts of 2x768x2048 gate/up and 2048x768 down): 9 blocks x 24
-# gate/up programs (192 with a row, each streaming 2 x 32 x 2048 weights) and 9 x 32 down
-# programs, each with 3 stages of 128-deep K steps in flight. Picked by the sweep on an H200
-# (session 8; mean 1.43x the expert-bytes bound over 1-256 rows, 1.45x for down_n 32; every
-# candidate 2.3-2.7x at one row). Re-tune with
+# gate/up programs (192 with a row, each streaming 2 x 32 x 2048 weights), then 128 per-token
+# down programs, each streaming 8 experts x 16 rows x 768 (one [128, 128] weight tile a K step,
+# 2 in flight). The grouped part was picked by the sweep on an H200 (session 8; mean 1.43x the
+# expert-bytes bound over 1-256 rows); the token_* knobs are first guesses (session 9, not
+# measured). Re-tune with
 #     python scripts/gpu-lease/moe_kernel_bench.py --sweep   (prints the TILE line to paste here)
 TILE = MoeTile(gate_up_n=32, down_n=64, block_k=128, num_warps=4, num_stages=3,
                token_rows=4, token_n=16, token_warps=4, token_stages=3)

@@ -250,6 +250,32 @@ def test_tile_shapes():
         assert v & (v - 1) == 0  # powers of two (tl.arange)
 
 
+def test_sm90_expert_gemms_run_mma_sync():
+    """Offline sm_90 compiles (no GPU) of the three expert GEMMs at TILE and at a wide per-token
+    tile: all on mma.sync m16n8k16 (bf16 in, fp32 accumulate; never wgmma, which may round
+    differently), no local-memory spills, shared memory within an SM's 227 KB. (Equal bits on
+    the device are the GPU tests' to show; this pins what the compiler emits.)"""
+    pytest.importorskip("triton.backends.nvidia")
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    wide = dataclasses.replace(TILE, token_n=64, token_warps=8, token_stages=2)
+    args = [",".join(str(v) for v in (t.gate_up_n, t.down_n, t.block_k, t.num_warps, t.num_stages, t.token_n, t.token_warps,
+                                      t.token_stages)) for t in (TILE, wide)]
+    script = Path(__file__).with_name("sm90_moe_compile.py")
+    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("no ptxas for sm_90")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [o["kernel"] for o in out] == ["gate_up", "down", "down_combine"] * 2
+    for o in out:
+        assert o["mma"] == ["m16n8k16.row.col.f32.bf16.bf16.f32"] and o["wgmma"] == [], o
+        assert o["local"] == 0 and o["shared"] <= 227 * 1024, o
+
+
 def check_batch_invariant(hidden, inter, experts, top_k, many, dtype, tile=TILE, alone=None):
     """Each token's output row computed alone (an AR step) is bitwise its row among `many` tokens
     (a verify), and among the same tokens in another order: routing, grouping, the GEMM tiles and
