@@ -204,6 +204,10 @@ def sweep(p: Problem, rows: list[int], budget_s: float, started: float) -> dict[
     results: dict[str, dict] = {}
 
     def run(tile: MoeTile, ts: list[int], label: str) -> dict[int, float] | None:
+        """x bound per row count, or None when the budget ran out first."""
+        if not in_budget():
+            print(f"  (budget spent: {label} skipped)")
+            return None
         block = tile_block(tile, p.top_k)
         big = big_of(p, block)
         ratios = {}
@@ -232,15 +236,19 @@ def sweep(p: Problem, rows: list[int], budget_s: float, started: float) -> dict[
 
     # (2) crossover: the largest T up to which the per-token down is never slower
     token_tile = dataclasses.replace(TILE, token_rows=max(CROSSOVER_ROWS), token_n=n, token_warps=warps, token_stages=stages)
-    per_token = run(token_tile, CROSSOVER_ROWS, "crossover per-token") or {}
-    grouped = run(dataclasses.replace(token_tile, token_rows=0), CROSSOVER_ROWS, "crossover grouped  ") or {}
-    token_rows = 0
-    for t in CROSSOVER_ROWS:
-        if t in per_token and t in grouped and per_token[t] <= grouped[t]:
+    per_token = run(token_tile, CROSSOVER_ROWS, "crossover per-token")
+    grouped = run(dataclasses.replace(token_tile, token_rows=0), CROSSOVER_ROWS, "crossover grouped  ")
+    if per_token and grouped:
+        token_rows = 0
+        for t in CROSSOVER_ROWS:
+            if per_token[t] > grouped[t]:
+                break
             token_rows = t
-        else:
-            break
-    print(f"token_rows={token_rows}: " + ", ".join(f"{t}: {per_token.get(t)} vs {grouped.get(t)}" for t in CROSSOVER_ROWS))
+        print(f"token_rows={token_rows} (x bound, per-token vs grouped: "
+              + ", ".join(f"{t}: {per_token[t]} vs {grouped[t]}" for t in CROSSOVER_ROWS) + ")")
+    else:
+        token_rows = TILE.token_rows
+        print(f"token_rows={token_rows}: TILE's (crossover not measured)")
 
     # (3) grouped tiles at every row count, with the per-token knobs above
     means = {}
