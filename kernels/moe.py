@@ -462,9 +462,8 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dty
     groups = logits.shape[0] if logits.dim() == 3 else 0
     assert groups == 0 or logits.dtype == torch.float32, "K-group sums are fp32"
     t, num_experts = logits.shape[-2:]
-    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
-    if groups:
-        logits = logits.contiguous()  # group g's rows start at g * T * E (_logits_tile)
+    if groups or logits.stride(-1) != 1:
+        logits = logits.contiguous()  # with groups: group g's rows start at g * T * E (_logits_tile)
     dev = logits.device
     n_blocks = max_blocks(t * top_k, num_experts)
     ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)
