@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 
 from jetspec_chat.kernels import (  # noqa: E402
     moe_block,
@@ -346,22 +347,19 @@ def test_gpu_bf16_batch_invariant_real_shapes(many):
                           alone=range(0, many, max(1, many // 16)))
 
 
-if triton is not None:
-    import triton.language as tl
-
-    @triton.jit
-    def _dot_probe_kernel(A, W, OUT, N, K, stride_w, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """OUT[BLOCK_M, N] = A [BLOCK_M, K] @ W[N, K].T, as the MoE kernels walk it: W tiles
-        [BLOCK_K, BLOCK_N] with K contiguous, one tl.dot per K step from a zero fp32 accumulator."""
-        m = tl.arange(0, BLOCK_M)
-        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(A + m[:, None] * K + k[None, :])
-            w = tl.load(W + n[None, :] * stride_w + k[:, None])
-            acc = tl.dot(a, w, acc)
-        tl.store(OUT + m[:, None] * N + n[None, :], acc)
+@triton.jit
+def _dot_probe_kernel(A, W, OUT, N, K, stride_w, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """OUT[BLOCK_M, N] = A [BLOCK_M, K] @ W[N, K].T, as the MoE kernels walk it: W tiles
+    [BLOCK_K, BLOCK_N] with K contiguous, one tl.dot per K step from a zero fp32 accumulator."""
+    m = tl.arange(0, BLOCK_M)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(A + m[:, None] * K + k[None, :])
+        w = tl.load(W + n[None, :] * stride_w + k[:, None])
+        acc = tl.dot(a, w, acc)
+    tl.store(OUT + m[:, None] * N + n[None, :], acc)
 
 
 @gpu_only
