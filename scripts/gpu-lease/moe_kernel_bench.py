@@ -13,6 +13,9 @@ tokens), `grouped` (the same kernels with token_rows = 0: grouped down + combine
 count), and with --old FILE a previous kernels/moe.py (e.g. `git show b8bab39:kernels/moe.py >
 old_moe.py`: session 8, 6 launches at one row), timed in the same process.
 
+With --old, `new == old bitwise` per row count: TILE keeps session 8's block_k, and the
+routing fold and the per-token down change no bit, so it should read True everywhere.
+
 Then the kernels of one layer at 1 and 4 rows, from the profiler (device time per launch, no
 gaps): where the time over the bound goes.
 
@@ -320,6 +323,9 @@ def main() -> None:
                    bound_us=round(bound * 1e3, 2))
         for name, block in variants.items():
             row[name] = measure(prob, block, t, bound, bigs[name])
+        if old is not None:  # same block_k as session 8: the same bits expected at every row count
+            r, gu, d = prob.layers[0]
+            row["new_equals_old"] = torch.equal(variants["new"](prob.x[:t], r, gu, d), variants["old"](prob.x[:t], r, gu, d))
         results.append(row)
         print(json.dumps(row))
     print(f"--- {time.perf_counter() - started:.0f} s; per layer (us), x the expert-bytes bound; "
@@ -331,7 +337,8 @@ def main() -> None:
         line += "".join(f" {row[n]['us']:9.1f} {row[n]['x_bound']:5.2f}" for n in variants)
         if old:
             line += f" {row['new']['us'] / row['old']['us']:8.2f}"
-        print(line + "  " + " ".join(f"{n}: close {row[n]['close']} invariant {row[n]['invariant']}" for n in variants))
+        print(line + "  " + " ".join(f"{n}: close {row[n]['close']} invariant {row[n]['invariant']}" for n in variants)
+              + (f"  new == old bitwise {row['new_equals_old']}" if old else ""))
     if prob.graphs:
         print("--- kernels of one layer (profiler, device us each, eager launches):")
         print_breakdown(prob, variants)
