@@ -3,11 +3,11 @@
 # and the engine-only timings on the real Qwen2.5-Coder-1.5B. Reuses train_heads.sh for the
 # lease plumbing (setup: wheels + the app copied to /root/app; stage: the GGUF chunks).
 #
-#   here:   bash scripts/gpu-lease/train_heads.sh prepare q15      (.stage/c-q15-00..17, .stage/h-q15)
+#   here:   bash scripts/gpu-lease/train_heads.sh prepare q15      (.stage/c-q15-00..17, .stage/h-q15, .stage/c-hq15-0..1)
 #           python3 scripts/gpu-lease/heldout_prompts.py > .stage/heldout/heldout.jsonl
 #           git show e8dd760:kernels/tree_attention.py > .stage/oldattn/old_tree_attention.py
 #   device: train_heads.sh setup (carry .whl .stage/h-q15 .stage/heldout .stage/oldattn); bf16_exact.sh tests; bf16_exact.sh kernels
-#           train_heads.sh stage (carry .stage/c-q15-NN) x 18
+#           train_heads.sh stage (carry .stage/c-q15-NN, .stage/c-hq15-N) x 20
 #           bf16_exact.sh sweep builtin ; bf16_exact.sh sweep heldout ; bf16_exact.sh engine
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
@@ -17,15 +17,27 @@ verb=${1:?verb}; shift
 cd $APP
 
 case $verb in
-tests)  # the GPU tests of the kernels and of the engine's CUDA path
+tests)  # the GPU tests of the kernels (one call) ...
   timeout 570 python3 -P -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py tests/kernels/test_matmul_kernel.py \
-    tests/kernels/test_fused_kernels.py tests/engine/test_gpu.py 2>&1 | tee $OUT/tests.txt | tail -15
+    tests/kernels/test_fused_kernels.py tests/kernels/test_launch_fusion.py tests/kernels/test_moe_kernel.py \
+    2>&1 | tee $OUT/tests.txt | tail -15
+  ;;
+engine-tests)  # ... and of the engine's CUDA path (another call)
+  timeout 570 python3 -P -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py 2>&1 | tee $OUT/engine-tests.txt | tail -15
   ;;
 kernels)  # kernel timings: attention old vs new, the linear ours vs cuBLAS (with a config sweep)
   sed -i "s#^from .reference import#from jetspec_chat.kernels.reference import#" $STAGE/oldattn/old_tree_attention.py
   timeout 120 python3 scripts/gpu-lease/attention_bench.py --old $STAGE/oldattn/old_tree_attention.py \
     --json-out $OUT/attention_bench.json 2>&1 | tail -30
   timeout 400 python3 scripts/gpu-lease/linear_bench.py 2>&1 | tee $OUT/linear_bench.txt | tail -60
+  ;;
+launches)  # a decoder layer's launches: the consumers that add the split GEMM's partials vs the two-step loop
+  timeout 200 python3 scripts/gpu-lease/layer_launch_bench.py 2>&1 | tee $OUT/layer_launch.txt | tail -40
+  ;;
+profile)  # where an AR step and a verify(64) spend their time, kernel by kernel (1.5B, 8B shapes)
+  bash scripts/gpu-lease/train_heads.sh assemble q15 > /dev/null || exit 1
+  timeout 300 python3 scripts/gpu-lease/ar_profile.py /root/models/q15.gguf random:Qwen/Qwen3-8B \
+    --json $OUT/profile.json > $OUT/profile.txt 2>&1; grep -A12 "^==" $OUT/profile.txt
   ;;
 refresh)  # this call's working tree replaces /root/app (a code change within one lease)
   cd - > /dev/null && rm -rf $APP && mkdir -p $APP && tar --exclude=./.stage --exclude=./.whl -cf - . | tar -xf - -C $APP
@@ -36,12 +48,14 @@ sweep)  # bf16 greedy: every speculative answer against the same engine's AR ans
   prompts="--prompt-sets coding,chat,math"
   [ $which = heldout ] && prompts="--prompts $STAGE/heldout/heldout.jsonl"
   gguf=$(bash scripts/gpu-lease/train_heads.sh assemble q15 | tail -1)
+  bash scripts/gpu-lease/train_heads.sh join q15 || exit 1
   timeout 570 python3 -m jetspec_chat bench $gguf --draft-head $STAGE/h-q15 --device cuda --dtype bfloat16 \
     --modes ar,spec --budgets 16,64,256 $prompts --max-new-tokens 256 --warmup 1 --reps 1 \
     --json-out $OUT/sweep-$which.json 2>&1 | tee $OUT/sweep-$which.txt | tail -40
   ;;
 engine)  # engine-only step and round timings: the real 1.5B, then Qwen3-8B shapes (random weights)
-  gguf=/root/models/q15.gguf
+  gguf=$(bash scripts/gpu-lease/train_heads.sh assemble q15 | tail -1)
+  bash scripts/gpu-lease/train_heads.sh join q15 || exit 1
   timeout 240 python3 -m jetspec_chat bench $gguf --draft-head $STAGE/h-q15 --engine-only --dtype bfloat16 \
     --contexts 512,2048 --tree-sizes 1,16,64,128,256 --json-out $OUT/engine-q15.json 2>&1 | tail -30
   timeout 300 python3 -m jetspec_chat bench random:Qwen/Qwen3-8B --draft-head random:5 --engine-only \

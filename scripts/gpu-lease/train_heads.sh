@@ -177,6 +177,9 @@ setup)
 assemble)  # assemble KEY: the staged chunks -> /root/models/KEY.gguf (sha-checked); prints its path
   assemble ${1:?key}
   ;;
+join)  # join KEY: /root/stage/h-KEY/model.safetensors from its staged chunks (sha-checked)
+  join_head ${1:?key}
+  ;;
 stage)
   take_stage | wc -l
   ;;
