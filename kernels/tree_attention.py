@@ -22,10 +22,15 @@ the same tiles, the same split bounds and the same merge, whatever shares the ca
     Tiles that reach past prefix_len hold, for each row, that row's own new-token keys (through
     `visible_keys`): if all rows of the program agree on them (a causal prefill chunk, AR) one
     step serves all; otherwise (tree siblings) the tile is stepped once per token with the other
-    rows masked out, which leaves their online-softmax state bit for bit unchanged.
+    rows masked out, which leaves their online-softmax state bit for bit unchanged. At T == 1
+    (AR) the row's keys sit at their own positions, so its tiles past the prefix run in the
+    prefix loop (one software-pipelined loop a split, no key lookup): same tiles, same K/V
+    values (zeros past the row's length), same mask, hence the same bits.
   * Split s covers logical [s*split_len, (s+1)*split_len). A row with one split writes its
     output directly; otherwise each of its splits writes a normalised fp32 partial and its LSE,
-    and `_merge_splits_kernel` folds them in split order.
+    and the last program of the (query tile, KV head) to finish (an arrival counter, which that
+    program resets to 0, so CUDA-graph replays find it zeroed) folds them in split order,
+    `_merge_rows`: no second launch.
 fp32 scores, softmax and accumulation (exp2 with the scale folded in); output in q's dtype.
 fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless.
 """
@@ -47,7 +52,9 @@ except ImportError:  # pragma: no cover - exercised only without triton
 LOG2E = 1.4426950408889634
 
 # Fixed for every call (batch invariance, see above). 64x64 tiles, 4 warps, 2 stages were best
-# or within ~10% of the best in the H200 sweep of the previous kernel (NOTES.md).
+# or within ~10% of the best in the H200 sweep of the previous kernel (NOTES.md). NUM_STAGES
+# only changes the software pipeline (never a row's arithmetic); NUM_WARPS changes the
+# reduction trees of tl.sum, hence the bits (attention_bench.py --sweep checks both).
 BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 4
