@@ -57,9 +57,13 @@ SWEEP_CASES = [Case(s, 1, 512, 593) for s in HEADS] + [Case(s, 1, 8192, 8448) fo
     Case(s, t, c, 8448) for s in HEADS for t, c in ((16, 512), (64, 512), (256, 4096))]
 
 
-def load_old(commit: str):
-    src = subprocess.run(["git", "show", f"{commit}:kernels/tree_attention.py"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout
+def load_old(commit_or_file: str):
+    """The previous kernel: a commit (read with git show) or a saved copy of its file."""
+    if Path(commit_or_file).is_file():
+        src = Path(commit_or_file).read_text()
+    else:
+        src = subprocess.run(["git", "show", f"{commit_or_file}:kernels/tree_attention.py"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "old_tree_attention.py"
     path.write_text(src.replace("from .reference import", "from jetspec_chat.kernels.reference import"))
     spec = importlib.util.spec_from_file_location("old_tree_attention", path)
@@ -176,7 +180,7 @@ def run_sweep(old) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--old", default="b8bab39", help="commit of the previous kernel")
+    ap.add_argument("--old", default="b8bab39", help="the previous kernel: a commit, or its saved file (no .git)")
     ap.add_argument("--sweep", action="store_true", help="also sweep NUM_STAGES x NUM_WARPS")
     ap.add_argument("--json-out", default=os.path.join(os.environ.get("OUT", "."), "attention_bench.json"))
     args = ap.parse_args()
