@@ -22,15 +22,10 @@ the same tiles, the same split bounds and the same merge, whatever shares the ca
     Tiles that reach past prefix_len hold, for each row, that row's own new-token keys (through
     `visible_keys`): if all rows of the program agree on them (a causal prefill chunk, AR) one
     step serves all; otherwise (tree siblings) the tile is stepped once per token with the other
-    rows masked out, which leaves their online-softmax state bit for bit unchanged. At T == 1
-    (AR) the row's keys sit at their own positions, so its tiles past the prefix run in the
-    prefix loop (one software-pipelined loop a split, no key lookup): same tiles, same K/V
-    values (zeros past the row's length), same mask, hence the same bits.
+    rows masked out, which leaves their online-softmax state bit for bit unchanged.
   * Split s covers logical [s*split_len, (s+1)*split_len). A row with one split writes its
     output directly; otherwise each of its splits writes a normalised fp32 partial and its LSE,
-    and the last program of the (query tile, KV head) to finish (an arrival counter, which that
-    program resets to 0, so CUDA-graph replays find it zeroed) folds them in split order,
-    `_merge_rows`: no second launch.
+    and `_merge_splits_kernel` folds them in split order.
 fp32 scores, softmax and accumulation (exp2 with the scale folded in); output in q's dtype.
 fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless.
 """
@@ -52,9 +47,7 @@ except ImportError:  # pragma: no cover - exercised only without triton
 LOG2E = 1.4426950408889634
 
 # Fixed for every call (batch invariance, see above). 64x64 tiles, 4 warps, 2 stages were best
-# or within ~10% of the best in the H200 sweep of the previous kernel (NOTES.md). NUM_STAGES
-# only changes the software pipeline (never a row's arithmetic); NUM_WARPS changes the
-# reduction trees of tl.sum, hence the bits (attention_bench.py --sweep checks both).
+# or within ~10% of the best in the H200 sweep of the previous kernel (NOTES.md).
 BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 4
@@ -147,7 +140,7 @@ if triton is not None:
     # T is never specialised (==1 would compile AR apart from verify): one binary for every T.
     @triton.jit(do_not_specialize=["T"])
     def _tree_attn_kernel(
-        Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, OUT_PART, LSE_PART, COUNTER,
+        Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, OUT_PART, LSE_PART,
         T, N_HEADS, SPLIT_LEN, NUM_SPLITS, qk_scale,
         stride_qt, stride_qh,
         stride_kb, stride_ks, stride_kh,
@@ -155,7 +148,6 @@ if triton is not None:
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
-        MERGE: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         kv = tl.program_id(1)
@@ -183,10 +175,7 @@ if triton is not None:
         split = tl.where(per_token, prefix_tiles_end // SPLIT_LEN + extra // SUB, pid_s)
         lo = split * SPLIT_LEN
         hi = tl.minimum(lo + SPLIT_LEN, tl.max(length, 0))
-        # AR (T == 1): the row's key at logical p >= prefix is at p itself (its only new token
-        # sits at prefix), so the tiles past the prefix are plain tiles too: one loop (one
-        # software pipeline) for the whole split, no key lookup, no per-tile agreement test.
-        shared_end = tl.where(T == 1, hi, tl.minimum(hi, prefix_tiles_end))
+        shared_end = tl.minimum(hi, prefix_tiles_end)
         run = lo < hi
         if SUB > 1:
             run = run & (per_token == (shared_end < hi))
@@ -204,14 +193,12 @@ if triton is not None:
             acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
             cols = tl.arange(0, BLOCK_N)
 
-            # Tiles of keys at their own logical positions, the same for every row: the prefix
-            # (all visible), and at T == 1 the rest of the split. Columns past hi load as zeros,
-            # as in the per-row tiles below (same K/V values, same mask: same bits).
+            # Tiles wholly inside the prefix: the same keys for every row (all visible).
             for start in range(lo, shared_end, BLOCK_N):
                 pos = start + cols
                 kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d,
                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                      BLOCK_SIZE, True)
+                                      BLOCK_SIZE, False)
                 visible = pos[None, :] < length[:, None]
                 m_i, l_i, acc = _online_softmax_step(q, kt, v, visible, m_i, l_i, acc, qk_scale, PRECISION)
 
@@ -256,53 +243,33 @@ if triton is not None:
             tl.store(LSE_PART + part_row, lse, mask=several)
             tl.store(OUT_PART + part_row[:, None] * HEAD_DIM + d[None, :], out, mask=several[:, None])
 
-        if MERGE:
-            # Every program of this (query tile, KV head) arrives once, whether it ran or not;
-            # the last one folds the tile's partials. The barrier orders all of this program's
-            # partial stores before the (release) arrival; the last arriver's acquire makes
-            # the others' visible, and it puts the counter back to 0 for the next launch (a
-            # CUDA-graph replay included: nothing else resets it).
-            counter = COUNTER + pid_m * tl.num_programs(1) + kv
-            tl.debug_barrier()
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == tl.num_programs(2) - 1:
-                tl.store(counter, 0)
-                _merge_rows(OUT_PART, LSE_PART, OUT, tok, head, length, row_valid, T, N_HEADS, SPLIT_LEN,
-                            stride_ot, stride_oh, HEAD_DIM)
-
-    @triton.jit
-    def _merge_rows(
-        OUT_PART, LSE_PART, OUT, tok, head, length, row_valid, T, N_HEADS, SPLIT_LEN, stride_ot, stride_oh,
+    @triton.jit(do_not_specialize=["T"])
+    def _merge_splits_kernel(
+        OUT_PART, LSE_PART, OUT, PREFIX, COUNT, T, N_HEADS, SPLIT_LEN, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr,
     ):
-        """out[t, h] = sum_s 2^(lse_s - max) * out_s / sum_s 2^(lse_s - max) over each row's own
-        splits, folded one by one in split order (a row of one split was written directly).
-        Per row exactly the arithmetic of the former one-row-per-program merge kernel."""
-        n = tl.cdiv(length, SPLIT_LEN)
-        several = row_valid & (n > 1)
-        d = tl.arange(0, HEAD_DIM)
-        top = tl.max(tl.where(several, n, 0), 0)
-        m = tl.full(tok.shape, float("-inf"), dtype=tl.float32)
-        for s in range(0, top):
-            live = several & (s < n)
-            lse = tl.load(LSE_PART + (s * T + tok) * N_HEADS + head, mask=live, other=float("-inf"),
-                          cache_modifier=".cg")
-            m = tl.maximum(m, lse)
-        m = tl.where(m == float("-inf"), 0.0, m)
-        denom = tl.zeros(tok.shape, dtype=tl.float32)
-        acc = tl.zeros([tok.shape[0], HEAD_DIM], dtype=tl.float32)
-        for s in range(0, top):
-            row = (s * T + tok) * N_HEADS + head
-            lse = tl.load(LSE_PART + row, mask=several & (s < n), other=float("-inf"), cache_modifier=".cg")
-            take = lse > float("-inf")
-            w = tl.exp2(lse - m)
-            x = tl.load(OUT_PART + row[:, None] * HEAD_DIM + d[None, :], mask=take[:, None], other=0.0,
-                        cache_modifier=".cg")
-            denom = tl.where(take, denom + w, denom)
-            acc = tl.where(take[:, None], acc + w[:, None] * x, acc)
-        out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
-        o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-        tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=several[:, None])
+        """out[t, h] = sum_s 2^(lse_s - max) * out_s / sum_s 2^(lse_s - max) over the row's own
+        splits, folded one by one in split order (a row of one split was written directly)."""
+        t = tl.program_id(0)
+        h = tl.program_id(1)
+        n = tl.cdiv(tl.load(PREFIX).to(tl.int32) + tl.load(COUNT + t), SPLIT_LEN)
+        if n > 1:
+            d = tl.arange(0, HEAD_DIM)
+            m = float("-inf")
+            for s in range(0, n):
+                m = tl.maximum(m, tl.load(LSE_PART + (s * T + t) * N_HEADS + h))
+            m = tl.where(m == float("-inf"), 0.0, m)
+            denom = 0.0
+            acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+            for s in range(0, n):
+                row = (s * T + t) * N_HEADS + h
+                lse = tl.load(LSE_PART + row)
+                if lse > float("-inf"):
+                    w = tl.exp2(lse - m)
+                    denom += w
+                    acc += w * tl.load(OUT_PART + row * HEAD_DIM + d)
+            out = acc / tl.where(denom > 0.0, denom, 1.0)
+            tl.store(OUT + t * stride_ot + h * stride_oh + d, out.to(OUT.dtype.element_ty))
 
     @triton.jit
     def _write_kv_kernel(
@@ -332,24 +299,6 @@ def _prefix_tensor(prefix_len: int | torch.Tensor, device: torch.device) -> torc
     # Passing a python int straight to the kernel would specialise on it (==1, %16) and
     # recompile; a 1-element tensor never does.
     return torch.tensor([prefix_len], dtype=torch.int32, device=device)
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """The kernel's arrival counters (one per query tile and KV head): zeros, and every launch
-    leaves them zero (its last program of each column resets its own). Allocated once a device,
-    outside any CUDA-graph capture (the engine and the benches run each graph's function
-    eagerly first), so captured launches and eager ones share one zeroed buffer. Launches on
-    two streams at once would share it too: the engine runs attention on one stream."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("paged_tree_attention_triton: run this shape once before capturing a CUDA graph")
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
 
 
 def paged_tree_attention_triton(
@@ -409,19 +358,23 @@ def paged_tree_attention_triton(
     sub = -(-BLOCK_M // group) + 1 if 1 < t <= MAX_SUB_T else 1
     per_token = (-(-(t + BLOCK_N - 1) // split_len) + 1) * sub if sub > 1 else 0
     grid = (triton.cdiv(t * group, BLOCK_M), n_kv, num_splits + per_token)
-    counter = _arrival_counters(q.device, grid[0] * grid[1])
     _tree_attn_kernel[grid](
-        q, k_pool, v_pool, block_table, prefix, keys.order, keys.count, out, out_part, lse_part, counter,
+        q, k_pool, v_pool, block_table, prefix, keys.order, keys.count, out, out_part, lse_part,
         t, n_heads, split_len, num_splits, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub, MERGE=num_splits > 1,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
+    if num_splits > 1:
+        _merge_splits_kernel[(t, n_heads)](
+            out_part, lse_part, out, prefix, keys.count, t, n_heads, split_len,
+            out.stride(0), out.stride(1), HEAD_DIM=head_dim, num_warps=1,
+        )
     return out
 
 
