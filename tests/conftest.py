@@ -41,3 +41,28 @@ def poisoned_alloc(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_empty_like(*a, **k)))
+
+
+@pytest.fixture
+def ordered_dot(monkeypatch):
+    """Under the interpreter, tl.dot with each output element summed alone in K order (acc, then
+    + a[i, 0] * b[0, j], + a[i, 1] * b[1, j], ...): an element's bits then depend on its own row
+    and column only, as on the GPU's MMA, which the batch-invariance tests rely on. The
+    interpreter's own dot is numpy's matmul of the whole tile, whose BLAS kernel may sum a row
+    differently by its place in the tile (seen on some x86 CPUs: a tree row then differs from its
+    AR step in the last bit). On a GPU the MMA itself is under test: nothing is patched."""
+    if torch.cuda.is_available():
+        yield
+        return
+    import numpy as np
+    from triton.runtime import interpreter as interp
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        acc = d.data.astype(np.float32, copy=True)
+        a32, b32 = a.data.astype(np.float32), b.data.astype(np.float32)
+        for k in range(a32.shape[-1]):
+            acc = acc + a32[..., :, k : k + 1] * b32[..., k : k + 1, :]
+        return interp.TensorHandle(acc, d.dtype.scalar)
+
+    monkeypatch.setattr(interp.InterpreterBuilder, "create_dot", dot)
+    yield

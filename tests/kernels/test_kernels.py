@@ -253,9 +253,10 @@ def assert_batch_invariant(t, prefix_len, n_heads, n_kv, d, *, mask="tree", spli
 
 
 @pytest.mark.parametrize("t,prefix_len,mask", [(12, 57, "tree"), (20, 120, "tree"), (9, 0, "causal"), (70, 3, "tree")])
-def test_rows_equal_their_ar_step(t, prefix_len, mask):
+def test_rows_equal_their_ar_step(t, prefix_len, mask, ordered_dot):
     """(The previous kernel, which reduced a node's keys in tree order, fails this.) Bitwise: a verified node's output is the AR step's for the same token and keys, also when
-    the prefix ends inside a tile, rows cross split bounds (splits of 64) and siblings share tiles."""
+    the prefix ends inside a tile, rows cross split bounds (splits of 64) and siblings share tiles.
+    (ordered_dot: on the CPU, the interpreter's dot made per element, as the GPU's MMA is.)"""
     assert_batch_invariant(t, prefix_len, 4, 2, 16, mask=mask, seed=t)
 
 
