@@ -135,7 +135,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("t,prefix_len,n_heads,n_kv,head_dim,mask", CASES)
-def test_tree_attention_matches_reference(t, prefix_len, n_heads, n_kv, head_dim, mask, poisoned_alloc):
+def test_tree_attention_matches_reference(t, prefix_len, n_heads, n_kv, head_dim, mask, poisoned_alloc, checked_pointers):
     check(t, prefix_len, n_heads, n_kv, head_dim, mask=mask, seed=t * 1000 + prefix_len)
 
 
@@ -169,7 +169,7 @@ def test_new_tokens_spread_over_splits(mask, poisoned_alloc):
     check(130, 0, 2, 1, 16, mask=mask, split_len=64, seed=2)
 
 
-def test_block_size_not_tile_multiple(poisoned_alloc):
+def test_block_size_not_tile_multiple(poisoned_alloc, checked_pointers):
     """Pages of 8 and 32 positions: tiles straddle pages either way."""
     check(5, 150, 4, 2, 16, block_size=8, split_len=64)
     check(5, 150, 4, 2, 16, block_size=32)

@@ -148,7 +148,7 @@ QKV_CASES = [  # (heads, kv, d, bias, qk_norm)
 
 
 @pytest.mark.parametrize("heads,kv,d,bias,qk_norm", QKV_CASES)
-def test_qkv_rope_write_bitwise(heads, kv, d, bias, qk_norm, poisoned_alloc):
+def test_qkv_rope_write_bitwise(heads, kv, d, bias, qk_norm, poisoned_alloc, checked_pointers):
     """qkv_rope_write on Partials or on the linear's output == linear + qk_norm_rope + write_kv:
     q and both pools bitwise, at M = 5 and for a row alone."""
     m, k = 5, 192

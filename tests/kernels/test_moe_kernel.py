@@ -102,7 +102,7 @@ SMALL = MoeTile(gate_up_n=16, down_n=32, block_k=32, num_warps=4, num_stages=2)
     ],
 )
 @pytest.mark.parametrize("norm", [True, False])
-def test_moe_matches_reference(t, hidden, inter, experts, top_k, tile, norm):
+def test_moe_matches_reference(t, hidden, inter, experts, top_k, tile, norm, checked_pointers):
     x, router, gate_up, down = weights(t, hidden, inter, experts, seed=hidden + t)
     ref = moe_block_ref(x, router, gate_up, down, top_k, norm)
     got = moe_block_triton(x, router, gate_up, down, top_k, norm, tile=tile)
@@ -241,3 +241,25 @@ def test_gpu_deterministic_and_captured_in_a_cuda_graph(t):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, moe_block_triton(x.flip(0), router, gate_up, down, 8, True))
+
+
+@pytest.mark.parametrize("t", [1, 4, 20])
+def test_non_finite_tokens_stay_in_bounds(t, checked_pointers, ordered_dot):
+    """A token gone NaN or inf upstream (e.g. an fp16 overflow) must not make the block read or
+    write outside its tensors (`checked_pointers`), and must leave the other tokens' outputs
+    as they are without it; x is a row slice of a bigger tensor, as in the engine's buffers.
+    (ordered_dot: the bad token's rows move the others within their tiles; the interpreter's
+    whole-tile matmul would then round them differently, the GPU's MMA does not.)"""
+    big, router, gate_up, down = weights(t + 6, 32, 16, 8, seed=t)
+    x = big[3 : 3 + t]
+    clean = moe_block_triton(x.clone(), router, gate_up, down, 2, True)
+    bad = x.clone()
+    bad[0] = float("nan")
+    if t > 1:
+        bad[-1, 5] = float("inf")
+    got = moe_block_triton(bad, router, gate_up, down, 2, True)
+    ok = torch.ones(t, dtype=torch.bool)
+    ok[0] = False
+    if t > 1:
+        ok[-1] = False
+    assert torch.equal(got[ok], clean[ok])
