@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..kernels import add_rms_norm, paged_tree_attention, visible_keys, write_kv
+from ..kernels import add_rms_norm, paged_tree_attention, prefix_tensor, visible_keys, write_kv
 from .errors import DraftHeadError
 from .kv_cache import BLOCK_SIZE as KV_BLOCK
 from .kv_cache import TrackedLength
@@ -309,14 +309,15 @@ class DraftHead(nn.Module):
         cos, sin = self.rotary.cos_sin(rows, h.dtype)
         mask = torch.ones(b, b, dtype=torch.bool, device=h.device)
         mask = mask.tril() if self.cfg.causal else mask
-        keys = visible_keys(mask) if h.is_cuda else None  # the Triton kernel's form, once for all layers
+        keys = visible_keys(mask) if h.is_cuda else None  # the Triton kernel's forms, once for all layers
+        prefix = prefix_tensor(length, h.device) if h.is_cuda else length
         eps = self.cfg.rms_norm_eps
         x = self.layers[0].input_layernorm(h)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             k_pool, v_pool = cache.pools(i)
             q = attn.qkv_rope_write(x, cos, sin, k_pool, v_pool, rows)
-            o = paged_tree_attention(q, k_pool, v_pool, cache.block_table, length, mask, attn.head_dim**-0.5, keys)
+            o = paged_tree_attention(q, k_pool, v_pool, cache.block_table, prefix, mask, attn.head_dim**-0.5, keys)
             # Residual adds fused with the following norm, as in the target model.
             x, h = add_rms_norm(attn.o_proj.forward_partials(o.reshape(b, -1)), h, layer.post_attention_layernorm.weight, eps)
             next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm

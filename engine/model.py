@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..kernels import add_rms_norm, paged_tree_attention, visible_keys
+from ..kernels import add_rms_norm, paged_tree_attention, prefix_tensor, visible_keys
 from .kv_cache import PagedKVCache
 from .layers import (
     MLP,
@@ -134,8 +134,10 @@ class TargetModel(nn.Module):
         h = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
         slots = kv.slots_of(batch.prefix_len + torch.arange(t, device=h.device))
-        # The Triton kernel reads each row's keys in its own order: derive that once for all layers.
+        # The Triton kernel reads each row's keys in its own order and the length as an int32
+        # tensor: derive both once for all layers.
         keys = visible_keys(batch.tree_mask) if h.is_cuda else None
+        prefix = prefix_tensor(batch.prefix_len, h.device) if h.is_cuda else batch.prefix_len
         layers = self.model.layers
         eps = self.cfg.rms_norm_eps
         taps: dict[int, torch.Tensor] = {}
@@ -144,7 +146,7 @@ class TargetModel(nn.Module):
             attn = layer.self_attn
             k_pool, v_pool = kv.layer(i)
             q = attn.qkv_rope_write(x, cos, sin, k_pool, v_pool, slots)
-            o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, batch.prefix_len, batch.tree_mask, self.scale, keys)
+            o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, prefix, batch.tree_mask, self.scale, keys)
             # Residual add fused with the next norm: h += o_proj(o); x = norm(h) (same for the MLP,
             # whose add also applies the next layer's input norm, or the final norm). The
             # projections hand over their K-group sums where they split (forward_partials).

@@ -293,7 +293,10 @@ if triton is not None:
 # ----------------------------------------------------------------------------- wrappers
 
 
-def _prefix_tensor(prefix_len: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+def prefix_tensor(prefix_len: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The committed length as the kernel reads it: a 1-element int32 tensor on `device` (a view,
+    no copy, when it already is one). A forward converts once and hands the result to every
+    layer: converting an int64 device length per call was a cast kernel a layer."""
     if isinstance(prefix_len, torch.Tensor):
         return prefix_len.reshape(1).to(device=device, dtype=torch.int32)
     # Passing a python int straight to the kernel would specialise on it (==1, %16) and
@@ -335,7 +338,7 @@ def paged_tree_attention_triton(
         q = q.contiguous()
     keys = tree_mask if isinstance(tree_mask, VisibleKeys) else visible_keys(tree_mask)
     assert keys.order.shape == (t, t) and keys.count.shape == (t,), "tree_mask must be [T, T]"
-    prefix = _prefix_tensor(prefix_len, q.device)
+    prefix = prefix_tensor(prefix_len, q.device)
     block_table = block_table.contiguous()
     capacity = block_table.numel() * block_size
     if split_len is None:
@@ -435,6 +438,7 @@ __all__ = [
     "VisibleKeys",
     "logical_to_slots",
     "paged_tree_attention",
+    "prefix_tensor",
     "paged_tree_attention_triton",
     "split_len_for",
     "visible_keys",

@@ -345,3 +345,16 @@ def test_write_kv_bf16_gpu():
     write_kv_ref(k_ref, v_ref, slots, k, v)
     write_kv_triton(k_pool, v_pool, slots, k, v)
     assert torch.equal(k_pool, k_ref) and torch.equal(v_pool, v_ref)
+
+
+def test_prefix_tensor_converts_once():
+    """A forward converts the committed length once (`prefix_tensor`) and every layer's attention
+    takes the result as it is: an int32 1-element tensor comes back as a view, not a copy (a cast
+    a layer was a kernel launch a layer on the GPU)."""
+    from jetspec_chat.kernels import prefix_tensor
+
+    length = torch.tensor(57, dtype=torch.int64, device=DEVICE)  # the caches' device_length
+    once = prefix_tensor(length, length.device)
+    assert once.dtype == torch.int32 and once.shape == (1,) and int(once) == 57
+    assert prefix_tensor(once, once.device).data_ptr() == once.data_ptr()
+    assert int(prefix_tensor(12, torch.device(DEVICE))) == 12
