@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from jetspec_chat.engine.bench.engine_only import _prepare_engine, _random_tree, _State, _verify_forward
-from jetspec_chat.engine.bench.gpu_idle import GPU_TRACE_CATS, kernel_table
+from jetspec_chat.engine.bench.gpu_idle import GPU_TRACE_CATS, idle_from_trace, kernel_table
 from jetspec_chat.engine.bench.timing import time_fn
 from jetspec_chat.engine.models.loader import load_engine
 from jetspec_chat.engine.tree import root_only
@@ -54,24 +54,13 @@ def profile_steps(fn, steps: int) -> list[dict]:
 
 
 def busy_us(events: list[dict]) -> tuple[float, float]:
-    """Median per step: (union of device intervals, sum of kernel durations)."""
+    """Median per step: (union of device activity, gpu_idle's busy time; sum of their durations)."""
+    busy = statistics.median(s["busy_us"] for s in idle_from_trace(events, label=LABEL))
     steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
              if e.get("ph") == "X" and e.get("name") == LABEL and e.get("cat") == "user_annotation"]
-    unions, sums = [], []
-    for w0, w1 in steps:
-        iv = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                    if e.get("ph") == "X" and e.get("cat") in GPU_TRACE_CATS and w0 <= e["ts"] < w1)
-        total, end = 0.0, None
-        for a, b in iv:
-            if end is None or a > end:
-                total += b - a
-                end = b
-            elif b > end:
-                total += b - end
-                end = b
-        unions.append(total)
-        sums.append(sum(b - a for a, b in iv))
-    return statistics.median(unions), statistics.median(sums)
+    sums = [sum(e["dur"] for e in events if e.get("ph") == "X" and e.get("cat") in GPU_TRACE_CATS and w0 <= e["ts"] < w1)
+            for w0, w1 in steps]
+    return busy, statistics.median(sums)
 
 
 def report(name: str, fn, steps: int, device) -> dict:
