@@ -337,6 +337,22 @@ def linear_partials_triton(
     return Partials(partials, bias, x.dtype)
 
 
+def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T as its K-group sums, always: fp32 [G, M, N], G = choose_config's
+    group count (1 for weights in one group). linear_triton(x, weight) is bitwise
+    (0 + p_0 + p_1 + ... + p_{G-1}).to(x.dtype), adds in fp32 in group order: a consumer that
+    sums them itself saves the group-sum launch at every M (kernels/moe.py's routing)."""
+    x, weight, _ = _operands(x, weight, None)
+    m, k = x.shape
+    n = weight.shape[0]
+    config = choose_config(n, k)
+    partials = torch.empty(config.num_groups(k), m, n, device=x.device, dtype=torch.float32)
+    # The split launch's kernel with one group is the fused launch's one-group sum: the same dots
+    # from a zero accumulator, stored unrounded. A split program never touches Y: x stands in.
+    _launch_gemm(x, weight, None, x, partials, config=config, split=True, block_m=None)
+    return partials
+
+
 def _operands(x, weight, bias):
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -401,6 +417,7 @@ __all__ = [
     "block_m_for",
     "choose_config",
     "groups_for",
+    "linear_partials",
     "linear_partials_triton",
     "linear_ref",
     "linear_triton",

@@ -1,42 +1,59 @@
-"""Fused sparse MoE block (Qwen3 MoE) for CUDA: router, routing + grouping, two grouped GEMMs, combine.
+"""Fused sparse MoE block (Qwen3 MoE) for CUDA: router, routing + grouping, two expert GEMMs, combine.
 
-    logits  = x @ router.T        bf16/fp16: kernels/matmul.py's batch-invariant linear_triton
-                                  (fp32: F.linear, the oracle path, as engine/layers.py::linear)
-    route   : one launch of ceil(T / ROUTE_TOKENS) programs, each routing ROUTE_TOKENS tokens
-              (fp32 softmax, top-k by repeated argmax, lowest id on ties, renormalised; weights
-              rounded to x's dtype) and counting its (token, slot) assignments per expert. With
-              one program (T <= ROUTE_TOKENS: AR steps, small trees) that program also groups
-              the rows; otherwise a second launch (`_place_kernel`, same program count) does.
+    router  : bf16/fp16: kernels/matmul.py's linear_partials, the batch-invariant linear_triton's
+              split launch alone: fp32 sums of its K groups [G, T, E] (fp32 x: F.linear, the
+              oracle path, as engine/layers.py::linear)
+    route   : one launch of ceil(T / ROUTE_TOKENS) programs, each adding its tokens' K-group
+              sums in group order and rounding them (linear_triton's group-sum pass: the same
+              logits bits, one launch fewer), then routing ROUTE_TOKENS tokens (fp32 softmax,
+              top-k by repeated argmax, lowest id on ties, renormalised; weights rounded to x's
+              dtype) and counting its (token, slot) assignments per expert. With one program
+              (T <= ROUTE_TOKENS: AR steps, small trees) that program also groups the rows;
+              otherwise a second launch (`_place_kernel`, same program count) does.
     group   : the T*k assignments sorted by expert (tokens in order within one), each expert's
               run padded to a multiple of BLOCK_M rows; a block of BLOCK_M rows is one expert's
+              (row_assign: row -> assignment; row_of: assignment -> row)
     gate_up : per block, rows of x gathered by token, times that expert's [2I, H] weight,
               silu(gate) * up fused into the epilogue -> one intermediate row per assignment
-    down    : per block, intermediate rows times the expert's [H, I] weight, times the routing
-              weight, written to the assignment's own row [T*k, H]
+    down    : T > tile.token_rows: per block, intermediate rows times the expert's [H, I]
+              weight, times the routing weight, written to the assignment's own row [T*k, H];
     combine : out[t] = the k slot rows of t summed in slot order in fp32, rounded once (no atomics)
+    down + combine, T <= tile.token_rows (AR steps, tiny trees): one launch, a program per
+              (token, token_n hidden columns); one tl.dot a K step holds all k slots: row j of
+              the 16-row A tile is slot j's intermediate row, columns j*token_n.. of B are slot
+              j's expert's down rows, and slot j's result is the diagonal block (row j, its own
+              columns). Then the same epilogue and the same slot-order fp32 sum as above.
 
 Batch-invariant: a token's output bits do not depend on how many tokens share the call or on
 what they route to, so a tree node verified among N rows computes bitwise what the AR step for
 the same token computes (issue 13; docs/DESIGN.md). What fixes a row's arithmetic:
-  * the router logits: linear_triton (one reduction order per weight shape, never from M);
+  * the router logits: linear_triton's (one K-group split per weight shape, never from M; the
+    groups added in order from zero in fp32 and rounded, here inside the routing programs);
   * routing: per token, on a [ROUTE_TOKENS, E] tile whose rows do not interact;
-  * the expert GEMMs: one tile (`TILE`: BLOCK_M = 16 rows, tensor cores, K walked in BLOCK_K
-    steps from a zero fp32 accumulator, no split-K) for every row count. An expert's 1 row in
-    an AR step sits in a 16-row tile with 15 masked rows (zeros, no memory requests): the MMA
-    work is wasted, but at few rows the block only streams weights. A row's result does not
-    depend on its place in the tile (each MMA output element comes from its own row and
-    column), nor on the tile's other rows. BLOCK_M = 16 keeps Triton on mma.sync (wgmma needs
-    64-row tiles, and may round differently);
-  * the epilogues (roundings, SiLU, routing weight) are per element; the combine is per token.
-The previous kernel picked CUDA-core GEMV tiles for 1-4 rows an expert and tensor-core tiles
-beyond, so a token's bits depended on the call's size; scripts/gpu-lease/moe_kernel_bench.py
---old FILE times it beside this one.
+  * the expert GEMMs: BLOCK_M = 16 row tiles on tensor cores, K walked in tile.block_k steps
+    from a zero fp32 accumulator, no split-K, for every row count and both down launches. An
+    expert's 1 row in an AR step sits in a 16-row tile with 15 masked rows (zeros, no memory
+    requests): the MMA work is wasted, but at few rows the block only streams weights. An MMA
+    output element's bits depend on its own row of A and column of B only: not on the row's
+    place in the tile, the other rows, the tile's width or the warps
+    (tests/kernels/test_moe_kernel.py::test_gpu_mma_bits_ignore_row_place_and_tile_width checks
+    it at the real shapes), which is what lets the per-token down compute a slot's row at row j
+    of a tile k * token_n wide and get the grouped tile's bits. BLOCK_M = 16 keeps Triton on
+    mma.sync (wgmma needs 64-row tiles, and may round differently);
+  * the epilogues (roundings, SiLU, routing weight) are per element; the combine is per token,
+    and the per-token down picks its diagonal out with a sum over -0.0 (x + -0.0 == x for
+    every x), exactly.
+tile.token_rows and the N widths, warps and stages are speed only; tile.block_k is part of the
+numerics (the same at every row count). Session 7's kernel picked CUDA-core GEMV tiles for 1-4
+rows an expert and tensor-core tiles beyond, so a token's bits depended on the call's size.
 
 Every shape (grids included) depends on T, k and E only: the number of blocks is bounded by
 ceil(T*k / BLOCK_M) + min(E, T*k), and blocks past the real count see 0 valid rows and return.
-No host sync anywhere, so the whole block lives in a CUDA graph. Launches: linear_triton's one
-or two (two when it splits K, as at T = 1), route (+ place when T > ROUTE_TOKENS), gate_up,
-down, combine: 6 at T = 1 (the previous kernel: 7).
+No host sync anywhere, so the whole block lives in a CUDA graph. Launches: router, route
+(+ place when T > ROUTE_TOKENS), gate_up, then down + combine in one (T <= token_rows) or two:
+4 at T = 1 (session 8: 6, with the router's group-sum pass and a separate combine), 6 past
+ROUTE_TOKENS. scripts/gpu-lease/moe_kernel_bench.py times it against --old FILE (a previous
+kernels/moe.py) and against its own grouped path at every row count.
 
 Numerics follow transformers' Qwen3MoeExperts: gate/up and down GEMM outputs rounded to x's
 dtype, silu in fp32 rounded, then * up, * weight (each rounded). What differs is the sum over
@@ -54,7 +71,7 @@ import torch
 import torch.nn.functional as F
 
 from .fused import _interpreting
-from .matmul import linear_triton
+from .matmul import linear_partials, linear_triton
 from .reference import moe_block_ref
 
 try:  # triton is optional: CPU-only installs use the torch reference.
@@ -73,24 +90,33 @@ COMBINE_BLOCK = 1024  # hidden columns per combine program
 
 @dataclass(frozen=True)
 class MoeTile:
-    """Launch shape of the two grouped GEMMs (BLOCK_M rows each). block_k sets where the K walk
-    splits into tl.dot calls; the N widths, warps and stages only split the same per-element MMA
-    steps differently. One tile for every row count (module docstring)."""
+    """Launch shape of the expert GEMMs (BLOCK_M rows each). block_k sets where the K walk
+    splits into tl.dot calls; the N widths, warps, stages and token_rows only split the same
+    per-element MMA steps differently. One block_k for every row count (module docstring)."""
 
     gate_up_n: int  # intermediate columns per gate/up program (two accumulators: gate and up)
-    down_n: int  # hidden columns per down program
+    down_n: int  # hidden columns per grouped down program
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    # Up to token_rows tokens, down and combine are one launch (`_down_combine_kernel`): a program
+    # per (token, token_n hidden columns) runs all k slots in one tl.dot, token_n columns each,
+    # with its own warps and pipeline depth. 0: the grouped down + combine at every row count.
+    token_rows: int = 4
+    token_n: int = 16
+    token_warps: int = 4
+    token_stages: int = 3
 
 
 # At T = 1 (Qwen3-30B-A3B: 8 experts of 2x768x2048 gate/up and 2048x768 down): 9 blocks x 24
-# gate/up programs (192 with a row, each streaming 2 x 32 x 2048 weights) and 9 x 32 down
-# programs, each with 3 stages of 128-deep K steps in flight. Picked by the sweep on an H200
-# (session 8; mean 1.43x the expert-bytes bound over 1-256 rows, 1.45x for down_n 32; every
-# candidate 2.3-2.7x at one row). Re-tune with
+# gate/up programs (192 with a row, each streaming 2 x 32 x 2048 weights), then 128 per-token
+# down programs, each streaming 8 experts x 16 rows x 768 (one [128, 128] weight tile a K step,
+# 2 in flight). The grouped part was picked by the sweep on an H200 (session 8; mean 1.43x the
+# expert-bytes bound over 1-256 rows); the token_* knobs are first guesses (session 9, not
+# measured). Re-tune with
 #     python scripts/gpu-lease/moe_kernel_bench.py --sweep   (prints the TILE line to paste here)
-TILE = MoeTile(gate_up_n=32, down_n=64, block_k=128, num_warps=4, num_stages=3)
+TILE = MoeTile(gate_up_n=32, down_n=64, block_k=128, num_warps=4, num_stages=3,
+               token_rows=4, token_n=16, token_warps=4, token_stages=3)
 
 
 def max_blocks(assignments: int, num_experts: int, block_m: int = BLOCK_M) -> int:
@@ -105,21 +131,40 @@ class MoeRouting:
     weights / ids: [T, k], best first (x's dtype / int32). block_expert / block_rows: [B] for
     B = max_blocks(T*k, E): the expert of each block and its valid rows (used blocks first,
     experts ascending; the unused tail has expert E and 0 rows). row_assign: [B * BLOCK_M], the
-    assignment t*k + slot in each valid row (unset past a block's valid rows)."""
+    assignment t*k + slot in each valid row (unset past a block's valid rows). row_of: [T * k],
+    its inverse: the padded row of each assignment."""
 
     weights: torch.Tensor
     ids: torch.Tensor
     block_expert: torch.Tensor
     block_rows: torch.Tensor
     row_assign: torch.Tensor
+    row_of: torch.Tensor
 
 
 if triton is not None:
 
     @triton.jit
+    def _logits_tile(LOGITS, t, t_ok, e, e_ok, n_tokens, stride_l, DT: tl.constexpr, GROUPS: tl.constexpr,
+                     RT: tl.constexpr, BLOCK_E: tl.constexpr):
+        """[RT, E] router logits in fp32. GROUPS = 0: LOGITS is [T, E]. Else it is linear_partials'
+        [GROUPS, T, E] fp32 K-group sums, added here in group order from zero and rounded to DT:
+        linear_triton's group-sum pass, the same adds, so the same logits bits (one launch fewer)."""
+        row = t[:, None].to(tl.int64)
+        mask = t_ok[:, None] & e_ok[None, :]
+        if GROUPS == 0:
+            logits = tl.load(LOGITS + row * stride_l + e[None, :], mask=mask, other=0.0).to(tl.float32)
+        else:
+            total = tl.zeros([RT, BLOCK_E], dtype=tl.float32)
+            for g in tl.static_range(GROUPS):
+                total += tl.load(LOGITS + (g * n_tokens + row) * stride_l + e[None, :], mask=mask, other=0.0)
+            logits = total.to(DT).to(tl.float32)
+        return logits
+
+    @triton.jit
     def _route_tile(LOGITS, IDS, W, t0, n_tokens, n_experts, stride_l,
-                    TOP_K: tl.constexpr, NORM: tl.constexpr, RT: tl.constexpr, BLOCK_E: tl.constexpr,
-                    BLOCK_TOP: tl.constexpr):
+                    TOP_K: tl.constexpr, NORM: tl.constexpr, GROUPS: tl.constexpr, RT: tl.constexpr,
+                    BLOCK_E: tl.constexpr, BLOCK_TOP: tl.constexpr):
         """Tokens t0..t0+RT: fp32 softmax over the experts, top-k by repeated argmax (lowest id
         on ties), renormalised; stores ids (int32) and weights (W's dtype). Returns sel [RT, E]:
         slot + 1 where a token picked an expert, else 0 (0 for rows past n_tokens)."""
@@ -127,11 +172,15 @@ if triton is not None:
         t_ok = t < n_tokens
         e = tl.arange(0, BLOCK_E)
         e_ok = e < n_experts
-        logits = tl.load(LOGITS + t[:, None].to(tl.int64) * stride_l + e[None, :],
-                         mask=t_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
+        logits = _logits_tile(LOGITS, t, t_ok, e, e_ok, n_tokens, stride_l, W.dtype.element_ty, GROUPS, RT, BLOCK_E)
         logits = tl.where(e_ok[None, :], logits, float("-inf"))
         p = tl.exp(logits - tl.max(logits, 1)[:, None])
         p = p / tl.sum(p, 1)[:, None]
+        # A token gone NaN upstream has NaN probabilities: rank them first (2.0 beats every
+        # probability, lowest id on ties) so it still picks TOP_K real experts, as torch.topk
+        # ranks NaN first. Unranked, `p == best` matched nothing and the id was BLOCK_E, past
+        # the experts: the down kernels then read rows no one wrote (session 9's bench fault).
+        p = tl.where(p == p, p, 2.0)
         p = tl.where(e_ok[None, :], p, -1.0)
         slots = tl.arange(0, BLOCK_TOP)
         top_w = tl.zeros([RT, BLOCK_TOP], dtype=tl.float32)
@@ -140,7 +189,7 @@ if triton is not None:
         for j in tl.static_range(TOP_K):
             best = tl.max(p, 1)
             idx = tl.min(tl.where(p == best[:, None], e[None, :], BLOCK_E), 1)
-            top_w = tl.where(slots[None, :] == j, best[:, None], top_w)
+            top_w = tl.where(slots[None, :] == j, tl.where(best > 1.0, float("nan"), best)[:, None], top_w)
             top_i = tl.where(slots[None, :] == j, idx[:, None], top_i)
             picked = e[None, :] == idx[:, None]
             sel = tl.where(picked, j + 1, sel)
@@ -154,14 +203,18 @@ if triton is not None:
         return tl.where(t_ok[:, None], sel, 0)
 
     @triton.jit
-    def _place_tile(ROW_ASSIGN, sel, t0, before, first, TOP_K: tl.constexpr, RT: tl.constexpr, BLOCK_M: tl.constexpr):
+    def _place_tile(ROW_ASSIGN, ROW_OF, sel, t0, before, first, TOP_K: tl.constexpr, RT: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
         """Padded rows of the tile's assignments: expert e's run starts at block first[e]; the tile's
-        rows of e follow the `before[e]` rows of e in earlier tiles, tokens in order."""
+        rows of e follow the `before[e]` rows of e in earlier tiles, tokens in order. Stores both
+        directions: row -> assignment and assignment -> row."""
         hit = (sel > 0).to(tl.int32)
         rank = tl.cumsum(hit, 0) - hit  # earlier tokens of this tile on the same expert
         row = first[None, :] * BLOCK_M + before[None, :] + rank
         t = t0 + tl.arange(0, RT)
-        tl.store(ROW_ASSIGN + row, t[:, None] * TOP_K + sel - 1, mask=hit > 0)
+        assign = t[:, None] * TOP_K + sel - 1
+        tl.store(ROW_ASSIGN + row, assign, mask=hit > 0)
+        tl.store(ROW_OF + assign, row, mask=hit > 0)
 
     @triton.jit
     def _write_blocks(BLOCK_EXPERT, BLOCK_ROWS, total, first, b_start, b_end, n_experts,
@@ -185,20 +238,20 @@ if triton is not None:
 
     @triton.jit
     def _route_kernel(
-        LOGITS, IDS, W, COUNTS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, n_tokens, n_experts, n_blocks, stride_l,
-        TOP_K: tl.constexpr, NORM: tl.constexpr, RT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOP: tl.constexpr,
-        BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, PLACE: tl.constexpr,
+        LOGITS, IDS, W, COUNTS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, ROW_OF, n_tokens, n_experts, n_blocks, stride_l,
+        TOP_K: tl.constexpr, NORM: tl.constexpr, GROUPS: tl.constexpr, RT: tl.constexpr, BLOCK_E: tl.constexpr,
+        BLOCK_TOP: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, PLACE: tl.constexpr,
     ):
-        """grid (ceil(T / RT),): route RT tokens. PLACE (a single program holds every token): also
-        lay out the blocks and rows. Else store this tile's counts per expert, COUNTS[p, E], for
-        _place_kernel."""
+        """grid (ceil(T / RT),): route RT tokens (from logits, or from the router's K-group sums:
+        _logits_tile). PLACE (a single program holds every token): also lay out the blocks and
+        rows. Else store this tile's counts per expert, COUNTS[p, E], for _place_kernel."""
         p = tl.program_id(0)
-        sel = _route_tile(LOGITS, IDS, W, p * RT, n_tokens, n_experts, stride_l, TOP_K, NORM, RT, BLOCK_E, BLOCK_TOP)
+        sel = _route_tile(LOGITS, IDS, W, p * RT, n_tokens, n_experts, stride_l, TOP_K, NORM, GROUPS, RT, BLOCK_E, BLOCK_TOP)
         counts = tl.sum((sel > 0).to(tl.int32), 0)
         if PLACE:
             blocks = (counts + BLOCK_M - 1) // BLOCK_M
             first = tl.cumsum(blocks, 0) - blocks
-            _place_tile(ROW_ASSIGN, sel, 0, counts * 0, first, TOP_K, RT, BLOCK_M)
+            _place_tile(ROW_ASSIGN, ROW_OF, sel, 0, counts * 0, first, TOP_K, RT, BLOCK_M)
             _write_blocks(BLOCK_EXPERT, BLOCK_ROWS, counts, first, 0, n_blocks, n_experts, BLOCK_E, BLOCK_M, CHUNK)
         else:
             e = tl.arange(0, BLOCK_E)
@@ -206,7 +259,7 @@ if triton is not None:
 
     @triton.jit
     def _place_kernel(
-        IDS, COUNTS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, n_tokens, n_experts, n_blocks, blocks_per_program,
+        IDS, COUNTS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, ROW_OF, n_tokens, n_experts, n_blocks, blocks_per_program,
         TOP_K: tl.constexpr, RT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOP: tl.constexpr,
         BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, COUNT_CHUNK: tl.constexpr,
     ):
@@ -230,10 +283,24 @@ if triton is not None:
         slots = tl.arange(0, BLOCK_TOP)
         ids = tl.load(IDS + t[:, None] * TOP_K + slots[None, :], mask=(t < n_tokens)[:, None] & (slots < TOP_K)[None, :], other=-1)
         sel = tl.max(tl.where(ids[:, :, None] == e[None, None, :], slots[None, :, None] + 1, 0), 1)
-        _place_tile(ROW_ASSIGN, sel, p * RT, before, first, TOP_K, RT, BLOCK_M)
+        _place_tile(ROW_ASSIGN, ROW_OF, sel, p * RT, before, first, TOP_K, RT, BLOCK_M)
         b_start = p * blocks_per_program
         _write_blocks(BLOCK_EXPERT, BLOCK_ROWS, total, first, b_start, tl.minimum(b_start + blocks_per_program, n_blocks),
                       n_experts, BLOCK_E, BLOCK_M, CHUNK)
+
+    @triton.jit
+    def _mma(a, b, acc, UPCAST: tl.constexpr):
+        """acc + a @ b: the one tl.dot form of every expert GEMM here (bits: module docstring).
+        UPCAST: full-fp32 products (fp32 inputs; bf16/fp16 under the interpreter)."""
+        if UPCAST:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            return tl.dot(a, b, acc)
+
+    @triton.jit
+    def _scale_round(acc, weight, dt: tl.constexpr):
+        """A down result's epilogue: rounded to dt, times the routing weight (fp32), rounded."""
+        return (acc.to(dt).to(tl.float32) * weight).to(dt)
 
     @triton.jit
     def _gate_up_kernel(
@@ -267,13 +334,8 @@ if triton is not None:
                 offs = n_off[None, :] + k[:, None]
                 wg = tl.load(w_gate + offs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                 wu = tl.load(w_up + offs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    acc_g = tl.dot(a, wg.to(tl.float32), acc_g, input_precision="ieee")
-                    acc_u = tl.dot(a, wu.to(tl.float32), acc_u, input_precision="ieee")
-                else:
-                    acc_g = tl.dot(a, wg, acc_g)
-                    acc_u = tl.dot(a, wu, acc_u)
+                acc_g = _mma(a, wg, acc_g, UPCAST)
+                acc_u = _mma(a, wu, acc_u, UPCAST)
             dt = INTER.dtype.element_ty
             g = acc_g.to(dt).to(tl.float32)
             u = acc_u.to(dt).to(tl.float32)
@@ -307,14 +369,56 @@ if triton is not None:
                 k_ok = k < inter_size
                 a = tl.load(INTER + r[:, None] * stride_i + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
                 b = tl.load(w + n_off[None, :] + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-                if UPCAST:
-                    acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(a, b, acc)
-            dt = OUT.dtype.element_ty
+                acc = _mma(a, b, acc, UPCAST)
             weight = tl.load(RW + assign, mask=valid, other=0.0).to(tl.float32)
-            y = (acc.to(dt).to(tl.float32) * weight[:, None]).to(dt)
+            y = _scale_round(acc, weight[:, None], OUT.dtype.element_ty)
             tl.store(OUT + assign[:, None] * stride_o + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def _down_combine_kernel(
+        INTER, WD, RW, IDS, ROW_OF, OUT, hidden, inter_size, stride_i, stride_we, stride_wn, stride_o,
+        TOP_K: tl.constexpr, BLOCK_TOP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+    ):
+        """grid (T, H / BLOCK_N), for few tokens: _down_kernel then _combine_kernel for token t's
+        BLOCK_N hidden columns, in one program. One tl.dot per K step covers all k slots: row j
+        of the 16-row A tile is slot j's intermediate row, columns j*BLOCK_N .. of B are slot j's
+        expert's down rows, and slot j's result is the diagonal block (row j, its own columns),
+        the same MMA steps on the same operands as the grouped tile. The other (row, column)
+        pairs are wasted MMA work (free: the k experts' weights are streamed once either way)."""
+        t = tl.program_id(0)
+        m = tl.arange(0, BLOCK_M)
+        m_ok = m < TOP_K  # row j <- slot j
+        a_row = tl.load(ROW_OF + t * TOP_K + m, mask=m_ok, other=0)
+        c = tl.arange(0, BLOCK_TOP * BLOCK_N)  # column c <- slot c // BLOCK_N, hidden n0 + c % BLOCK_N
+        c_slot = c // BLOCK_N
+        n = tl.program_id(1) * BLOCK_N + c % BLOCK_N
+        c_ok = (c_slot < TOP_K) & (n < hidden)
+        expert = tl.load(IDS + t * TOP_K + c_slot, mask=c_slot < TOP_K, other=0)
+        # 32-bit offsets over the whole [E, H, I] weight (the wrapper checks it fits): one expert
+        # per column, so no scalar base as in _down_kernel
+        col_off = expert * stride_we + n * stride_wn
+        acc = tl.zeros([BLOCK_M, BLOCK_TOP * BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, inter_size, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = k < inter_size
+            a = tl.load(INTER + a_row[:, None] * stride_i + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(WD + col_off[None, :] + k[:, None], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+            acc = _mma(a, b, acc, UPCAST)
+        # slot j's result: acc[j, j*BLOCK_N + i]. The other rows are masked to -0.0, the identity
+        # of fp32 addition (x + -0.0 == x for every x, +0.0 included), so the sum is exact.
+        slot = tl.arange(0, BLOCK_TOP)
+        own = m[:, None, None] == slot[None, :, None]
+        diag = tl.sum(tl.where(own, tl.reshape(acc, [BLOCK_M, BLOCK_TOP, BLOCK_N]), -0.0), 0)  # [BLOCK_TOP, BLOCK_N]
+        dt = OUT.dtype.element_ty
+        weight = tl.load(RW + t * TOP_K + slot, mask=slot < TOP_K, other=0.0).to(tl.float32)
+        y = _scale_round(diag, weight[:, None], dt).to(tl.float32)  # _down_kernel's per-slot rows
+        # _combine_kernel: the k slot rows added in slot order to a zero fp32 total, rounded once
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            total += tl.sum(tl.where(slot[:, None] == j, y, -0.0), 0)
+        h = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(OUT + t.to(tl.int64) * stride_o + h, total.to(dt), mask=h < hidden)
 
     @triton.jit
     def _combine_kernel(PER_SLOT, OUT, hidden, stride_o, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
@@ -345,11 +449,26 @@ def router_logits(x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, router_weight)
 
 
+def router_partials(x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
+    """What moe_route_triton routes from: for bf16/fp16, linear_partials' fp32 K-group sums [G, T, E]
+    (routing adds them as linear_triton would: router_logits' bits, without its group-sum launch);
+    for fp32, router_logits [T, E]."""
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return linear_partials(x, router_weight)
+    return router_logits(x, router_weight)
+
+
 def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dtype: torch.dtype) -> MoeRouting:
-    """Router logits [T, E] -> MoeRouting: the top-k experts and weights (in dtype) of every token
-    and the rows grouped by expert. One launch for T <= ROUTE_TOKENS, else two."""
+    """Router logits -> MoeRouting: the top-k experts and weights (in dtype) of every token and
+    the rows grouped by expert. logits: [T, E], or router_partials' [G, T, E] fp32 K-group sums
+    (added in group order, rounded to dtype: the logits linear_triton gives). One launch for
+    T <= ROUTE_TOKENS, else two."""
     _check_triton()
-    t, num_experts = logits.shape
+    groups = logits.shape[0] if logits.dim() == 3 else 0
+    assert groups == 0 or logits.dtype == torch.float32, "K-group sums are fp32"
+    t, num_experts = logits.shape[-2:]
+    if groups or logits.stride(-1) != 1:
+        logits = logits.contiguous()  # with groups: group g's rows start at g * T * E (_logits_tile)
     dev = logits.device
     n_blocks = max_blocks(t * top_k, num_experts)
     ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)
@@ -357,20 +476,27 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dty
     block_expert = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     block_rows = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     row_assign = torch.empty(n_blocks * BLOCK_M, dtype=torch.int32, device=dev)
+    row_of = torch.empty(t * top_k, dtype=torch.int32, device=dev)
     tiles = triton.cdiv(t, ROUTE_TOKENS)
     block_e, block_top = triton.next_power_of_2(num_experts), triton.next_power_of_2(top_k)
     counts = torch.empty(tiles, block_e, dtype=torch.int32, device=dev)
     shape = dict(TOP_K=top_k, RT=ROUTE_TOKENS, BLOCK_E=block_e, BLOCK_TOP=block_top, BLOCK_M=BLOCK_M, CHUNK=BLOCK_CHUNK)
     _route_kernel[(tiles,)](
-        logits, ids, weights, counts, block_expert, block_rows, row_assign, t, num_experts, n_blocks, logits.stride(0),
-        NORM=norm_topk_prob, PLACE=tiles == 1, **shape,
+        logits, ids, weights, counts, block_expert, block_rows, row_assign, row_of, t, num_experts, n_blocks,
+        logits.stride(-2), NORM=norm_topk_prob, GROUPS=groups, PLACE=tiles == 1, **shape,
     )
     if tiles > 1:
         _place_kernel[(tiles,)](
-            ids, counts, block_expert, block_rows, row_assign, t, num_experts, n_blocks, triton.cdiv(n_blocks, tiles),
+            ids, counts, block_expert, block_rows, row_assign, row_of, t, num_experts, n_blocks, triton.cdiv(n_blocks, tiles),
             COUNT_CHUNK=COUNT_CHUNK, **shape,
         )
-    return MoeRouting(weights, ids, block_expert, block_rows, row_assign)
+    return MoeRouting(weights, ids, block_expert, block_rows, row_assign, row_of)
+
+
+def uses_token_path(t: int, top_k: int, down: torch.Tensor, tile: MoeTile = TILE) -> bool:
+    """Whether T tokens take _down_combine_kernel (speed only: the bits are the grouped path's).
+    It needs the k slots in one 16-row tile and 32-bit offsets over the whole down weight."""
+    return t <= tile.token_rows and top_k <= BLOCK_M and down.shape[0] * down.stride(0) < 2**31
 
 
 def moe_block_triton(
@@ -396,7 +522,7 @@ def moe_block_triton(
     spans = (t * x.stride(0), max_blocks(n_assign, num_experts) * BLOCK_M * inter_size, n_assign * hidden, two_i * hidden)
     if max(spans) >= 2**31:
         raise ValueError(f"{t} tokens are too many for one MoE call (32-bit offsets): split the chunk")
-    routing = moe_route_triton(router_logits(x, router_weight), top_k, norm_topk_prob, x.dtype)
+    routing = moe_route_triton(router_partials(x, router_weight), top_k, norm_topk_prob, x.dtype)
     n_blocks = routing.block_expert.numel()
     # Products in full fp32 (no TF32) for fp32 inputs. Under the interpreter bf16/fp16 operands are
     # upcast first: its low-precision tl.dot returns garbage (triton 3.9), and bf16 x bf16 products
@@ -409,13 +535,21 @@ def moe_block_triton(
         x, gate_up, inter, *groups, hidden, inter_size, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
         TOP_K=top_k, BLOCK_M=BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=upcast, **launch,
     )
+    out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
+    if uses_token_path(t, top_k, down, tile):
+        _down_combine_kernel[(t, triton.cdiv(hidden, tile.token_n))](
+            inter, down, routing.weights, routing.ids, routing.row_of, out, hidden, inter_size,
+            inter.stride(0), down.stride(0), down.stride(1), out.stride(0),
+            TOP_K=top_k, BLOCK_TOP=triton.next_power_of_2(top_k), BLOCK_M=BLOCK_M, BLOCK_N=tile.token_n,
+            BLOCK_K=tile.block_k, UPCAST=upcast, num_warps=tile.token_warps, num_stages=tile.token_stages,
+        )
+        return out
     per_slot = torch.empty(n_assign, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(n_blocks, triton.cdiv(hidden, tile.down_n))](
         inter, down, routing.weights, per_slot, *groups, hidden, inter_size,
         inter.stride(0), down.stride(0), down.stride(1), per_slot.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=tile.down_n, BLOCK_K=tile.block_k, UPCAST=upcast, **launch,
     )
-    out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     _combine_kernel[(t, triton.cdiv(hidden, COMBINE_BLOCK))](per_slot, out, hidden, out.stride(0), TOP_K=top_k, BLOCK=COMBINE_BLOCK)
     return out
 
@@ -435,4 +569,4 @@ def moe_block(
 
 
 __all__ = ["BLOCK_M", "MoeRouting", "MoeTile", "ROUTE_TOKENS", "TILE", "max_blocks", "moe_block", "moe_block_triton",
-           "moe_route_triton", "router_logits"]
+           "moe_route_triton", "router_logits", "router_partials", "uses_token_path"]

@@ -17,11 +17,11 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe_kernel.py \
   tests/engine/test_gpu.py -k moe 2>&1 | tee "$OUT/tests.txt" | tail -12
 
-# 2. the MoE block alone, 8 layers per graph (< 90 s), beside the previous kernel when its file is
-#    in the tree (before the lease: git show fa5ce54:kernels/moe.py > old_moe.py, untracked);
-#    --sweep tries 6 more tiles at every row count (<= 2.5 min more).
+# 2. the MoE block alone, 8 layers per graph (< 2 min), beside the previous kernel when its file is
+#    in the tree (before the lease: git show b8bab39:kernels/moe.py > old_moe.py, untracked);
+#    --sweep: the per-token down's knobs, its crossover, the grouped tiles (<= 4 min more).
 OLD=(); [ -f old_moe.py ] && OLD=(--old old_moe.py)
-timeout 150 python3 scripts/gpu-lease/moe_kernel_bench.py "${OLD[@]}" --json-out "$OUT/moe_kernel.json" 2>&1 | tee "$OUT/moe_kernel.txt"
+timeout 240 python3 scripts/gpu-lease/moe_kernel_bench.py "${OLD[@]}" --json-out "$OUT/moe_kernel.json" 2>&1 | tee "$OUT/moe_kernel.txt"
 
 # 3. Qwen3-30B-A3B engine-only (~2 min each): round at budget 64 with every verify size, then a
 #    second run for the round at budget 16 (one tree size, the model is reloaded: ~10 s on the GPU).

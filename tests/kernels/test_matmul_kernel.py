@@ -34,6 +34,7 @@ from jetspec_chat.kernels.matmul import (  # noqa: E402
     LinearConfig,
     block_m_for,
     choose_config,
+    linear_partials,
     use_split,
 )
 
@@ -118,6 +119,22 @@ def test_split_and_fused_launches_agree_bitwise():
     x, w, b = problem(70, 80, 192, True, seed=4)
     assert SMALL.num_groups(192) == 3
     assert torch.equal(linear_triton(x, w, b, config=SMALL, split=True), linear_triton(x, w, b, config=SMALL, split=False))
+
+
+@pytest.mark.parametrize("m", [1, 70])  # 64- and 128-row programs
+def test_partials_add_up_to_the_linear_bitwise(m, request):
+    """linear_partials' K-group sums, added in group order from zero in fp32 and rounded, are
+    linear_triton's bits (the MoE routing adds them itself and skips the group-sum launch).
+    Natively on a GPU; on the CPU with the interpreter's bf16 casts rounding to nearest."""
+    if not CUDA:
+        request.getfixturevalue("rtne_bf16")
+    x, w, _ = problem(m, 80, 512, False, seed=m)
+    partials = linear_partials(x, w)
+    assert partials.shape == (choose_config(80, 512).num_groups(512), m, 80) and partials.shape[0] == 4
+    total = torch.zeros(m, 80, device=x.device)
+    for p in partials:
+        total += p
+    assert torch.equal(total.to(x.dtype), linear_triton(x, w))
 
 
 def test_groups_change_the_sum_order():

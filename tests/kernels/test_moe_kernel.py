@@ -2,14 +2,21 @@
 
 On the CPU the Triton kernels run under TRITON_INTERPRET=1 with small shapes in fp32; the real
 Qwen3-30B-A3B shapes in bf16, the CUDA-graph capture and determinism run only on a GPU.
+The interpreter's tl.dot is numpy's matmul of the whole tile, whose per-element sums depend on
+the tile's width; the bitwise tests between the grouped and the per-token down (tiles of other
+widths) patch it (conftest's `ordered_dot`) to add each element's products in K order: the property the
+GPU's MMA has, which `test_gpu_mma_bits_ignore_row_place_and_tile_width` checks on the device.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 
 from jetspec_chat.kernels import (  # noqa: E402
     moe_block,
@@ -19,12 +26,23 @@ from jetspec_chat.kernels import (  # noqa: E402
     moe_route_ref,
     moe_route_triton,
 )
-from jetspec_chat.kernels.moe import BLOCK_M, ROUTE_TOKENS, TILE, MoeTile, max_blocks, router_logits  # noqa: E402
+from jetspec_chat.kernels.moe import (  # noqa: E402
+    BLOCK_M,
+    ROUTE_TOKENS,
+    TILE,
+    MoeTile,
+    max_blocks,
+    router_logits,
+    router_partials,
+    uses_token_path,
+)
 from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 gpu_only = pytest.mark.skipif(not CUDA, reason="needs a GPU")
+
+GROUPED = dataclasses.replace(TILE, token_rows=0)  # the grouped down + combine at every row count
 
 
 def weights(t, hidden, inter, experts, seed=0, dtype=torch.float32, device=DEVICE):
@@ -49,6 +67,28 @@ def test_route_matches_reference(t, experts, top_k, norm):
         torch.testing.assert_close(routing.weights.sum(-1), torch.ones(t, device=DEVICE))
 
 
+@pytest.fixture
+def bf16_casts(request):
+    """bf16 as the GPU rounds it: natively on a GPU, else the interpreter's casts patched (rtne_bf16)."""
+    if not CUDA:
+        request.getfixturevalue("rtne_bf16")
+
+
+@pytest.mark.parametrize("t", [1, 16, 40])  # one routing launch, two
+def test_routing_from_the_router_partials_is_the_logits_routing(t, bf16_casts):
+    """bf16: routing from linear_partials' K-group sums (added inside the routing kernel) equals
+    routing from linear_triton's logits bitwise: ids, weights, layout. On a GPU at the
+    Qwen3-30B-A3B router's shape (16 K groups), on the CPU a smaller one (4)."""
+    x, router, _, _ = weights(t, 2048 if CUDA else 512, 16, 128, seed=t, dtype=torch.bfloat16)
+    partials = router_partials(x, router)
+    assert partials.dim() == 3 and partials.shape[0] == (16 if CUDA else 4)
+    a = moe_route_triton(partials, 8, True, x.dtype)
+    b = moe_route_triton(router_logits(x, router), 8, True, x.dtype)
+    for name in ("ids", "weights", "block_expert", "block_rows", "row_of"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    check_layout(a, t, 128, 8)
+
+
 def check_layout(routing, t, experts, top_k):
     """Every assignment exactly once, blocks of one expert each, used blocks first with experts
     ascending, tokens in order within an expert, the unused tail marked."""
@@ -70,6 +110,10 @@ def check_layout(routing, t, experts, top_k):
     assert block_expert[used].tolist() == sorted(block_expert[used].tolist())  # experts ascending
     assert sorted(seen) == list(range(t * top_k))
     assert seen == sorted(range(t * top_k), key=lambda a: (int(flat[a]), a))
+    row_of = routing.row_of.cpu()
+    for r in range(row_assign.numel()):  # row_of is row_assign's inverse on the valid rows
+        if block_rows[r // BLOCK_M] > r % BLOCK_M:
+            assert row_of[row_assign[r]] == r
     counts = torch.bincount(flat.long(), minlength=experts)
     assert n_used == int(((counts + BLOCK_M - 1) // BLOCK_M).sum())
 
@@ -109,6 +153,48 @@ def test_moe_matches_reference(t, hidden, inter, experts, top_k, tile, norm, che
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
+TOKEN_TILES = [
+    MoeTile(gate_up_n=16, down_n=32, block_k=32, num_warps=4, num_stages=2, token_rows=4, token_n=16),
+    MoeTile(gate_up_n=16, down_n=32, block_k=32, num_warps=4, num_stages=2, token_rows=4, token_n=32),  # ragged H
+]
+
+
+@pytest.mark.parametrize(
+    "t,hidden,inter,experts,top_k",
+    [(1, 64, 32, 8, 2), (2, 80, 48, 6, 3), (3, 64, 40, 16, 1), (4, 128, 96, 128, 8), (4, 48, 32, 32, 16)],
+)
+@pytest.mark.parametrize("tile", TOKEN_TILES)
+def test_token_path_matches_reference(t, hidden, inter, experts, top_k, tile):
+    """Few tokens: down and combine in one launch (_down_combine_kernel), k slots per tl.dot."""
+    assert uses_token_path(t, top_k, torch.empty(experts, hidden, inter, device="meta"), tile)
+    x, router, gate_up, down = weights(t, hidden, inter, experts, seed=hidden + t)
+    for norm in (True, False):
+        torch.testing.assert_close(moe_block_triton(x, router, gate_up, down, top_k, norm, tile=tile),
+                                   moe_block_ref(x, router, gate_up, down, top_k, norm), rtol=1e-5, atol=1e-6)
+
+
+def test_token_path_rule():
+    down = torch.empty(128, 2048, 768, device="meta")
+    assert [uses_token_path(t, 8, down) for t in (1, TILE.token_rows, TILE.token_rows + 1)] == [True, True, False]
+    assert not uses_token_path(1, 8, down, GROUPED)
+    assert not uses_token_path(1, BLOCK_M + 1, down)  # the k slots must fit in one 16-row tile
+    assert not uses_token_path(1, 8, torch.empty(1024, 4096, 1024, device="meta"))  # 2^32 elements: 32-bit offsets
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tile", TOKEN_TILES)
+def test_token_path_is_the_grouped_path_bitwise(dtype, tile, ordered_dot, rtne_bf16):
+    """Each of T <= token_rows tokens (token path) has the bits of the grouped path on the same
+    T tokens and on them inside 40 (two routing launches, several rows an expert)."""
+    x, router, gate_up, down = weights(40, 80, 48, 8, seed=7, dtype=dtype)
+    grouped = dataclasses.replace(tile, token_rows=0)
+    many = moe_block_triton(x, router, gate_up, down, 3, True, tile=grouped)
+    for t in range(1, tile.token_rows + 1):
+        few = moe_block_triton(x[:t], router, gate_up, down, 3, True, tile=tile)
+        assert torch.equal(few, moe_block_triton(x[:t], router, gate_up, down, 3, True, tile=grouped)), t
+        assert torch.equal(few, many[:t]), t
+
+
 def test_strided_input_and_dispatch_on_cpu():
     x, router, gate_up, down = weights(5, 64, 32, 8, seed=3)
     wide = torch.cat([x, x], dim=-1)[:, :64]  # a strided view, as the fused norms hand out
@@ -144,6 +230,32 @@ def test_tile_shapes():
         assert v & (v - 1) == 0  # powers of two (tl.arange)
 
 
+def test_sm90_expert_gemms_run_mma_sync():
+    """Offline sm_90 compiles (no GPU) of the three expert GEMMs at TILE and at a wide per-token
+    tile: all on mma.sync m16n8k16 (bf16 in, fp32 accumulate; never wgmma, which may round
+    differently), no local-memory spills, shared memory within an SM's 227 KB. (Equal bits on
+    the device are the GPU tests' to show; this pins what the compiler emits.)"""
+    pytest.importorskip("triton.backends.nvidia")
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    wide = dataclasses.replace(TILE, token_n=64, token_warps=8, token_stages=2)
+    args = [",".join(str(v) for v in (t.gate_up_n, t.down_n, t.block_k, t.num_warps, t.num_stages, t.token_n, t.token_warps,
+                                      t.token_stages)) for t in (TILE, wide)]
+    script = Path(__file__).with_name("sm90_moe_compile.py")
+    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
+        pytest.skip("no ptxas for sm_90")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [o["kernel"] for o in out] == ["gate_up", "down", "down_combine"] * 2
+    for o in out:
+        assert o["mma"] == ["m16n8k16.row.col.f32.bf16.bf16.f32"] and o["wgmma"] == [], o
+        assert o["local"] == 0 and o["shared"] <= 227 * 1024, o
+
+
 def check_batch_invariant(hidden, inter, experts, top_k, many, dtype, tile=TILE, alone=None):
     """Each token's output row computed alone (an AR step) is bitwise its row among `many` tokens
     (a verify), and among the same tokens in another order: routing, grouping, the GEMM tiles and
@@ -159,10 +271,11 @@ def check_batch_invariant(hidden, inter, experts, top_k, many, dtype, tile=TILE,
 
 
 @pytest.mark.parametrize("many", [5, 40])  # one routing launch, two; 40 tokens: several blocks an expert
-def test_batch_invariant_bf16(many, rtne_bf16):
-    """bf16: the router through linear_triton, one expert tile at 1 and `many` rows. K = 512 is
-    long enough for fp32 sums in another order to change bf16 bits: the previous kernel (GEMV
-    tiles at 1 row an expert, tensor cores among 40 tokens) fails this at many = 40 (token 12)."""
+def test_batch_invariant_bf16(many, rtne_bf16, ordered_dot):
+    """bf16: the router through linear_triton, one expert tile at 1 and `many` rows (alone: the
+    per-token down). K = 512 is long enough for fp32 sums in another order to change bf16 bits:
+    the session-7 kernel (GEMV tiles at 1 row an expert, tensor cores among 40 tokens) failed
+    this at many = 40 (token 12)."""
     check_batch_invariant(512, 128, 8, 2, many, torch.bfloat16)
 
 
@@ -213,6 +326,66 @@ def test_gpu_bf16_batch_invariant_real_shapes(many):
                           alone=range(0, many, max(1, many // 16)))
 
 
+@triton.jit
+def _dot_probe_kernel(A, W, OUT, N, K, stride_w, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """OUT[BLOCK_M, N] = A [BLOCK_M, K] @ W[N, K].T, as the MoE kernels walk it: W tiles
+    [BLOCK_K, BLOCK_N] with K contiguous, one tl.dot per K step from a zero fp32 accumulator."""
+    m = tl.arange(0, BLOCK_M)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(A + m[:, None] * K + k[None, :])
+        w = tl.load(W + n[None, :] * stride_w + k[:, None])
+        acc = tl.dot(a, w, acc)
+    tl.store(OUT + m[:, None] * N + n[None, :], acc)
+
+
+@gpu_only
+@pytest.mark.parametrize("n,k", [(2048, 768), (768, 2048)])  # down, gate (Qwen3-30B-A3B)
+def test_gpu_mma_bits_ignore_row_place_and_tile_width(n, k):
+    """What the per-token down relies on (module docstring): with 16-row bf16 tiles (mma.sync)
+    and one BLOCK_K, an output element's fp32 bits depend on its own row of A and column of W
+    only: not on the row's place in the tile, the other rows, the tile's width or the warps."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
+    row = torch.randn(k, device="cuda", generator=g).to(torch.bfloat16)
+    expect = None
+    for place, filler in ((0, "zeros"), (5, "random"), (15, "random"), (7, "zeros")):
+        a = torch.zeros(BLOCK_M, k, device="cuda", dtype=torch.bfloat16)
+        if filler == "random":
+            a.copy_(torch.randn(BLOCK_M, k, device="cuda", generator=g))
+        a[place] = row
+        for block_n in (16, 32, 64, 128, 256):
+            for warps in (4, 8):
+                out = torch.empty(BLOCK_M, n, device="cuda")
+                _dot_probe_kernel[(n // block_n,)](a, w, out, n, k, w.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n,
+                                                   BLOCK_K=TILE.block_k, num_warps=warps, num_stages=3)
+                expect = out[place].clone() if expect is None else expect
+                assert torch.equal(out[place], expect), (place, filler, block_n, warps)
+    torch.testing.assert_close(expect, row.float() @ w.float().T, rtol=1e-4, atol=1e-4)
+
+
+@gpu_only
+@pytest.mark.parametrize("tile", [TILE, dataclasses.replace(TILE, token_n=32, token_stages=4, token_warps=8)])
+def test_gpu_token_path_is_the_grouped_path_bitwise_real_shapes(tile):
+    """bf16, Qwen3-30B-A3B: T = 1, 2, 4 tokens through the per-token down (an AR step, a small
+    verify) have the bits of the grouped path on the same tokens, and of the same tokens
+    inside 16-, 64- and 256-row calls."""
+    h, i, e = QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"]
+    x, router, gate_up, down = weights(256, h, i, e, seed=11, dtype=torch.bfloat16)
+    grouped = dataclasses.replace(tile, token_rows=0)
+    many = {m: moe_block_triton(x[:m], router, gate_up, down, 8, True, tile=tile) for m in (16, 64, 256)}
+    for t in (1, 2, 4):
+        assert uses_token_path(t, 8, down, tile)
+        few = moe_block_triton(x[:t], router, gate_up, down, 8, True, tile=tile)
+        assert torch.equal(few, moe_block_triton(x[:t], router, gate_up, down, 8, True, tile=grouped)), t
+        for m, out in many.items():
+            assert torch.equal(few, out[:t]), (t, m)
+        middle = moe_block_triton(x[100:100 + t], router, gate_up, down, 8, True, tile=tile)  # not the first rows
+        assert torch.equal(middle, many[256][100:100 + t]), t
+
+
 @gpu_only
 @pytest.mark.parametrize("t", [1, 64, 300])
 def test_gpu_fp32_real_shapes(t):
@@ -222,7 +395,7 @@ def test_gpu_fp32_real_shapes(t):
 
 
 @gpu_only
-@pytest.mark.parametrize("t", [1, 17, 128])
+@pytest.mark.parametrize("t", [1, 3, 17, 128])  # per-token down at 1 and 3
 def test_gpu_deterministic_and_captured_in_a_cuda_graph(t):
     x, router, gate_up, down = weights(t, QWEN3_30B["hidden"], QWEN3_30B["inter"], QWEN3_30B["experts"], seed=5,
                                        dtype=torch.bfloat16)

@@ -1,0 +1,77 @@
+"""Compile kernels/moe.py's expert GEMMs for sm_90 without a GPU and print, per kernel, what
+decides its arithmetic (the MMA instructions in the PTX: mma.sync, never wgmma) and its
+resources (registers, local memory = spills, shared memory), bf16, Qwen3-30B-A3B's top-k 8.
+Run as a script (test_moe_kernel.py does, in a subprocess: the compiler needs the real
+triton.jit, not the interpreter's).
+
+    python tests/kernels/sm90_moe_compile.py GATE_UP_N,DOWN_N,BLOCK_K,WARPS,STAGES,TOKEN_N,TOKEN_WARPS,TOKEN_STAGES ...
+
+prints one JSON object per kernel and tile, one a line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from jetspec_chat.kernels import moe  # noqa: E402
+
+TOP_K = 8
+GEMM_INTS = ("hidden", "inter_size")
+
+
+def compile_kernel(fn, pointers: dict[str, str], ints: tuple[str, ...], consts: dict, warps: int, stages: int) -> dict:
+    sig = dict(pointers) | {name: "i32" for name in ints} | {name: "constexpr" for name in consts}
+    aligned = list(pointers) + list(ints)  # as Triton specialises them at the real shapes (multiples of 16)
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs={(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    local = re.search(r"LOCAL:(\d+)", usage)
+    return dict(mma=sorted(set(re.findall(r"\bmma\.sync\.aligned\.(\S+?)\s", kernel.asm["ptx"]))),
+                wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)", kernel.asm["ptx"]))),
+                regs=int(regs.group(1)) if regs else None, local=int(local.group(1)) if local else None,
+                shared=kernel.metadata.shared)
+
+
+def compile_tile(tile: moe.MoeTile) -> list[dict]:
+    groups = {"BLOCK_EXPERT": "*i32", "BLOCK_ROWS": "*i32", "ROW_ASSIGN": "*i32"}
+    gate_up = compile_kernel(
+        moe._gate_up_kernel, {"X": "*bf16", "WGU": "*bf16", "INTER": "*bf16"} | groups,
+        GEMM_INTS + ("stride_x", "stride_we", "stride_wn", "stride_i"),
+        dict(TOP_K=TOP_K, BLOCK_M=moe.BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=False),
+        tile.num_warps, tile.num_stages)
+    down = compile_kernel(
+        moe._down_kernel, {"INTER": "*bf16", "WD": "*bf16", "RW": "*bf16", "OUT": "*bf16"} | groups,
+        GEMM_INTS + ("stride_i", "stride_we", "stride_wn", "stride_o"),
+        dict(BLOCK_M=moe.BLOCK_M, BLOCK_N=tile.down_n, BLOCK_K=tile.block_k, UPCAST=False),
+        tile.num_warps, tile.num_stages)
+    token = compile_kernel(
+        moe._down_combine_kernel,
+        {"INTER": "*bf16", "WD": "*bf16", "RW": "*bf16", "IDS": "*i32", "ROW_OF": "*i32", "OUT": "*bf16"},
+        GEMM_INTS + ("stride_i", "stride_we", "stride_wn", "stride_o"),
+        dict(TOP_K=TOP_K, BLOCK_TOP=TOP_K, BLOCK_M=moe.BLOCK_M, BLOCK_N=tile.token_n, BLOCK_K=tile.block_k, UPCAST=False),
+        tile.token_warps, tile.token_stages)
+    return [dict(kernel=name, tile=repr(tile)) | info for name, info in (("gate_up", gate_up), ("down", down), ("down_combine", token))]
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        gu, dn, bk, w, s, tn, tw, ts = (int(v) for v in arg.split(","))
+        tile = moe.MoeTile(gate_up_n=gu, down_n=dn, block_k=bk, num_warps=w, num_stages=s,
+                           token_n=tn, token_warps=tw, token_stages=ts)
+        for line in compile_tile(tile):
+            print(json.dumps(line))
