@@ -16,6 +16,8 @@ outputs; the split structures differ, so the bits may too; a broken kernel shows
 --sweep times this tree's kernel at MAX_SPLITS 16 / 32 / 64 / 128 on a subset, hot and cold, with
 the geometric mean of new/old, and prints the best value.
 
+Runs from the repository root without installing the package.
+
     python3 scripts/gpu-lease/attention_bench.py [--old main|FILE] [--capacity 8448] [--sweep] [--json-out FILE]
 """
 from __future__ import annotations
@@ -27,15 +29,21 @@ import math
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
-from jetspec_chat.kernels import paged_tree_attention_triton, tree_attention, visible_keys
-
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+import jetspec_chat  # noqa: E402  (the repo's jetspec_chat/; kernels/ joins its path: no install needed)
+
+if str(REPO) not in jetspec_chat.__path__:
+    jetspec_chat.__path__.append(str(REPO))
+
+import torch  # noqa: E402
+
+from jetspec_chat.kernels import paged_tree_attention_triton, tree_attention, visible_keys  # noqa: E402
 HEADS = {"1.5b": (12, 2), "8b": (32, 8)}
 BLOCK_SIZE, HEAD_DIM, REPEAT, REPLAYS, FLUSH_MB = 16, 128, 20, 3, 100
 SWEEP_MAX_SPLITS = (16, 32, 64, 128)
