@@ -5,10 +5,12 @@
 #
 #   here:   bash scripts/gpu-lease/train_heads.sh prepare q15      (.stage/c-q15-00..17, .stage/h-q15, .stage/c-hq15-00..01)
 #           python3 scripts/gpu-lease/heldout_prompts.py > .stage/heldout/heldout.jsonl
-#           git show e8dd760:kernels/tree_attention.py > .stage/oldattn/old_tree_attention.py
-#   device: train_heads.sh setup (carry .whl .stage/h-q15 .stage/heldout .stage/oldattn); bf16_exact.sh tests; bf16_exact.sh kernels
+#           git show OLD:kernels/tree_attention.py > .stage/oldattn/old_tree_attention.py  (OLD: the revision to beat)
+#           git show OLD:kernels/moe.py > .stage/oldmoe/old_moe.py
+#   device: train_heads.sh setup (carry .whl .stage/h-q15 .stage/heldout .stage/oldattn .stage/oldmoe);
+#           bf16_exact.sh tests; bf16_exact.sh kernels
 #           train_heads.sh stage (carry .stage/c-q15-NN, .stage/c-hq15-N) x 20
-#           bf16_exact.sh sweep builtin ; bf16_exact.sh sweep heldout ; bf16_exact.sh engine
+#           bf16_exact.sh ab OLD ; bf16_exact.sh sweep builtin ; bf16_exact.sh sweep heldout ; bf16_exact.sh moe
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site JETSPEC_CHAT_CACHE=/root/cache
@@ -25,11 +27,24 @@ tests)  # the GPU tests of the kernels (one call) ...
 engine-tests)  # ... and of the engine's CUDA path (another call)
   timeout 570 python3 -P -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py 2>&1 | tee $OUT/engine-tests.txt | tail -15
   ;;
-kernels)  # kernel timings: attention old vs new, the linear ours vs cuBLAS (with a config sweep)
-  sed -i "s#^from .reference import#from jetspec_chat.kernels.reference import#" $STAGE/oldattn/old_tree_attention.py
-  timeout 120 python3 scripts/gpu-lease/attention_bench.py --old $STAGE/oldattn/old_tree_attention.py \
-    --json-out $OUT/attention_bench.json 2>&1 | tail -30
-  timeout 400 python3 scripts/gpu-lease/linear_bench.py 2>&1 | tee $OUT/linear_bench.txt | tail -60
+kernels)  # kernel timings, old vs new in one run: the attention (+ its MAX_SPLITS sweep), the MoE block
+  timeout 330 python3 scripts/gpu-lease/attention_bench.py --old $STAGE/oldattn/old_tree_attention.py --sweep \
+    --json-out $OUT/attention_bench.json 2>&1 | tee $OUT/attention_bench.txt | tail -45
+  timeout 200 python3 scripts/gpu-lease/moe_kernel_bench.py --old $STAGE/oldmoe/old_moe.py --json-out $OUT/moe_bench.json \
+    2>&1 | tee $OUT/moe_bench.txt | tail -22
+  ;;
+ab)  # whole-engine A/B against revision OLD in one run (engine_ab.py): the real 1.5B, then Qwen3-8B shapes
+  old=${1:?old revision}
+  gguf=$(bash scripts/gpu-lease/train_heads.sh assemble q15 | tail -1)
+  bash scripts/gpu-lease/train_heads.sh join q15 || exit 1
+  timeout 280 python3 scripts/gpu-lease/engine_ab.py $old --out $OUT/ab-q15 -- $gguf --draft-head $STAGE/h-q15 \
+    --dtype bfloat16 --contexts 512 --tree-sizes 1,16,64,128 2>&1 | tail -25
+  timeout 300 python3 scripts/gpu-lease/engine_ab.py $old --out $OUT/ab-8b -- random:Qwen/Qwen3-8B --draft-head random:5 \
+    --contexts 512 --tree-sizes 1,16,64,128 2>&1 | tail -25
+  ;;
+moe)  # Qwen3-30B-A3B shapes (random weights, random 5-layer head): steps, verifies vs their expert bytes, rounds
+  timeout 400 python3 -m jetspec_chat bench random:Qwen/Qwen3-30B-A3B --draft-head random:5 --engine-only \
+    --contexts 512 --tree-sizes 1,16,64,128,256 --json-out $OUT/engine-moe.json 2>&1 | tail -30
   ;;
 launches)  # a decoder layer's launches: the consumers that add the split GEMM's partials vs the two-step loop
   timeout 200 python3 scripts/gpu-lease/layer_launch_bench.py 2>&1 | tee $OUT/layer_launch.txt | tail -40
