@@ -85,11 +85,6 @@ BLOCK_M = 16  # rows per expert block, for every row count (module docstring: ba
 ROUTE_TOKENS = 16  # tokens per routing program; one program (routing + grouping) up to this many
 COUNT_CHUNK = 32  # routing programs' counts read per step of the layout pass
 BLOCK_CHUNK = 128  # blocks of the block table written per step
-# The routing programs' warps (both launches: a sum's order follows the layout, and the one-
-# and two-launch paths must give a token the same bits). One program walks ~20 dependent
-# reductions over a [ROUTE_TOKENS, E] tile; one warp keeps each in shuffles, without the
-# cross-warp shared-memory round trips that made it 13.4 us at T = 1 with 4 warps (H200).
-ROUTE_WARPS = 1
 COMBINE_BLOCK = 1024  # hidden columns per combine program
 
 
@@ -488,12 +483,12 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dty
     shape = dict(TOP_K=top_k, RT=ROUTE_TOKENS, BLOCK_E=block_e, BLOCK_TOP=block_top, BLOCK_M=BLOCK_M, CHUNK=BLOCK_CHUNK)
     _route_kernel[(tiles,)](
         logits, ids, weights, counts, block_expert, block_rows, row_assign, row_of, t, num_experts, n_blocks,
-        logits.stride(-2), NORM=norm_topk_prob, GROUPS=groups, PLACE=tiles == 1, **shape, num_warps=ROUTE_WARPS,
+        logits.stride(-2), NORM=norm_topk_prob, GROUPS=groups, PLACE=tiles == 1, **shape,
     )
     if tiles > 1:
         _place_kernel[(tiles,)](
             ids, counts, block_expert, block_rows, row_assign, row_of, t, num_experts, n_blocks, triton.cdiv(n_blocks, tiles),
-            COUNT_CHUNK=COUNT_CHUNK, **shape, num_warps=ROUTE_WARPS,
+            COUNT_CHUNK=COUNT_CHUNK, **shape,
         )
     return MoeRouting(weights, ids, block_expert, block_rows, row_assign, row_of)
 
