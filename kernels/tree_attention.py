@@ -9,30 +9,23 @@ of the call, of T and of prefix_len: a tree node verified at depth d computes ex
 AR step that produced the same token at the same position computes. So every row reduces over
 its keys in *its own logical order*: the prefix, then the new tokens it sees, in index order
 (for a tree: its ancestors by depth, i.e. the positions they will have once accepted). Keys are
-cut into 64-position tiles aligned at absolute logical positions and into splits whose length
-is a function of the row's own length L (prefix_len + the new tokens it sees) only: the
-smallest 64 * 2^k giving at most MAX_SPLITS splits. A row of length L then meets the same
-tiles, the same split bounds and the same merge in an AR step and in any verify. Short rows get
-one-tile splits (many programs for a short AR step), long ones longer splits (at most
-MAX_SPLITS partials to merge).
+cut into 64-position tiles aligned at absolute logical positions and into splits of
+`split_len` positions (a function of the cache size only), so a row of length L always meets
+the same tiles, the same split bounds and the same merge, whatever shares the call.
 
-  grid = (query tiles, KV heads, splits [+ per-token programs])
+  grid = (query tiles, KV heads, splits)
   * GQA packing: one program owns one KV head and BLOCK_M (always 64) rows, a row being a
     (token, query head of the group) pair, row = token * GROUP + g. BLOCK_M, BLOCK_N, the warps
     and the dot instruction never change with T: a score or a P@V product of one row is the
     same number whatever the other rows of the tile hold.
-  * Program s takes split s of each of its rows, [s * sl_r, min((s + 1) * sl_r, L_r)) for row
-    r, and walks the union of those ranges, each row masked to its own: a row stepped on a tile
-    it does not see keeps its state bit for bit. Rows of a program disagree on sl only when the
-    call's lengths cross 64 * 2^k * MAX_SPLITS (4096, 8192, ...); the program then walks more
-    tiles, the rows' arithmetic is unchanged.
   * Tiles wholly inside the prefix are the same keys for every row: one tl.dot serves all rows.
     Tiles that reach past prefix_len hold, for each row, that row's own new-token keys (through
     `visible_keys`): if all rows of the program agree on them (a causal prefill chunk, AR) one
     step serves all; otherwise (tree siblings) the tile is stepped once per token with the other
-    rows masked out.
-  * A row with one split writes its output directly; otherwise each of its splits writes a
-    normalised fp32 partial and its LSE, and `_merge_splits_kernel` folds them in split order.
+    rows masked out, which leaves their online-softmax state bit for bit unchanged.
+  * Split s covers logical [s*split_len, (s+1)*split_len). A row with one split writes its
+    output directly; otherwise each of its splits writes a normalised fp32 partial and its LSE,
+    and `_merge_splits_kernel` folds them in split order.
 fp32 scores, softmax and accumulation (exp2 with the scale folded in); output in q's dtype.
 fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless.
 """
@@ -59,9 +52,8 @@ BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 2
+MIN_SPLIT_LEN = 256
 MAX_SUB_T = 64  # tree calls up to this size run the splits past the prefix per token (H200: faster to 64, slower at 128-256)
-# A row of L keys has splits of the smallest BLOCK_N * 2^k giving at most MAX_SPLITS of them:
-# one-tile splits up to BLOCK_N * MAX_SPLITS keys, at most MAX_SPLITS partials beyond.
 MAX_SPLITS = 64
 
 
@@ -89,6 +81,14 @@ def visible_keys(tree_mask: torch.Tensor) -> VisibleKeys:
     cols = torch.arange(t, device=tree_mask.device, dtype=torch.int32).expand(t, t)
     order = torch.zeros(t, t + 1, dtype=torch.int32, device=tree_mask.device).scatter_(1, dest, cols)
     return VisibleKeys(order[:, :t].contiguous(), count)
+
+
+def split_len_for(capacity: int) -> int:
+    """Keys per split for a cache of `capacity` positions: at most MAX_SPLITS splits, each a
+    whole number of tiles and at least MIN_SPLIT_LEN. It depends on the cache only, never on a
+    call's T or prefix_len, so every row of a given length is split the same way."""
+    per = -(-capacity // MAX_SPLITS)
+    return max(MIN_SPLIT_LEN, -(-per // BLOCK_N) * BLOCK_N)
 
 
 # ----------------------------------------------------------------------------- triton kernels
@@ -126,8 +126,7 @@ if triton is not None:
     def _online_softmax_step(q, kt, v, visible, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
         """One flash-attention step in the log2 domain. The one code path for every tile: a
         row's arithmetic is then the same whichever loop the tile came from. A row that sees
-        nothing of the tile keeps m, l and acc exactly: p = 0, and alpha = 2^0 = 1 once it has
-        seen a key; before that alpha = 2^-inf = 0 on l = 0, acc = 0 (v is finite)."""
+        nothing of the tile keeps m, l and acc exactly (alpha = 2^0 = 1, p = 0)."""
         s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -138,32 +137,17 @@ if triton is not None:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         return m_new, l_i, acc
 
-    @triton.jit
-    def _split_len(length, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr):
-        """Keys per split of a row of `length` keys (scalar or per row): the smallest
-        BLOCK_N * 2^k with cdiv(length, it) <= MAX_SPLITS, i.e. at least cdiv(length,
-        MAX_SPLITS). BLOCK_N is a power of two: the next power of two of that, by integer
-        bit smearing, and at least BLOCK_N."""
-        x = tl.cdiv(length, MAX_SPLITS) - 1
-        x |= x >> 1
-        x |= x >> 2
-        x |= x >> 4
-        x |= x >> 8
-        x |= x >> 16
-        return tl.maximum(x + 1, BLOCK_N)
-
     # T is never specialised (==1 would compile AR apart from verify): one binary for every T.
     @triton.jit(do_not_specialize=["T"])
     def _tree_attn_kernel(
         Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, OUT_PART, LSE_PART,
-        T, N_HEADS, NUM_SPLITS, qk_scale,
+        T, N_HEADS, SPLIT_LEN, NUM_SPLITS, qk_scale,
         stride_qt, stride_qh,
         stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, MAX_SPLITS: tl.constexpr,
-        PRECISION: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         kv = tl.program_id(1)
@@ -176,42 +160,29 @@ if triton is not None:
         head = kv * GROUP + rows % GROUP
         # prefix_len comes from device memory: never specialised, CUDA-graph safe.
         prefix = tl.load(PREFIX).to(tl.int32)
-        # Each row's key count and split length; padded rows have no keys, so no work.
+        # Each row's key count; padded rows have none, so they never widen a tile or a loop.
         length = tl.where(row_valid, prefix + tl.load(COUNT + tok, mask=row_valid, other=0), 0)
-        split_len = _split_len(length, BLOCK_N, MAX_SPLITS)
+        # Programs 0..NUM_SPLITS-1 take split pid_s for all rows of the query tile. With SUB > 1
+        # (tree-sized calls) they leave the splits that reach past the prefix to the programs
+        # after them: one per (such split, token of the tile), so the per-token tiles of a tree
+        # run in parallel rather than one after another in one program. Which program owns a
+        # row never changes its arithmetic (same steps, tiles and order).
         prefix_tiles_end = prefix // BLOCK_N * BLOCK_N
         tok_first = (pid_m * BLOCK_M) // GROUP
         tok_last = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1)
-        # Programs 0..NUM_SPLITS-1 take split pid_s of every row of the query tile. With SUB > 1
-        # (tree-sized calls) a row's split that reaches past the prefix tiles goes instead to
-        # the programs after them, one per (split from the one holding prefix_tiles_end on,
-        # token of the tile): the per-token tiles of a tree then run in parallel rather than
-        # one after another in one program. Which program owns a (row, split) never changes
-        # its arithmetic (same steps, tiles and order).
-        split = pid_s
+        per_token = pid_s >= NUM_SPLITS
+        extra = pid_s - NUM_SPLITS
+        split = tl.where(per_token, prefix_tiles_end // SPLIT_LEN + extra // SUB, pid_s)
+        lo = split * SPLIT_LEN
+        hi = tl.minimum(lo + SPLIT_LEN, tl.max(length, 0))
+        shared_end = tl.minimum(hi, prefix_tiles_end)
+        run = lo < hi
         if SUB > 1:
-            per_token = pid_s >= NUM_SPLITS
-            extra = pid_s - NUM_SPLITS
-            tau = tok_first + extra % SUB
-            has_tau = per_token & (tau <= tok_last)
-            # The token's rows share its length, so its split length (smallest is BLOCK_N:
-            # the grid's per-token count covers that case).
-            tau_len = prefix + tl.load(COUNT + tau, mask=has_tau, other=0)
-            tau_split_len = _split_len(tau_len, BLOCK_N, MAX_SPLITS)
-            split = tl.where(per_token, prefix_tiles_end // tau_split_len + extra // SUB, pid_s)
-            tok_first = tl.where(per_token, tau, tok_first)
-            tok_last = tl.where(per_token, tl.minimum(tok_last, tau), tok_last)
-        own = row_valid & (tok >= tok_first) & (tok <= tok_last)
-        # Row r's part of this program: [lo_r, hi_r), its split `split`.
-        lo_r = split * split_len
-        hi_r = tl.minimum(lo_r + split_len, length)
-        work = own & (lo_r < hi_r)  # the rows this program computes and stores
-        if SUB > 1:
-            work = work & (per_token == (hi_r > prefix_tiles_end))
-        hi_r = tl.where(work, hi_r, 0)  # other rows see nothing
-        lo = tl.min(tl.where(work, lo_r, 2147483647), 0)
-        hi = tl.max(hi_r, 0)
-        if lo < hi:
+            run = run & (per_token == (shared_end < hi))
+            tok_first = tl.where(per_token, tok_first + extra % SUB, tok_first)
+            tok_last = tl.where(per_token, tl.minimum(tok_last, tok_first), tok_last)
+        own = row_valid & (tok >= tok_first) & (tok <= tok_last)  # the rows this program stores
+        if run & (tok_first <= tok_last):
             d = tl.arange(0, HEAD_DIM)
             q = tl.load(
                 Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
@@ -221,23 +192,21 @@ if triton is not None:
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
             cols = tl.arange(0, BLOCK_N)
-            shared_end = tl.minimum(hi, prefix_tiles_end)
 
-            # Tiles wholly inside the prefix: the same keys for every row, each row masked to
-            # its own range (lo_r and the tile start are whole tiles).
+            # Tiles wholly inside the prefix: the same keys for every row (all visible).
             for start in range(lo, shared_end, BLOCK_N):
                 pos = start + cols
                 kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d,
                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                       BLOCK_SIZE, False)
-                visible = (lo_r <= start)[:, None] & (pos[None, :] < hi_r[:, None])
+                visible = pos[None, :] < length[:, None]
                 m_i, l_i, acc = _online_softmax_step(q, kt, v, visible, m_i, l_i, acc, qk_scale, PRECISION)
 
             # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
             # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
             for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
                 pos = start + cols
-                sees = (lo_r <= start)[:, None] & (pos[None, :] < hi_r[:, None])  # [BLOCK_M, BLOCK_N]
+                sees = (pos[None, :] < length[:, None]) & own[:, None]  # [BLOCK_M, BLOCK_N]
                 depth = pos - prefix
                 new = sees & (depth >= 0)[None, :]
                 idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
@@ -263,28 +232,27 @@ if triton is not None:
 
             has_any = l_i > 0.0
             out = acc / tl.where(has_any, l_i, 1.0)[:, None]
-            n_splits = tl.cdiv(length, split_len)
+            n_splits = tl.cdiv(length, SPLIT_LEN)
+            mine_here = own & (lo < length)
             o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-            tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(work & (n_splits == 1))[:, None])
-            # Rows of several splits: partials [NUM_SPLITS, T, N_HEADS, (D)], folded by the merge
-            # kernel (split < n_splits <= NUM_SPLITS for every working row).
+            tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(mine_here & (n_splits == 1))[:, None])
+            # Rows of several splits: partials [S, T, N_HEADS, (D)], folded by the merge kernel.
             part_row = (split * T + tok) * N_HEADS + head
             lse = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
-            several = work & (n_splits > 1)
+            several = mine_here & (n_splits > 1)
             tl.store(LSE_PART + part_row, lse, mask=several)
             tl.store(OUT_PART + part_row[:, None] * HEAD_DIM + d[None, :], out, mask=several[:, None])
 
     @triton.jit(do_not_specialize=["T"])
     def _merge_splits_kernel(
-        OUT_PART, LSE_PART, OUT, PREFIX, COUNT, T, N_HEADS, stride_ot, stride_oh,
-        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
+        OUT_PART, LSE_PART, OUT, PREFIX, COUNT, T, N_HEADS, SPLIT_LEN, stride_ot, stride_oh,
+        HEAD_DIM: tl.constexpr,
     ):
         """out[t, h] = sum_s 2^(lse_s - max) * out_s / sum_s 2^(lse_s - max) over the row's own
         splits, folded one by one in split order (a row of one split was written directly)."""
         t = tl.program_id(0)
         h = tl.program_id(1)
-        length = tl.load(PREFIX).to(tl.int32) + tl.load(COUNT + t)
-        n = tl.cdiv(length, _split_len(length, BLOCK_N, MAX_SPLITS))
+        n = tl.cdiv(tl.load(PREFIX).to(tl.int32) + tl.load(COUNT + t), SPLIT_LEN)
         if n > 1:
             d = tl.arange(0, HEAD_DIM)
             m = float("-inf")
@@ -344,6 +312,7 @@ def paged_tree_attention_triton(
     prefix_len: int | torch.Tensor,
     tree_mask: torch.Tensor | VisibleKeys,
     scale: float,
+    split_len: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of `paged_tree_attention_ref` (same arguments and result), batch-invariant.
@@ -351,6 +320,8 @@ def paged_tree_attention_triton(
     prefix_len: python int, or a 0-d / 1-element int32 tensor on q's device. Under CUDA-graph
                capture pass the tensor (an int means a host->device copy each call).
     tree_mask: [T, T] bool, or its `visible_keys` (build once, pass to every layer).
+    split_len: keys per split (a multiple of 64); None derives it from the block table's size
+               (`split_len_for`). Calls whose results must agree need the same split_len.
     out: optional [T, n_heads, head_dim] destination (e.g. a CUDA-graph static buffer).
     """
     if triton is None:
@@ -369,42 +340,43 @@ def paged_tree_attention_triton(
     assert keys.order.shape == (t, t) and keys.count.shape == (t,), "tree_mask must be [T, T]"
     prefix = prefix_tensor(prefix_len, q.device)
     block_table = block_table.contiguous()
+    capacity = block_table.numel() * block_size
+    if split_len is None:
+        split_len = split_len_for(capacity)
+    assert split_len % BLOCK_N == 0, "split_len must be a multiple of 64"
 
     if out is None:
         out = torch.empty_like(q)
     assert out.shape == q.shape and out.stride(-1) == 1, "out must be [T, n_heads, head_dim]"
     if t == 0:
         return out
-    # Grid and partials cover the most splits a row can have: MAX_SPLITS, or fewer where the
-    # table holds fewer tiles (shapes only: graph-safe; split lengths do not depend on it).
-    # Programs past all their rows' splits return at once.
-    num_splits = min(MAX_SPLITS, triton.cdiv(block_table.numel() * block_size, BLOCK_N))
+    # Grid and partials cover the longest row the cache can hold (shapes only: graph-safe);
+    # programs past a row's length return at once.
+    num_splits = -(-capacity // split_len)
     out_part = torch.empty(num_splits, t, n_heads, head_dim, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(num_splits, t, n_heads, device=q.device, dtype=torch.float32)
-    # Tree-sized calls: per-token programs for the splits past the prefix tiles. A token's keys
-    # from the last prefix tile on span at most T + 63 positions from a tile boundary, hence at
-    # most cdiv(T + 63, BLOCK_N) splits of any length (split bounds are tile bounds); a query
-    # tile holds at most BLOCK_M / group + 1 tokens, and at most T. Prefill chunks
-    # (T > MAX_SUB_T) and AR keep one program a split.
-    sub = min(-(-BLOCK_M // group) + 1, t) if 1 < t <= MAX_SUB_T else 1
-    per_token = -(-(t + BLOCK_N - 1) // BLOCK_N) * sub if sub > 1 else 0
+    # Tree-sized calls: per-token programs for the splits past the prefix (keys from the last
+    # prefix tile to prefix + T span at most T + 63 positions); a tile touches at most
+    # BLOCK_M / group + 1 tokens. Prefill chunks (T > MAX_SUB_T) and AR keep one program a split.
+    sub = -(-BLOCK_M // group) + 1 if 1 < t <= MAX_SUB_T else 1
+    per_token = (-(-(t + BLOCK_N - 1) // split_len) + 1) * sub if sub > 1 else 0
     grid = (triton.cdiv(t * group, BLOCK_M), n_kv, num_splits + per_token)
     _tree_attn_kernel[grid](
         q, k_pool, v_pool, block_table, prefix, keys.order, keys.count, out, out_part, lse_part,
-        t, n_heads, num_splits, scale * LOG2E,
+        t, n_heads, split_len, num_splits, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub, MAX_SPLITS=MAX_SPLITS,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     if num_splits > 1:
         _merge_splits_kernel[(t, n_heads)](
-            out_part, lse_part, out, prefix, keys.count, t, n_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, MAX_SPLITS=MAX_SPLITS, num_warps=1,
+            out_part, lse_part, out, prefix, keys.count, t, n_heads, split_len,
+            out.stride(0), out.stride(1), HEAD_DIM=head_dim, num_warps=1,
         )
     return out
 
@@ -468,6 +440,7 @@ __all__ = [
     "paged_tree_attention",
     "prefix_tensor",
     "paged_tree_attention_triton",
+    "split_len_for",
     "visible_keys",
     "write_kv",
     "write_kv_triton",

@@ -19,7 +19,6 @@ from jetspec_chat.kernels import (  # after the importorskip
     write_kv_ref,
     write_kv_triton,
 )
-from jetspec_chat.kernels import tree_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -69,12 +68,13 @@ def make_inputs(t, prefix_len, n_heads, n_kv, head_dim, *, seed=0, dtype=torch.f
             block_table.to(device), tree_mask.to(device))
 
 
-def check(t, prefix_len, n_heads, n_kv, head_dim, *, mask="tree", seed=0,
+def check(t, prefix_len, n_heads, n_kv, head_dim, *, mask="tree", split_len=None, seed=0,
           dtype=torch.float32, block_size=16, rtol=1e-4, atol=1e-5):
     q, k_pool, v_pool, block_table, tree_mask = make_inputs(
         t, prefix_len, n_heads, n_kv, head_dim, seed=seed, dtype=dtype, block_size=block_size, mask=mask)
     scale = head_dim ** -0.5
-    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
+    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale,
+                                      split_len=split_len)
     ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
     assert out.dtype == q.dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)
@@ -139,11 +139,10 @@ def test_tree_attention_matches_reference(t, prefix_len, n_heads, n_kv, head_dim
     check(t, prefix_len, n_heads, n_kv, head_dim, mask=mask, seed=t * 1000 + prefix_len)
 
 
-@pytest.mark.parametrize("max_splits", [1, 2, 4])
-def test_split_counts(max_splits, poisoned_alloc, monkeypatch):
-    """Rows of 301-309 keys in one split of 512, two of 256 or three of 128 (multi-tile splits)."""
-    monkeypatch.setattr(tree_attention, "MAX_SPLITS", max_splits)
-    check(9, 300, 4, 2, 16, seed=max_splits)
+@pytest.mark.parametrize("split_len", [64, 128, 256, 1024])
+def test_split_lengths(split_len, poisoned_alloc):
+    """Any split length is exact: rows of one split, of several, and splits past every row."""
+    check(9, 300, 4, 2, 16, split_len=split_len, seed=split_len)
 
 
 def test_arbitrary_mask(poisoned_alloc):
@@ -154,37 +153,25 @@ def test_arbitrary_mask(poisoned_alloc):
     mask = (torch.rand(t, t, generator=gen) < 0.3) | torch.eye(t, dtype=torch.bool)
     mask[5] = False  # a row that sees no new token at all (only the prefix)
     mask = mask.to(DEVICE)
-    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, 50, mask, d ** -0.5)
+    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, 50, mask, d ** -0.5, split_len=64)
     ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, 50, mask, d ** -0.5)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
+def test_short_prefix_short_splits(poisoned_alloc):
+    check(2, 17, 8, 1, 16, split_len=64)
+
+
 @pytest.mark.parametrize("mask", ["tree", "causal"])
-@pytest.mark.parametrize("max_splits", [64, 2])
-def test_new_tokens_spread_over_splits(mask, max_splits, poisoned_alloc, monkeypatch):
-    """T > 64: rows whose own keys cross split bounds (prefix 40 and 0); with 2 splits at most,
-    rows of one query tile have splits of 64 and of 128 (lengths across 128)."""
-    monkeypatch.setattr(tree_attention, "MAX_SPLITS", max_splits)
-    check(130, 40, 2, 1, 16, mask=mask, seed=1)
-    check(130, 0, 2, 1, 16, mask=mask, seed=2)
+def test_new_tokens_spread_over_splits(mask, poisoned_alloc):
+    """T > 64: rows whose own keys cross split bounds (prefix 40 and 0, splits of 64)."""
+    check(130, 40, 2, 1, 16, mask=mask, split_len=64, seed=1)
+    check(130, 0, 2, 1, 16, mask=mask, split_len=64, seed=2)
 
 
-@pytest.mark.parametrize("max_splits", [64, 2])
-def test_per_token_splits_reach_the_last_key(max_splits, poisoned_alloc, checked_pointers, monkeypatch):
-    """Causal chunks whose last row reaches T + 63 keys past the last prefix tile (prefix_len
-    63 mod 64): the cdiv(T + 63, 64) per-token splits of a token must cover them all (a split
-    left out leaves NaN)."""
-    monkeypatch.setattr(tree_attention, "MAX_SPLITS", max_splits)
-    check(2, 63, 4, 2, 16, mask="causal")
-    check(64, 127, 4, 2, 16, mask="causal")
-    check(33, 191, 4, 4, 16, mask="causal")
-
-
-@pytest.mark.parametrize("max_splits", [64, 2])
-def test_block_size_not_tile_multiple(max_splits, poisoned_alloc, checked_pointers, monkeypatch):
-    """Pages of 8 and 32 positions: tiles straddle pages either way (one-tile and 128-key splits)."""
-    monkeypatch.setattr(tree_attention, "MAX_SPLITS", max_splits)
-    check(5, 150, 4, 2, 16, block_size=8)
+def test_block_size_not_tile_multiple(poisoned_alloc, checked_pointers):
+    """Pages of 8 and 32 positions: tiles straddle pages either way."""
+    check(5, 150, 4, 2, 16, block_size=8, split_len=64)
     check(5, 150, 4, 2, 16, block_size=32)
 
 
@@ -200,7 +187,8 @@ def test_prefix_len_tensor_and_visible_keys(poisoned_alloc):
         ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, d ** -0.5)
         for p in (torch.tensor(prefix_len, dtype=torch.int32, device=DEVICE),
                   torch.tensor([prefix_len], dtype=torch.int32, device=DEVICE)):
-            out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, p, packed, d ** -0.5)
+            out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, p, packed, d ** -0.5,
+                                              split_len=128)
             torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
@@ -230,7 +218,7 @@ def test_dispatch_matches_reference():
 # ----------------------------------------------------------------------------- batch invariance
 
 
-def ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale):
+def ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, split_len):
     """For each new token j: the output of the AR step that would compute it, i.e. a T=1 call
     after j's visible new tokens were accepted (moved to logical prefix_len, prefix_len+1, ...)."""
     block_size, n_kv, d = k_pool.shape[1], k_pool.shape[2], k_pool.shape[3]
@@ -245,24 +233,23 @@ def ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
             new.view(-1, n_kv, d)[dst] = pool.view(-1, n_kv, d)[src]
         one = torch.ones(1, 1, dtype=torch.bool, device=tree_mask.device)
         outs.append(paged_tree_attention_triton(q[j : j + 1], k_ar, v_ar, block_table, prefix_len + len(order) - 1,
-                                                one, scale))
+                                                one, scale, split_len=split_len))
     return torch.cat(outs)
 
 
-def assert_batch_invariant(t, prefix_len, n_heads, n_kv, d, *, mask="tree", dtype=torch.float32, seed=0):
+def assert_batch_invariant(t, prefix_len, n_heads, n_kv, d, *, mask="tree", split_len=64, dtype=torch.float32, seed=0):
     q, k_pool, v_pool, block_table, tree_mask = make_inputs(t, prefix_len, n_heads, n_kv, d, seed=seed,
                                                             dtype=dtype, mask=mask)
     # The AR layouts write past the tree: give the table room (NaN-free spare blocks).
     k_pool[torch.isnan(k_pool)] = 0.0
     v_pool[torch.isnan(v_pool)] = 0.0
     scale = d ** -0.5
-    tree = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
+    tree = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, split_len=split_len)
     ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(tree.float(), ref.float(), rtol=tol, atol=tol)
-    ar = ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
+    ar = ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, split_len)
     assert torch.equal(tree, ar), f"{int((tree != ar).any(-1).any(-1).sum())} of {t} rows differ from their AR step"
-    return tree_mask
 
 
 @pytest.mark.parametrize("t,prefix_len,mask", [(12, 57, "tree"), (20, 120, "tree"), (9, 0, "causal"), (70, 3, "tree")])
@@ -271,31 +258,6 @@ def test_rows_equal_their_ar_step(t, prefix_len, mask, ordered_dot):
     the prefix ends inside a tile, rows cross split bounds (splits of 64) and siblings share tiles.
     (ordered_dot: on the CPU, the interpreter's dot made per element, as the GPU's MMA is.)"""
     assert_batch_invariant(t, prefix_len, 4, 2, 16, mask=mask, seed=t)
-
-
-def split_len(length: int, max_splits: int) -> int:
-    """The kernel's keys per split for a row of `length` keys."""
-    sl = 64
-    while sl * max_splits < length:
-        sl *= 2
-    return sl
-
-
-@pytest.mark.parametrize("max_splits,t,prefix_len,mask", [
-    (2, 21, 119, "causal"),  # L 120-140 across 128: per-token programs with splits of 64 and of 128
-    (2, 24, 126, "tree"),
-    (4, 12, 250, "causal"),  # L 251-262: one shared program holds rows of splits of 64 and of 128
-    (4, 70, 200, "causal"),  # T > 64 (no per-token programs), split 2 = [128, 192) or [256, 384)
-    (2, 70, 124, "tree"),
-])
-def test_rows_straddling_split_lengths(max_splits, t, prefix_len, mask, ordered_dot, checked_pointers, monkeypatch):
-    """Rows of one call with different split lengths (lengths across 64 * 2^k * MAX_SPLITS; small
-    MAX_SPLITS puts the switch at interpreter-sized lengths): each row equals the reference and,
-    bitwise, its AR step."""
-    monkeypatch.setattr(tree_attention, "MAX_SPLITS", max_splits)
-    tree_mask = assert_batch_invariant(t, prefix_len, 4, 2, 16, mask=mask, seed=t + prefix_len)
-    lengths = prefix_len + tree_mask.sum(1).cpu()
-    assert len({split_len(int(n), max_splits) for n in lengths}) > 1, "the call does not straddle a split length"
 
 
 # ----------------------------------------------------------------------------- write_kv
@@ -365,13 +327,11 @@ def test_cuda_graph_replay_across_prefix_lengths():
 
 
 @gpu_only
-@pytest.mark.parametrize("t,prefix_len,mask", [(64, 1000, "tree"), (256, 3000, "tree"), (33, 500, "causal"),
-                                                (64, 4093, "tree"), (33, 4080, "causal")])
+@pytest.mark.parametrize("t,prefix_len,mask", [(64, 1000, "tree"), (256, 3000, "tree"), (33, 500, "causal")])
 @pytest.mark.parametrize("n_heads,n_kv", [(12, 2), (32, 8)])
 def test_bf16_rows_equal_their_ar_step(t, prefix_len, mask, n_heads, n_kv):
-    """Batch invariance in bf16 on the GPU (Qwen2.5-1.5B and Qwen3-8B head shapes); at 4093 and
-    4080 the rows straddle 4096 keys (one-tile splits below, 128-key splits above)."""
-    assert_batch_invariant(t, prefix_len, n_heads, n_kv, 128, mask=mask, dtype=torch.bfloat16)
+    """Batch invariance in bf16 on the GPU (Qwen2.5-1.5B and Qwen3-8B head shapes)."""
+    assert_batch_invariant(t, prefix_len, n_heads, n_kv, 128, mask=mask, split_len=256, dtype=torch.bfloat16)
 
 
 @gpu_only
