@@ -23,6 +23,13 @@
 #   poll SECONDS          waits (at most SECONDS, less once every run is DONE) and shows the logs
 #   collect KEY [FROM]    tars head/, eval.json, the baseline's eval, logs and summaries (once), and puts
 #                         15 MiB parts FROM.. (at most 4: a call returns <= 64 MiB) into $OUT
+#   answer KEY MINUTES    the data stage alone, in the background: the target answers the carried
+#                         contexts for MINUTES (a lease spent on data; training comes in a later one)
+#   collect-data KEY [FROM]  the answers (data/ shards + the prompts they answer), gzipped, as 15 MiB
+#                         parts FROM.. into $OUT. Put the parts in .stage/data-KEY/ here: the next
+#                         `prepare KEY` chunks them (.stage/c-dKEY-NN, staged like the GGUF), and the
+#                         next `launch` starts from them (its data stage answers only what is left;
+#                         DATA_MINUTES 0 skips it). The PROMPTS flags must be the ones that made them.
 #   evaluate NAME KEY HEAD  τ of a head folder in /root/stage on the dev prompts and eval sets, in the background
 #   compare KEY STEPS "A" "B"  two head shapes from scratch on the same (built-in) data and steps
 # KEY: q15 (qwen2.5-coder-1.5b) or q05 (qwen2.5-coder-0.5b).
@@ -95,6 +102,22 @@ join_head() {
     || { echo "sha256 mismatch for the h-$1 head" >&2; rm -f $head/model.safetensors; return 1; }
 }
 
+# $RUNS/KEY, fresh: the carried prompts, then the carried answers (KEY-data.tar.gz.part*, from an
+# earlier lease's collect-data), whose data stage then answers only the contexts left.
+init_run() {
+  local key=$1 dir=$RUNS/$1
+  [ -f $STAGE/prompts-$key/prompts.jsonl.gz ] || { echo "carry .stage/prompts-$key first" >&2; return 1; }
+  rm -rf $dir && mkdir -p $dir
+  gunzip -c $STAGE/prompts-$key/prompts.jsonl.gz > $dir/prompts.jsonl
+  cp $STAGE/prompts-$key/prompts.meta.json $dir/
+  if ls $STAGE/$key-data.tar.gz.part* > /dev/null 2>&1; then
+    cat $STAGE/$key-data.tar.gz.part* | tar -xzf - -C $dir || { echo "the carried $key answers do not unpack" >&2; return 1; }
+    cmp -s <(gunzip -c $STAGE/prompts-$key/prompts.jsonl.gz) $dir/prompts.jsonl \
+      || { echo "the carried $key answers were made from other prompts than .stage/prompts-$key" >&2; return 1; }
+    echo "carried answers: $(ls $dir/data/shard-*.pt | wc -l) shards"
+  fi
+}
+
 # Carried .stage/c-KEY-NN/ chunk files land flat in /root/stage; any other .stage/NAME folder as /root/stage/NAME.
 take_stage() {
   mkdir -p $STAGE
@@ -120,9 +143,11 @@ run_grown() {
   local key=$1 gguf=$2 minutes=$3 dir=$RUNS/$1 t0=$(date +%s)
   local cmd="python3 -m jetspec_chat train-head $gguf --quiet $PROMPTS"
   left() { python3 -c "print(round(max(0.5, $minutes - ($(date +%s) - $t0) / 60 - $1), 2))"; }
-  echo "data $(date +%T)" >> $dir/stage.txt
-  $cmd --out $dir --stage data $DATA --time-budget-min $DATA_MIN > $dir/data.txt 2>&1 || return 1
-  cp $dir/summary.json $dir/summary-data.json  # each stage rewrites summary.json: keep each one's (head_record.py)
+  if [ "$DATA_MIN" != 0 ]; then  # 0: train on the carried answers alone
+    echo "data $(date +%T)" >> $dir/stage.txt
+    $cmd --out $dir --stage data $DATA --time-budget-min $DATA_MIN > $dir/data.txt 2>&1 || return 1
+    cp $dir/summary.json $dir/summary-data.json  # each stage rewrites summary.json: keep each one's (head_record.py)
+  fi
   echo "train + baseline $(date +%T)" >> $dir/stage.txt
   mkdir -p $dir/baseline && cp -r $STAGE/h-$key $dir/baseline/head
   $cmd --out $dir/baseline --stage eval $EVAL > $dir/baseline/eval.txt 2>&1 &
@@ -165,10 +190,17 @@ m = E.EMBEDDED[sys.argv[1]]; E.assemble_gguf(m, E.find_parts(m), Path(sys.argv[2
     sha256sum .stage/h-$key/model.safetensors | cut -d' ' -f1 > .stage/h-$key/model.safetensors.sha256
     rm .stage/h-$key/model.safetensors
   fi
-  du -sh .stage/c-$key-* .stage/c-h$key-* .stage/h-$key .stage/prompts-$key .whl 2>/dev/null
+  # Answers collected in an earlier lease (collect-data parts in .stage/data-KEY/): 60 MiB chunks.
+  rm -rf .stage/c-d$key-*
+  if ls .stage/data-$key/$key-data.tar.gz.part* > /dev/null 2>&1; then
+    cat .stage/data-$key/$key-data.tar.gz.part* > .stage/$key-data.tar.gz
+    gzip -t .stage/$key-data.tar.gz || { echo ".stage/data-$key: the parts do not make a whole archive" >&2; exit 1; }
+    chunks .stage/$key-data.tar.gz 60 $key-data.tar.gz c-d$key && rm .stage/$key-data.tar.gz
+  fi
+  du -sh .stage/c-$key-* .stage/c-h$key-* .stage/c-d$key-* .stage/h-$key .stage/prompts-$key .whl 2>/dev/null
   last=$(ls -d .stage/c-$key-* | tail -1 | xargs basename)
   echo "calls: setup (carry .whl .stage/h-$key .stage/prompts-$key), then stage (carry .stage/c-$key-NN) for ..$last"
-  echo "       and .stage/c-h$key-NN if listed above,"
+  echo "       and .stage/c-h$key-NN and .stage/c-d$key-NN if listed above,"
   echo "       the last one as 'stage && launch $key', then poll 590 until DONE, then collect $key"
   ;;
 setup)
@@ -196,10 +228,8 @@ launch)
   key=${1:?key} minutes=${2:-18} DATA_MIN=${3:-$DATA_MIN}
   gguf=$(assemble $key) || exit 1
   join_head $key || exit 1
-  [ -d $STAGE/h-$key ] && [ -f $STAGE/prompts-$key/prompts.jsonl.gz ] || { echo "carry .stage/h-$key and .stage/prompts-$key first" >&2; exit 1; }
-  rm -rf $RUNS/$key && mkdir -p $RUNS/$key
-  gunzip -c $STAGE/prompts-$key/prompts.jsonl.gz > $RUNS/$key/prompts.jsonl
-  cp $STAGE/prompts-$key/prompts.meta.json $RUNS/$key/
+  [ -d $STAGE/h-$key ] || { echo "carry .stage/h-$key first" >&2; exit 1; }
+  init_run $key || exit 1
   echo "launching $key: ${minutes} min"
   cd $APP && DATA_MIN=$DATA_MIN setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
     > $RUNS/$key/run.txt 2>&1 < /dev/null &
@@ -258,6 +288,29 @@ collect)
     [ -f $part ] && cp $part "$OUT/"
   done
   ls /root/parts-$key; ls -l "$OUT"; sha256sum /root/$key.tar
+  ;;
+answer)  # answer KEY MINUTES: the data stage alone, in the background (setsid: it outlives the call)
+  key=${1:?key} minutes=${2:?minutes}
+  gguf=$(assemble $key) || exit 1
+  init_run $key || exit 1
+  cd $APP && setsid nohup bash -c "python3 -m jetspec_chat train-head $gguf --quiet $PROMPTS --out $RUNS/$key \
+    --stage data $DATA --time-budget-min $minutes > $RUNS/$key/data.txt 2>&1; touch $RUNS/$key/DONE" \
+    > /dev/null 2>&1 < /dev/null &
+  sleep 20; tail -3 $RUNS/$key/data.txt
+  ;;
+collect-data)  # collect-data KEY [FROM]: the answers, gzipped, 15 MiB parts FROM.. (<= 4 a call)
+  key=${1:?key} from=${2:-0} dir=$RUNS/${1:?key}
+  mkdir -p "$OUT" /root/dparts-$key
+  if [ ! -f /root/$key-data.tar.gz ]; then
+    [ -f $dir/DONE ] || { echo "the $key data stage is still running (poll until DONE)" >&2; exit 1; }
+    tar -C $dir --exclude='*.tmp' -czf /root/$key-data.tar.gz data prompts.jsonl prompts.meta.json || exit 1
+    split -b 15m -d -a 2 /root/$key-data.tar.gz /root/dparts-$key/$key-data.tar.gz.part
+  fi
+  for i in 0 1 2 3; do
+    part=/root/dparts-$key/$key-data.tar.gz.part$(printf %02d $((from + i)))
+    [ -f $part ] && cp $part "$OUT/"
+  done
+  ls /root/dparts-$key; ls -l "$OUT"; sha256sum /root/$key-data.tar.gz
   ;;
 *) echo "unknown verb $verb" >&2; exit 2 ;;
 esac
