@@ -1,37 +1,85 @@
-"""Paged tree attention alone (bf16, one layer call, CUDA-graphed): the batch-invariant kernel
-against the previous one, on the Qwen3-8B and Qwen2.5-1.5B head shapes.
+"""Paged tree attention alone (bf16, CUDA-graphed): this tree's kernel against a previous one, on
+the Qwen2.5-1.5B (12/2 heads) and Qwen3-8B (32/8 heads) shapes, head_dim 128.
 
-The previous kernel is not in the tree any more; pass its file (`git show e8dd760:kernels/tree_attention.py`,
-its `from .reference` import made absolute) as --old to time it side by side (ratios from one run). Random tree masks
-in topological order, shuffled pages, a block table of the engine's size (`--capacity`).
+The previous kernel is a git revision's `kernels/tree_attention.py` (default main) or a saved
+copy of that file (where the GPU machine has no .git: `git show main:kernels/tree_attention.py >
+.stage/old_tree_attention.py` here, carried), timed in the same process. Random tree masks in
+topological order, shuffled pages, a block table of `--capacity` positions: both kernels take
+their split length from it (split_len_for: 8448 gives 256).
 
-    python3 scripts/gpu-lease/attention_bench.py [--capacity 8448] [--old FILE] [--json-out FILE]
+Each case is timed twice, per call, between timing events inside one CUDA graph of REPEAT calls:
+"hot", the calls back to back (K/V, page table and q stay in L2), and "cold", each call after a
+copy of a FLUSH_MB buffer that evicts L2, as in the engine, where each attention follows GEMMs
+that stream weights through L2. Medians over 3 replays. "diff" is the largest |new - old| (bf16
+outputs; where the split structures differ the bits may too; a broken kernel shows here).
+
+--sweep times this tree's kernel at MAX_SPLITS 16 / 32 / 64 / 128 on a subset, hot and cold, with
+the geometric mean of new/old, and prints the best value (the split length is
+max(256, capacity / MAX_SPLITS): at 8448, 576 / 320 / 256 / 256).
+
+Runs from the repository root without installing the package.
+
+    python3 scripts/gpu-lease/attention_bench.py [--old main|FILE] [--capacity 8448] [--sweep] [--json-out FILE]
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+import jetspec_chat  # noqa: E402  (the repo's jetspec_chat/; kernels/ joins its path: no install needed)
 
-from jetspec_chat.engine.bench.timing import graphed_ms
-from jetspec_chat.kernels import paged_tree_attention_triton, split_len_for, visible_keys
+if str(REPO) not in jetspec_chat.__path__:
+    jetspec_chat.__path__.append(str(REPO))
 
-# (name, n_heads, n_kv, T, context, mask)
-CASES = [("8b", 32, 8, t, c, "tree") for t, c in [(1, 1024), (1, 4096), (1, 16384), (16, 4096), (64, 4096),
-                                                  (128, 1024), (128, 4096), (128, 16384), (256, 4096)]]
-CASES += [("8b", 32, 8, 512, c, "causal") for c in (0, 3000)]
-CASES += [("1.5b", 12, 2, t, c, "tree") for t, c in [(1, 512), (1, 2048), (16, 512), (64, 512), (64, 2048), (256, 512)]]
+import torch  # noqa: E402
+
+from jetspec_chat.kernels import paged_tree_attention_triton, tree_attention, visible_keys  # noqa: E402
+HEADS = {"1.5b": (12, 2), "8b": (32, 8)}
+BLOCK_SIZE, HEAD_DIM, REPEAT, REPLAYS, FLUSH_MB = 16, 128, 20, 3, 100
+SWEEP_MAX_SPLITS = (16, 32, 64, 128)
 
 
-def load_old(path: str | None):
-    if path is None:
-        return None
-    spec = importlib.util.spec_from_file_location("jetspec_chat.kernels.old_tree_attention", path)
+@dataclass(frozen=True)
+class Case:
+    shape: str
+    t: int
+    context: int
+    mask: str = "tree"
+
+
+def cases() -> list[Case]:
+    out = [Case(s, 1, c) for s in HEADS for c in (512, 2048, 8192)]
+    out += [Case(s, t, c) for s in HEADS for t in (16, 64, 128, 256) for c in (512, 4096)]
+    out += [Case(s, 64, 4090) for s in HEADS]  # rows straddle 4096 keys
+    out += [Case(s, 512, c, "causal") for s in HEADS for c in (0, 3000)]
+    return out
+
+
+SWEEP_CASES = [Case(s, 1, c) for s in HEADS for c in (512, 2048, 8192)] + [
+    Case(s, t, c) for s in HEADS for t, c in ((16, 512), (64, 512), (16, 4096), (256, 4096))]
+
+
+def load_old(rev_or_file: str):
+    """The previous kernel: a saved copy of its file, or a git revision (read with git show)."""
+    if Path(rev_or_file).is_file():
+        src = Path(rev_or_file).read_text()
+    else:
+        src = subprocess.run(["git", "show", f"{rev_or_file}:kernels/tree_attention.py"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout
+    path = Path(tempfile.mkdtemp()) / "old_tree_attention.py"
+    path.write_text(src.replace("from .reference import", "from jetspec_chat.kernels.reference import"))
+    spec = importlib.util.spec_from_file_location("old_tree_attention", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -48,42 +96,147 @@ def tree_mask(t: int, kind: str, gen: torch.Generator) -> torch.Tensor:
     return mask
 
 
-def graphed_us(fn, reps: int = 30) -> float:
-    return statistics.median(graphed_ms(fn, reps)) * 1e3
+class Inputs:
+    def __init__(self, case: Case, capacity: int, old, gen: torch.Generator):
+        n_heads, n_kv = HEADS[case.shape]
+        blocks = -(-max(capacity, case.context + case.t + BLOCK_SIZE) // BLOCK_SIZE)
+        self.k = torch.randn(blocks, BLOCK_SIZE, n_kv, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        self.v = torch.randn_like(self.k)
+        self.table = torch.randperm(blocks, device="cuda").to(torch.int32)
+        self.q = torch.randn(case.t, n_heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        mask = tree_mask(case.t, case.mask, gen).cuda()
+        self.keys = visible_keys(mask)
+        # The previous kernel's own mask form (its VisibleKeys class, or the older packed bits).
+        self.old_keys = old.visible_keys(mask) if hasattr(old, "visible_keys") else old.pack_tree_mask(mask)
+        self.prefix = torch.tensor([case.context], dtype=torch.int32, device="cuda")
+        self.out = torch.empty_like(self.q)
+
+    def new(self) -> torch.Tensor:
+        return paged_tree_attention_triton(self.q, self.k, self.v, self.table, self.prefix, self.keys,
+                                           HEAD_DIM**-0.5, out=self.out)
+
+    def old(self, module) -> torch.Tensor:
+        return module.paged_tree_attention_triton(self.q, self.k, self.v, self.table, self.prefix, self.old_keys,
+                                                  HEAD_DIM**-0.5, out=self.out)
+
+
+class Flush:
+    """A FLUSH_MB device-to-device copy: more than the L2 (H100 50 MB, H200 60 MB), so it evicts it."""
+
+    def __init__(self):
+        self.src = torch.ones(FLUSH_MB << 20, dtype=torch.uint8, device="cuda")
+        self.dst = torch.empty_like(self.src)
+
+    def __call__(self) -> None:
+        self.dst.copy_(self.src)
+
+
+def per_call_us(fn, flush: Flush | None) -> float:
+    """Median µs of one call of fn, from timing events around each of REPEAT calls captured in one
+    CUDA graph (a flush before each call, outside its events, when given), over REPLAYS replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile, allocator pools
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    starts = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(REPEAT)]
+    ends = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(REPEAT)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for start, end in zip(starts, ends):
+            if flush is not None:
+                flush()
+            start.record()
+            fn()
+            end.record()
+    graph.replay()
+    samples = []
+    for _ in range(REPLAYS):
+        graph.replay()
+        torch.cuda.synchronize()
+        samples += [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)]
+    return statistics.median(samples)
+
+
+def hot_cold(fn, flush: Flush) -> tuple[float, float]:
+    return per_call_us(fn, None), per_call_us(fn, flush)
+
+
+def compiled_info() -> str:
+    """Registers / spills of the compiled attention kernels (Triton internals: best effort)."""
+    try:
+        lines = []
+        for entry in tree_attention._tree_attn_kernel.device_caches.values():
+            for kernel in entry[0].values():
+                md = kernel.metadata
+                lines.append(f"  stages {md.num_stages} warps {md.num_warps}: {kernel.n_regs} regs, "
+                             f"{kernel.n_spills} spills, {md.shared} B smem")
+        return "\n".join(sorted(set(lines)))
+    except Exception as exc:  # noqa: BLE001 - diagnostics only
+        return f"  (no compile info: {exc!r})"
+
+
+def run_table(old, capacity: int, flush: Flush, json_rows: list) -> None:
+    gen = torch.Generator().manual_seed(0)
+    print(f"µs per call (events around each of {REPEAT} calls in a CUDA graph, median of {REPLAYS} replays); "
+          f"hot: back to back, cold: after a {FLUSH_MB} MB copy")
+    print(f"{'shape':>5} {'T':>4} {'ctx':>6} {'mask':>6} {'old hot':>8} {'new hot':>8} {'new/old':>7}"
+          f" {'old cold':>8} {'new cold':>8} {'new/old':>7} {'diff':>8}")
+    for case in cases():
+        x = Inputs(case, capacity, old, gen)
+        diff = (x.new().float() - x.old(old).float()).abs().max().item()
+        old_hot, old_cold = hot_cold(lambda: x.old(old), flush)
+        new_hot, new_cold = hot_cold(x.new, flush)
+        print(f"{case.shape:>5} {case.t:>4} {case.context:>6} {case.mask:>6} {old_hot:8.1f} {new_hot:8.1f} "
+              f"{new_hot / old_hot:7.2f} {old_cold:8.1f} {new_cold:8.1f} {new_cold / old_cold:7.2f} {diff:8.1e}")
+        json_rows.append({**asdict(case), "old_hot_us": old_hot, "new_hot_us": new_hot, "old_cold_us": old_cold,
+                          "new_cold_us": new_cold, "max_abs_diff": diff})
+
+
+def geomean(ratios: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(r) for r in ratios))
+
+
+def run_sweep(old, capacity: int, flush: Flush) -> dict:
+    gen = torch.Generator().manual_seed(1)
+    inputs = [(c, Inputs(c, capacity, old, gen)) for c in SWEEP_CASES]
+    old_us = [hot_cold(lambda x=x: x.old(old), flush) for _, x in inputs]
+    default = tree_attention.MAX_SPLITS
+    results = []
+    print(f"\nsweep of MAX_SPLITS: geometric mean of new/old (hot, cold), then µs hot/cold per case\n  cases: "
+          + ", ".join(f"{c.shape} T={c.t} ctx={c.context}" for c, _ in inputs))
+    for max_splits in SWEEP_MAX_SPLITS:
+        tree_attention.MAX_SPLITS = max_splits
+        us = [hot_cold(x.new, flush) for _, x in inputs]
+        hot = geomean([u[0] / o[0] for u, o in zip(us, old_us)])
+        cold = geomean([u[1] / o[1] for u, o in zip(us, old_us)])
+        results.append({"max_splits": max_splits, "hot": hot, "cold": cold, "us": us})
+        print(f"  MAX_SPLITS {max_splits:>3}: {hot:.3f} {cold:.3f}  " + " ".join(f"{h:.1f}/{c:.1f}" for h, c in us))
+    tree_attention.MAX_SPLITS = default
+    print("  old kernel:     1.000 1.000  " + " ".join(f"{h:.1f}/{c:.1f}" for h, c in old_us))
+    best = min(results, key=lambda r: r["cold"])
+    print(f"best cold (new/old {best['cold']:.3f}; now {default}): MAX_SPLITS = {best['max_splits']}")
+    return {"old_us": old_us, "results": results}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--capacity", type=int, default=8448, help="block table positions (the engine's cache size)")
-    ap.add_argument("--old", default=None, help="the previous kernel's file, timed side by side")
+    ap.add_argument("--old", default="main", help="the previous kernel: a git revision, or its saved file (no .git)")
+    ap.add_argument("--capacity", type=int, default=8448, help="block table positions (the kernels' split length)")
+    ap.add_argument("--sweep", action="store_true", help="also sweep MAX_SPLITS")
     ap.add_argument("--json-out", default=os.path.join(os.environ.get("OUT", "."), "attention_bench.json"))
     args = ap.parse_args()
     old = load_old(args.old)
-    gen = torch.Generator().manual_seed(0)
-    block_size, d = 16, 128
-    rows = []
-    print(f"capacity {args.capacity}, split_len {split_len_for(args.capacity)}; µs per call (CUDA graph, median of 30)")
-    print(f"{'shape':>5} {'T':>4} {'ctx':>6} {'mask':>6} {'new':>8} {'old':>8} {'new/old':>8}")
-    for name, n_heads, n_kv, t, ctx, kind in CASES:
-        cap = max(args.capacity, ctx + t + block_size)
-        blocks = -(-cap // block_size)
-        k_pool = torch.randn(blocks, block_size, n_kv, d, device="cuda", dtype=torch.bfloat16)
-        v_pool = torch.randn_like(k_pool)
-        table = torch.randperm(blocks, device="cuda").to(torch.int32)
-        q = torch.randn(t, n_heads, d, device="cuda", dtype=torch.bfloat16)
-        mask = tree_mask(t, kind, gen).cuda()
-        prefix = torch.tensor([ctx], dtype=torch.int32, device="cuda")
-        out = torch.empty_like(q)
-        keys = visible_keys(mask)
-        new_us = graphed_us(lambda: paged_tree_attention_triton(q, k_pool, v_pool, table, prefix, keys, d**-0.5, out=out))
-        old_us = None
-        if old is not None:
-            packed = old.pack_tree_mask(mask)
-            old_us = graphed_us(lambda: old.paged_tree_attention_triton(q, k_pool, v_pool, table, prefix, packed, d**-0.5, out=out))
-        rows.append({"shape": name, "t": t, "context": ctx, "mask": kind, "new_us": new_us, "old_us": old_us})
-        ratio = f"{new_us / old_us:8.2f}" if old_us else f"{'':>8}"
-        print(f"{name:>5} {t:>4} {ctx:>6} {kind:>6} {new_us:8.1f} {old_us or 0:8.1f} {ratio}")
-    Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "rows": rows}, indent=1))
+    flush = Flush()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, previous kernel {args.old}, "
+          f"capacity {args.capacity}, MAX_SPLITS {tree_attention.MAX_SPLITS}")
+    rows: list = []
+    run_table(old, args.capacity, flush, rows)
+    print("compiled:\n" + compiled_info())
+    sweep = run_sweep(old, args.capacity, flush) if args.sweep else None
+    Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "rows": rows,
+                                               "sweep": sweep}, indent=1))
 
 
 if __name__ == "__main__":
