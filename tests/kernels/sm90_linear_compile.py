@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 
@@ -23,6 +21,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from sm90 import resource_usage  # noqa: E402  (tests/kernels/sm90.py: the script's folder is on sys.path)
 from jetspec_chat.kernels import matmul  # noqa: E402
 
 INTS = ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "group_blocks", "k_blocks")
@@ -46,17 +45,8 @@ def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_gro
         instr = re.search(r"instrShape = \[([\d, ]+)\]", layout).group(1)
         mma.add(tuple(int(v) for v in (warps + ", " + instr).split(", ")))
     wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)", kernel.asm["ptx"])))
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    regs = re.search(r"REG:(\d+)", usage)
-    local = re.search(r"LOCAL:(\d+)", usage)
     return dict(block_m=block_m, block_n=block_n, warps=warps, split=split, one_group=one_group,
-                mma=sorted(mma), wgmma=wgmma,
-                regs=int(regs.group(1)) if regs else None, local=int(local.group(1)) if local else None,
-                shared=kernel.metadata.shared)
+                mma=sorted(mma), wgmma=wgmma, **resource_usage(kernel))
 
 
 if __name__ == "__main__":

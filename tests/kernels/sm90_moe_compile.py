@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 
@@ -23,6 +21,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from sm90 import resource_usage  # noqa: E402  (tests/kernels/sm90.py: the script's folder is on sys.path)
 from jetspec_chat.kernels import moe  # noqa: E402
 
 TOP_K = 8
@@ -34,17 +33,9 @@ def compile_kernel(fn, pointers: dict[str, str], ints: tuple[str, ...], consts: 
     aligned = list(pointers) + list(ints)  # as Triton specialises them at the real shapes (multiples of 16)
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs={(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    regs = re.search(r"REG:(\d+)", usage)
-    local = re.search(r"LOCAL:(\d+)", usage)
     return dict(mma=sorted(set(re.findall(r"\bmma\.sync\.aligned\.(\S+?)\s", kernel.asm["ptx"]))),
                 wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)", kernel.asm["ptx"]))),
-                regs=int(regs.group(1)) if regs else None, local=int(local.group(1)) if local else None,
-                shared=kernel.metadata.shared)
+                **resource_usage(kernel))
 
 
 def compile_tile(tile: moe.MoeTile) -> list[dict]:

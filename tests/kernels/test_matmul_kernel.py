@@ -13,11 +13,6 @@ to nearest even (`rtne_bf16`). The real shapes, wgmma, and CUDA graphs run only 
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,6 +20,7 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 
 from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
+from sm90 import run_compile_script  # noqa: E402
 
 from jetspec_chat.engine.layers import FusedLinear, linear  # noqa: E402
 from jetspec_chat.kernels import linear_ref, linear_triton  # noqa: E402
@@ -179,12 +175,7 @@ def test_sm90_wide_tile_runs_the_same_wgmma():
     variants = ((128, 0, 1), (64, 0, 0), (64, 1, 0))
     args = [f"{bm},{bn},{warps},{split},{one}" for bn, split, one in variants
             for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
-    script = Path(__file__).with_name("sm90_linear_compile.py")
-    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
-    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
-        pytest.skip("no ptxas for sm_90")
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = [json.loads(line) for line in run.stdout.splitlines()]
+    out = run_compile_script("sm90_linear_compile.py", args)
     assert len(out) == len(args)
     for narrow, wide in zip(out[::2], out[1::2]):
         bn = narrow["block_n"]

@@ -37,6 +37,7 @@ from jetspec_chat.kernels.moe import (  # noqa: E402
     uses_token_path,
 )
 from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
+from sm90 import run_compile_script  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -236,20 +237,10 @@ def test_sm90_expert_gemms_run_mma_sync():
     differently), no local-memory spills, shared memory within an SM's 227 KB. (Equal bits on
     the device are the GPU tests' to show; this pins what the compiler emits.)"""
     pytest.importorskip("triton.backends.nvidia")
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
     wide = dataclasses.replace(TILE, token_n=64, token_warps=8, token_stages=2)
     args = [",".join(str(v) for v in (t.gate_up_n, t.down_n, t.block_k, t.num_warps, t.num_stages, t.token_n, t.token_warps,
                                       t.token_stages)) for t in (TILE, wide)]
-    script = Path(__file__).with_name("sm90_moe_compile.py")
-    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
-    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
-        pytest.skip("no ptxas for sm_90")
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = [json.loads(line) for line in run.stdout.splitlines()]
+    out = run_compile_script("sm90_moe_compile.py", args)
     assert [o["kernel"] for o in out] == ["gate_up", "down", "down_combine"] * 2
     for o in out:
         assert o["mma"] == ["m16n8k16.row.col.f32.bf16.bf16.f32"] and o["wgmma"] == [], o
