@@ -45,6 +45,11 @@ ab)  # whole-engine A/B against revision OLD in one run (engine_ab.py): the real
 moe)  # Qwen3-30B-A3B shapes (random weights, random 5-layer head): steps, verifies vs their expert bytes, rounds
   timeout 400 python3 -m jetspec_chat bench random:Qwen/Qwen3-30B-A3B --draft-head random:5 --engine-only \
     --contexts 512 --tree-sizes 1,16,64,128,256 --json-out $OUT/engine-moe.json 2>&1 | tail -30
+  for b in 16 64; do  # the whole round at the budgets issue 14 names (the run above: 128)
+    timeout 150 python3 -m jetspec_chat bench random:Qwen/Qwen3-30B-A3B --draft-head random:5 --engine-only \
+      --contexts 512 --tree-sizes 1 --round-budget $b --json-out $OUT/engine-moe-r$b.json 2>&1 \
+      | grep -E "whole round|peak"
+  done
   ;;
 launches)  # a decoder layer's launches: the consumers that add the split GEMM's partials vs the two-step loop
   timeout 200 python3 scripts/gpu-lease/layer_launch_bench.py 2>&1 | tee $OUT/layer_launch.txt | tail -40
