@@ -12,9 +12,6 @@ shapes (Qwen2.5-1.5B: qkv bias; Qwen3-8B: q/k norm) run on a GPU only.
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from test_fused_kernels import bf16_close, rtne_bf16  # noqa: E402,F401
+from sm90 import run_compile_script  # noqa: E402
 
 from jetspec_chat.kernels import (  # noqa: E402
     Partials,
@@ -235,12 +233,7 @@ def test_sm90_partials_reduce_in_the_same_layout():
     register layout of the plain ones (so the same threads add the same elements in the same
     order), at the 1.5B / 8B hidden sizes and head_dim 128 with q/k norm; no layout conversions."""
     pytest.importorskip("triton.backends.nvidia")
-    script = Path(__file__).with_name("sm90_fused_compile.py")
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
-    if run.returncode != 0 and "ptxas" in run.stderr and "not found" in run.stderr:
-        pytest.skip("no ptxas for sm_90")
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = [json.loads(line) for line in run.stdout.splitlines()]
+    out = run_compile_script("sm90_fused_compile.py", [])
     by_kernel: dict[str, list[dict]] = {}
     for o in out:
         by_kernel.setdefault(o["case"], []).append(o)
