@@ -116,11 +116,13 @@ class MoeTile:
 # At T = 1 (Qwen3-30B-A3B: 8 experts of 2x768x2048 gate/up and 2048x768 down): 9 blocks x 24
 # gate/up programs (192 with a row, each streaming 2 x 32 x 2048 weights), then 128 per-token
 # down programs, each streaming 8 experts x 16 rows x 768 (one [128, 128] weight tile a K step,
-# 2 in flight). The grouped part was picked by the sweep on an H200 (session 8; mean 1.43x the
-# expert-bytes bound over 1-256 rows); the token_* knobs are first guesses (session 9, not
-# measured). Re-tune with
+# 2 in flight). Picked by the sweep on an H200 (session 11, `bf16_exact.sh moe-tune`): of 8
+# per-token knob sets the session-9 guess (16 columns, 4 warps, 3 stages) was best at rows 1-4;
+# per-token beats grouped up to 4 rows (token_rows); of 8 grouped tiles, 4 stages (mean 1.38x the
+# expert-bytes bound over 1-256 rows) beat session 8's 3 (1.40x): per layer 0.94-0.98x at rows
+# 1-4, 1.00x from 16, bitwise equal. Re-tune with
 #     python scripts/gpu-lease/moe_kernel_bench.py --sweep   (prints the TILE line to paste here)
-TILE = MoeTile(gate_up_n=32, down_n=64, block_k=128, num_warps=4, num_stages=3,
+TILE = MoeTile(gate_up_n=32, down_n=64, block_k=128, num_warps=4, num_stages=4,
                token_rows=4, token_n=16, token_warps=4, token_stages=3)
 
 

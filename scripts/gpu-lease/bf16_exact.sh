@@ -11,6 +11,7 @@
 #           bf16_exact.sh tests; bf16_exact.sh kernels
 #           train_heads.sh stage (carry .stage/c-q15-NN, .stage/c-hq15-N) x 20
 #           bf16_exact.sh ab OLD ; bf16_exact.sh sweep builtin ; bf16_exact.sh sweep heldout ; bf16_exact.sh moe
+#           (bf16_exact.sh moe-tune: the MoE tile sweep, no staging; setup carrying .whl is enough)
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site JETSPEC_CHAT_CACHE=/root/cache
@@ -50,6 +51,19 @@ moe)  # Qwen3-30B-A3B shapes (random weights, random 5-layer head): steps, verif
       --contexts 512 --tree-sizes 1 --round-budget $b --json-out $OUT/engine-moe-r$b.json 2>&1 \
       | grep -E "whole round|peak"
   done
+  ;;
+moe-tune)  # the MoE tile sweep; its best tile written into this copy's kernels/moe.py; old vs new, then the engine
+  cp kernels/moe.py /root/old_moe.py
+  timeout 230 python3 scripts/gpu-lease/moe_kernel_bench.py --sweep --budget-s 150 --json-out $OUT/moe-sweep.json \
+    > $OUT/moe-sweep.txt 2>&1; grep -E "^ +(token|crossover)|per-token down:|token_rows=|^mean|TILE for" $OUT/moe-sweep.txt
+  tile=$(sed -n 's/^TILE for kernels\/moe.py: //p' $OUT/moe-sweep.txt)
+  [ -n "$tile" ] || { echo "the sweep chose no tile" >&2; exit 1; }
+  python3 -c "import re, sys; p = 'kernels/moe.py'; s = open(p).read()
+open(p, 'w').write(re.sub(r'TILE = MoeTile\([^)]*\)', 'TILE = ' + sys.argv[1], s, count=1))" "$tile"
+  grep -n "^TILE" kernels/moe.py
+  timeout 120 python3 scripts/gpu-lease/moe_kernel_bench.py --rows 1,2,4,16,64 --old /root/old_moe.py --json-out $OUT/moe-ab.json 2>&1 \
+    | tee $OUT/moe-ab.txt | grep -A9 "^---" | head -10
+  bash scripts/gpu-lease/bf16_exact.sh moe
   ;;
 launches)  # a decoder layer's launches: the consumers that add the split GEMM's partials vs the two-step loop
   timeout 200 python3 scripts/gpu-lease/layer_launch_bench.py 2>&1 | tee $OUT/layer_launch.txt | tail -40
