@@ -55,10 +55,12 @@ declare -A HEAD=(
 # The prompts: the SAME flags here (prepare) and there (launch), so the run finds the carried
 # OUT/prompts.jsonl (its prompts.meta.json key matches) and never reads the dataset. Half real
 # ShareGPT chats (~2/3 multi-turn, <= 3,072 characters), half built-in generator prompts (the
-# session-6 run on chats alone lost 17-20% dev τ). The 1.5B alone on an H200 answered all 40,000
-# of session 9 in 287 s, so 80,000 (40,000 of ShareGPT's 49,236 distinct contexts) outlast a
-# 7-minute data stage; it answers a seeded random order of length-sorted batches, a fair sample.
-PROMPTS="--prompt-source mixed --num-prompts 80000 --seed 4 --max-prompt-tokens 1024 --eval-prompts 8"
+# session-6 run on chats alone lost 17-20% dev τ). The 1.5B alone on an H200 answers
+# ~130 contexts a second (all 40,000 of session 9 in 287 s); training reads ~75 a second. So a
+# lease's 13 minutes of answers alone (`answer`, ~100,000) feed the next lease's ~20 minutes of
+# training; 140,000 asked for (all 49,236 of ShareGPT's distinct contexts + 70,000 built-in)
+# outlast it: it answers a seeded random order of length-sorted batches, a fair sample.
+PROMPTS="--prompt-source mixed --num-prompts 140000 --seed 5 --max-prompt-tokens 1024 --eval-prompts 8"
 DATA="--max-new-tokens 256 --gen-batch-size 512 --temperature 0"
 # Continue the shipped head, grown: its recipe (block 16, 16 x 128 blocks a step, depth decay 8)
 # at the gentler peak lr of the earlier --init runs; int8 export. The time budget ends it.
