@@ -52,11 +52,20 @@ _MAIN_ONLY_ACTIONS = {
 
 
 class Palette(CommandPalette):
-    """Textual's command palette, minus two crashes (Textual 8.2) found by the random walk in
+    """Textual's command palette, minus three crashes (Textual 8.2) found by the random walk in
     tests/app/test_app_robustness.py: PageUp/PageDown before the list has laid out its lines
     (a small terminal, or no matches yet) raise KeyError in OptionList._move_page; a second
     Enter queued before the first one closed the palette dismisses it again, which pops the
-    main screen (ScreenStackError) and would run the command twice."""
+    main screen (ScreenStackError) and would run the command twice; a keystroke queued before
+    Esc closed the palette starts a search whose worker finds no CommandList (NoMatches, the
+    app exits)."""
+
+    @on(Input.Changed)
+    def _input(self, event: Input.Changed) -> None:
+        event.prevent_default()  # instead of CommandPalette's own handler, not after it
+        event.stop()
+        if self.is_current:
+            super()._input(event)
 
     @on(Input.Submitted)
     @on(Button.Pressed)
