@@ -121,6 +121,27 @@ init_run() {
   fi
 }
 
+# The data stage of $RUNS/KEY: the target answers its contexts not answered yet, for MINUTES.
+data_stage() {
+  local key=$1 gguf=$2 minutes=$3 dir=$RUNS/$1
+  echo "data $(date +%T)" >> $dir/stage.txt
+  python3 -m jetspec_chat train-head $gguf --quiet $PROMPTS --out $dir --stage data $DATA --time-budget-min $minutes \
+    > $dir/data.txt 2>&1 || return 1
+  cp $dir/summary.json $dir/summary-data.json  # each stage rewrites summary.json: keep each one's (head_record.py)
+}
+
+# ARCHIVE's 15 MiB parts (split once, into PARTS) FROM.. into $OUT: at most 4 a call (a call returns <= 64 MiB).
+send_parts() {
+  local archive=$1 parts=$2 from=$3 i part
+  mkdir -p "$OUT" $parts
+  ls $parts/*.part* > /dev/null 2>&1 || split -b 15m -d -a 2 $archive $parts/$(basename $archive).part
+  for i in 0 1 2 3; do
+    part=$parts/$(basename $archive).part$(printf %02d $((from + i)))
+    [ -f $part ] && cp $part "$OUT/"
+  done
+  ls $parts; ls -l "$OUT"; sha256sum $archive
+}
+
 # Carried .stage/c-KEY-NN/ chunk files land flat in /root/stage; any other .stage/NAME folder as /root/stage/NAME.
 take_stage() {
   mkdir -p $STAGE
@@ -147,9 +168,7 @@ run_grown() {
   local cmd="python3 -m jetspec_chat train-head $gguf --quiet $PROMPTS"
   left() { python3 -c "print(round(max(0.5, $minutes - ($(date +%s) - $t0) / 60 - $1), 2))"; }
   if [ "$DATA_MIN" != 0 ]; then  # 0: train on the carried answers alone
-    echo "data $(date +%T)" >> $dir/stage.txt
-    $cmd --out $dir --stage data $DATA --time-budget-min $DATA_MIN > $dir/data.txt 2>&1 || return 1
-    cp $dir/summary.json $dir/summary-data.json  # each stage rewrites summary.json: keep each one's (head_record.py)
+    data_stage $key $gguf $DATA_MIN || return 1
   fi
   echo "train + baseline $(date +%T)" >> $dir/stage.txt
   mkdir -p $dir/baseline && cp -r $STAGE/h-$key $dir/baseline/head
@@ -238,10 +257,13 @@ launch)
   echo "launching $key: ${minutes} min"
   cd $APP && DATA_MIN=$DATA_MIN setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
     > $RUNS/$key/run.txt 2>&1 < /dev/null &
-  sleep 20; cat $RUNS/$key/stage.txt; tail -3 $RUNS/$key/data.txt
+  sleep 20; cat $RUNS/$key/stage.txt; [ "$DATA_MIN" = 0 ] || tail -3 $RUNS/$key/data.txt  # 0: no data stage
   ;;
 run)  # (started by launch, in the background) run KEY GGUF MINUTES
   run_grown "$@"; echo "exit $?"; touch $RUNS/${1:?key}/DONE
+  ;;
+run-data)  # (started by answer, in the background) run-data KEY GGUF MINUTES
+  data_stage "$@"; echo "exit $?"; touch $RUNS/${1:?key}/DONE
   ;;
 evaluate)  # evaluate NAME KEY HEAD: τ of /root/stage/HEAD on the dev prompts and both eval sets, every budget
   name=${1:?name} key=${2:?key} head=${3:?head folder in /root/stage}
@@ -281,41 +303,28 @@ poll)
   ;;
 collect)
   key=${1:?key} from=${2:-0}
-  mkdir -p "$OUT" /root/parts-$key
   if [ ! -f /root/$key.tar ]; then
     [ -f $RUNS/$key/baseline/eval.json ] && cp $RUNS/$key/baseline/eval.json $RUNS/$key/baseline-eval.json
     tar -C $RUNS/$key -cf /root/$key.tar $(cd $RUNS/$key && ls -d head eval.json baseline-eval.json summary*.json \
       run_config*.json log.jsonl stage.txt run.txt data.txt train.txt eval.txt baseline/eval.txt data/meta.json 2>/dev/null)
-    split -b 15m -d -a 2 /root/$key.tar /root/parts-$key/$key.tar.part
   fi
-  for i in 0 1 2 3; do  # <= 4 parts a call (the device tool returns <= 64 MiB)
-    part=/root/parts-$key/$key.tar.part$(printf %02d $((from + i)))
-    [ -f $part ] && cp $part "$OUT/"
-  done
-  ls /root/parts-$key; ls -l "$OUT"; sha256sum /root/$key.tar
+  send_parts /root/$key.tar /root/parts-$key $from
   ;;
 answer)  # answer KEY MINUTES: the data stage alone, in the background (setsid: it outlives the call)
   key=${1:?key} minutes=${2:?minutes}
   gguf=$(assemble $key) || exit 1
   init_run $key || exit 1
-  cd $APP && setsid nohup bash -c "python3 -m jetspec_chat train-head $gguf --quiet $PROMPTS --out $RUNS/$key \
-    --stage data $DATA --time-budget-min $minutes > $RUNS/$key/data.txt 2>&1; touch $RUNS/$key/DONE" \
-    > /dev/null 2>&1 < /dev/null &
+  cd $APP && setsid nohup bash scripts/gpu-lease/train_heads.sh run-data $key $gguf $minutes \
+    > $RUNS/$key/run.txt 2>&1 < /dev/null &
   sleep 20; tail -3 $RUNS/$key/data.txt
   ;;
 collect-data)  # collect-data KEY [FROM]: the answers, gzipped, 15 MiB parts FROM.. (<= 4 a call)
   key=${1:?key} from=${2:-0} dir=$RUNS/${1:?key}
-  mkdir -p "$OUT" /root/dparts-$key
   if [ ! -f /root/$key-data.tar.gz ]; then
     [ -f $dir/DONE ] || { echo "the $key data stage is still running (poll until DONE)" >&2; exit 1; }
     tar -C $dir --exclude='*.tmp' -czf /root/$key-data.tar.gz data prompts.jsonl prompts.meta.json || exit 1
-    split -b 15m -d -a 2 /root/$key-data.tar.gz /root/dparts-$key/$key-data.tar.gz.part
   fi
-  for i in 0 1 2 3; do
-    part=/root/dparts-$key/$key-data.tar.gz.part$(printf %02d $((from + i)))
-    [ -f $part ] && cp $part "$OUT/"
-  done
-  ls /root/dparts-$key; ls -l "$OUT"; sha256sum /root/$key-data.tar.gz
+  send_parts /root/$key-data.tar.gz /root/dparts-$key $from
   ;;
 *) echo "unknown verb $verb" >&2; exit 2 ;;
 esac
