@@ -76,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup", type=float, default=0.04, help="warmup fraction of the run")
     g.add_argument("--weight-decay", type=float, default=0.01)
     g.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    g.add_argument("--skip-batches", type=int, default=0, metavar="N",
+                   help="start the data order N batches in: a run that continues a head (--init DIR) on the same "
+                        "answers passes the earlier run's steps, so it reads the batches that run did not")
     g.add_argument("--anchors-per-seq", type=int, default=64, help="blocks sampled per sequence per step")
     g.add_argument("--max-seq-len", type=int, default=2048)
     g.add_argument("--loss", default="kl", choices=("kl", "ce"),
@@ -107,7 +110,8 @@ def config_from_args(args: argparse.Namespace):
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
         gen_batch_size=args.gen_batch_size, self_prompts=args.self_prompts, steps=args.steps, epochs=args.epochs,
         lr=args.lr, warmup=args.warmup,
-        weight_decay=args.weight_decay, batch_size=args.batch_size, anchors_per_seq=args.anchors_per_seq,
+        weight_decay=args.weight_decay, batch_size=args.batch_size, skip_batches=args.skip_batches,
+        anchors_per_seq=args.anchors_per_seq,
         max_seq_len=args.max_seq_len, loss=args.loss, depth_decay=args.depth_decay, grad_clip=args.grad_clip,
         loss_chunk=args.loss_chunk, save_every=args.save_every, log_every=args.log_every, resume=args.resume,
         eval_budgets=args.eval_budgets, eval_prompts=args.eval_prompts, eval_max_new_tokens=args.eval_max_new_tokens,

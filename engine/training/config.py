@@ -46,6 +46,7 @@ class TrainConfig:
     warmup: float = 0.04  # fraction of the run
     weight_decay: float = 0.01
     batch_size: int = 8  # sequences per step
+    skip_batches: int = 0  # the data order starts this many batches in (a continued head reads what it has not)
     anchors_per_seq: int = 64
     max_seq_len: int = 2048
     loss: str = "kl"  # "kl" (full-vocab forward KL) or "ce" (CE against the target's argmax)
@@ -93,6 +94,8 @@ class TrainConfig:
         for name in ("num_prompts", "max_new_tokens", "batch_size", "anchors_per_seq", "max_seq_len", "loss_chunk"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.skip_batches < 0:
+            raise ConfigError("--skip-batches must be >= 0")
         if self.steps is not None and self.steps < 0:
             raise ConfigError("--steps must be >= 0")
         if not self.eval_budgets or min(self.eval_budgets) < 1:

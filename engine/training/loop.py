@@ -182,8 +182,9 @@ def train(ws: Workspace, cfg: TrainConfig, trainer: Trainer, seqs: list[Sequence
                     break
                 frac = max(frac, st.seconds / time_total)
             t0 = time.perf_counter()
-            gen = torch.Generator().manual_seed(cfg.seed * 7919 + st.step)
-            batch = make_batch([seqs[i] for i in sampler.indices(st.step)], cfg.anchors_per_seq, gen, ws.pad_id)
+            at = st.step + cfg.skip_batches  # this step's place in the data order
+            gen = torch.Generator().manual_seed(cfg.seed * 7919 + at)
+            batch = make_batch([seqs[i] for i in sampler.indices(at)], cfg.anchors_per_seq, gen, ws.pad_id)
             stats = trainer.step(batch, lr_at(frac, cfg.lr, cfg.warmup))
             st.step += 1
             tokens += batch.tokens

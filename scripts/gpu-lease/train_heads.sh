@@ -17,10 +17,12 @@
 #   setup                 installs the carried .whl wheels and this checkout, copies what .stage/ carries
 #                         to /root/stage, runs the GPU tests of the kernels a run depends on
 #   stage                 copies the carried .stage/ folders to /root/stage (GGUF chunks, heads, prompts)
-#   launch KEY [MINUTES] [DATA_MINUTES]  assembles the GGUF (sha256 checked) and starts, in the
+#   launch KEY [MINUTES] [DATA_MINUTES] [SKIP]  assembles the GGUF (sha256 checked) and starts, in the
 #                         background (setsid), the run (`run_grown` below, ~MINUTES, default 18, of which
 #                         DATA_MINUTES, default 4, answer prompts) into /root/runs/KEY
-#                         (it runs this script's `run` verb); both models' runs may share the GPU
+#                         (it runs this script's `run` verb); both models' runs may share the GPU. SKIP
+#                         (default 0): the staged head's steps on these same answers in an earlier lease,
+#                         so that training reads on from where that lease stopped (--skip-batches)
 #   poll SECONDS          waits (at most SECONDS, less once every run is DONE) and shows the logs
 #   collect KEY [FROM]    tars head/, eval.json, the baseline's eval, logs and summaries (once), and puts
 #                         15 MiB parts FROM.. (at most 4: a call returns <= 64 MiB) into $OUT
@@ -162,7 +164,7 @@ take_stage() {
 # left while the shipped head itself is measured beside it (same machine, same prompts: the
 # baseline), then τ of the exported int8 head on the dev prompts and both eval sets at every
 # budget. Each step writes DIR/stage.txt.
-DATA_MIN=${DATA_MIN:-4} EVAL_MIN=3.5
+DATA_MIN=${DATA_MIN:-4} SKIP=${SKIP:-0} EVAL_MIN=3.5
 run_grown() {
   local key=$1 gguf=$2 minutes=$3 dir=$RUNS/$1 t0=$(date +%s)
   local cmd="python3 -m jetspec_chat train-head $gguf --quiet $PROMPTS"
@@ -173,7 +175,7 @@ run_grown() {
   echo "train + baseline $(date +%T)" >> $dir/stage.txt
   mkdir -p $dir/baseline && cp -r $STAGE/h-$key $dir/baseline/head
   $cmd --out $dir/baseline --stage eval $EVAL > $dir/baseline/eval.txt 2>&1 &
-  $cmd --out $dir --stage train ${HEAD[$key]} --init $STAGE/h-$key $FIT $EVAL --time-budget-min $(left $EVAL_MIN) \
+  $cmd --out $dir --stage train ${HEAD[$key]} --init $STAGE/h-$key --skip-batches $SKIP $FIT $EVAL --time-budget-min $(left $EVAL_MIN) \
     > $dir/train.txt 2>&1 || return 1
   cp $dir/summary.json $dir/summary-train.json && cp $dir/run_config.json $dir/run_config-train.json
   wait
@@ -249,13 +251,13 @@ stage)
   take_stage | wc -l
   ;;
 launch)
-  key=${1:?key} minutes=${2:-18} DATA_MIN=${3:-$DATA_MIN}
+  key=${1:?key} minutes=${2:-18} DATA_MIN=${3:-$DATA_MIN} SKIP=${4:-0}
   gguf=$(assemble $key) || exit 1
   join_head $key || exit 1
   [ -d $STAGE/h-$key ] || { echo "carry .stage/h-$key first" >&2; exit 1; }
   init_run $key || exit 1
-  echo "launching $key: ${minutes} min"
-  cd $APP && DATA_MIN=$DATA_MIN setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
+  echo "launching $key: ${minutes} min, data ${DATA_MIN} min, skipping $SKIP batches"
+  cd $APP && DATA_MIN=$DATA_MIN SKIP=$SKIP setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
     > $RUNS/$key/run.txt 2>&1 < /dev/null &
   sleep 20; cat $RUNS/$key/stage.txt; [ "$DATA_MIN" = 0 ] || tail -3 $RUNS/$key/data.txt  # 0: no data stage
   ;;

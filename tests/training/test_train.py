@@ -449,6 +449,34 @@ def test_resume_continues_the_interrupted_run_exactly(data_dir, tmp_path, monkey
         run_training(tiny_cfg(tmp_path / "b", stage="train"))
 
 
+def test_skip_batches_continues_the_data_order_where_the_earlier_run_stopped(data_dir, tmp_path, monkeypatch):
+    from jetspec_chat.engine.training import loop
+
+    ws = workspace()
+    seqs = load_sequences(data_dir, 2048)[:24]
+    read: list[list[int]] = []
+    real, place = loop.make_batch, {id(q): i for i, q in enumerate(seqs)}
+
+    def recording(batch_seqs, *a):
+        read.append([place[id(q)] for q in batch_seqs])
+        return real(batch_seqs, *a)
+
+    monkeypatch.setattr(loop, "make_batch", recording)
+
+    def batches(steps: int, skip: int) -> list[list[int]]:
+        read.clear()
+        cfg = tiny_cfg(tmp_path / f"s{steps}-{skip}", steps=steps, skip_batches=skip, save_every=0, anchors_per_seq=4)
+        train(ws, cfg, Trainer(ws, cfg, ws.head_config(cfg), quiet), seqs, None, None, quiet)
+        return list(read)
+
+    straight = batches(9, 0)  # 9 batches of 4 over 24 sequences: one and a half epochs
+    first, second = batches(4, 0), batches(5, 4)
+    assert first + second == straight and first != second
+    assert sorted(sum(straight[:6], [])) == list(range(24))  # the first epoch reads each sequence once
+    with pytest.raises(ConfigError, match="--skip-batches"):
+        tiny_cfg(tmp_path, skip_batches=-1).validate()
+
+
 # -- the command end to end ---------------------------------------------------------------------
 
 
