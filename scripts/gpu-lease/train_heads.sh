@@ -257,7 +257,9 @@ launch)
   [ -d $STAGE/h-$key ] || { echo "carry .stage/h-$key first" >&2; exit 1; }
   init_run $key || exit 1
   echo "launching $key: ${minutes} min, data ${DATA_MIN} min, skipping $SKIP batches"
-  cd $APP && DATA_MIN=$DATA_MIN SKIP=$SKIP setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
+  # `cd && cmd &` would background a subshell that holds this call's stdout until the run ends
+  cd $APP || exit 1
+  DATA_MIN=$DATA_MIN SKIP=$SKIP setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
     > $RUNS/$key/run.txt 2>&1 < /dev/null &
   sleep 20; cat $RUNS/$key/stage.txt; [ "$DATA_MIN" = 0 ] || tail -3 $RUNS/$key/data.txt  # 0: no data stage
   ;;
@@ -271,7 +273,8 @@ evaluate)  # evaluate NAME KEY HEAD: τ of /root/stage/HEAD on the dev prompts a
   name=${1:?name} key=${2:?key} head=${3:?head folder in /root/stage}
   gguf=$(assemble $key) || exit 1
   rm -rf $RUNS/$name && mkdir -p $RUNS/$name && cp -r $STAGE/$head $RUNS/$name/head
-  cd $APP && setsid nohup bash -c "python3 -m jetspec_chat train-head $gguf --out $RUNS/$name --stage eval \
+  cd $APP || exit 1
+  setsid nohup bash -c "python3 -m jetspec_chat train-head $gguf --out $RUNS/$name --stage eval \
     --eval-prompts 8 $EVAL --quiet > $RUNS/$name/eval.txt 2>&1; touch $RUNS/$name/DONE" > /dev/null 2>&1 < /dev/null &
   sleep 5; tail -3 $RUNS/$name/eval.txt
   ;;
@@ -281,7 +284,8 @@ compare)  # compare KEY STEPS "HEAD ARGS A" "HEAD ARGS B": two heads from scratc
   rm -rf $RUNS/cmpA $RUNS/cmpB && mkdir -p $RUNS/cmpA $RUNS/cmpB
   data="--num-prompts 30000 --gen-batch-size 512 --max-new-tokens 256 --max-prompt-tokens 768 --seed 1 --self-prompts 0.3"
   fit="--steps $steps --lr 6e-4 --block-size 16 --batch-size 16 --anchors-per-seq 128 --eval-every 0 --eval-prompts 8"
-  cd $APP && setsid nohup bash -c "python3 -m jetspec_chat train-head $gguf --out $RUNS/cmpA --stage data $data --quiet \
+  cd $APP || exit 1
+  setsid nohup bash -c "python3 -m jetspec_chat train-head $gguf --out $RUNS/cmpA --stage data $data --quiet \
       > $RUNS/cmpA/data.txt 2>&1 && cp -r $RUNS/cmpA/data $RUNS/cmpA/prompts.jsonl $RUNS/cmpA/prompts.meta.json $RUNS/cmpB/ && \
     { python3 -m jetspec_chat train-head $gguf --out $RUNS/cmpA --stage train $data $fit $a --quiet > $RUNS/cmpA/train.txt 2>&1 &
       python3 -m jetspec_chat train-head $gguf --out $RUNS/cmpB --stage train $data $fit $b --quiet > $RUNS/cmpB/train.txt 2>&1;
@@ -316,7 +320,8 @@ answer)  # answer KEY MINUTES: the data stage alone, in the background (setsid: 
   key=${1:?key} minutes=${2:?minutes}
   gguf=$(assemble $key) || exit 1
   init_run $key || exit 1
-  cd $APP && setsid nohup bash scripts/gpu-lease/train_heads.sh run-data $key $gguf $minutes \
+  cd $APP || exit 1
+  setsid nohup bash scripts/gpu-lease/train_heads.sh run-data $key $gguf $minutes \
     > $RUNS/$key/run.txt 2>&1 < /dev/null &
   sleep 20; tail -3 $RUNS/$key/data.txt
   ;;
