@@ -235,12 +235,16 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[Prompt], 
     return stats
 
 
-def load_sequences(out: Path, max_seq_len: int) -> list[Sequence]:
-    """All generated sequences, truncated to max_seq_len; those without an answer token dropped."""
+def load_sequences(out: Path, max_seq_len: int, exclude: frozenset[str] = frozenset()) -> list[Sequence]:
+    """All generated sequences, truncated to max_seq_len; those without an answer token dropped, and
+    those whose prompt's sha is in `exclude` (the dev prompts: answers carried from an earlier prompt
+    set may hold this set's dev prompts)."""
     seqs = []
     for shard in data_shards(out):
         data = torch.load(shard, weights_only=True)
-        for ids, plen in zip(data["ids"], data["prompt_len"]):
+        for ids, plen, key in zip(data["ids"], data["prompt_len"], data["prompt_sha"]):
+            if key in exclude:
+                continue
             ids = ids[:max_seq_len]
             if len(ids) - plen >= 1 and len(ids) >= 2:
                 seqs.append(Sequence(ids, plen))

@@ -449,6 +449,16 @@ def test_resume_continues_the_interrupted_run_exactly(data_dir, tmp_path, monkey
         run_training(tiny_cfg(tmp_path / "b", stage="train"))
 
 
+def test_load_sequences_leaves_out_the_excluded_prompts(data_dir):
+    every = load_sequences(data_dir, 2048)
+    shard = torch.load(sorted((data_dir / "data").glob("shard-*.pt"))[0], weights_only=True)
+    left_out = frozenset(shard["prompt_sha"][:2])  # e.g. this prompt set's dev prompts
+    kept = load_sequences(data_dir, 2048, exclude=left_out)
+    assert len(kept) == len(every) - 2
+    first_two = [ids[:2048] for ids in shard["ids"][:2]]
+    assert not any(torch.equal(q.ids, ids) for q in kept for ids in first_two if len(q.ids) == len(ids))
+
+
 def test_skip_batches_continues_the_data_order_where_the_earlier_run_stopped(data_dir, tmp_path, monkeypatch):
     from jetspec_chat.engine.training import loop
 
