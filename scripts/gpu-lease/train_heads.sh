@@ -31,8 +31,9 @@
 #   collect-data KEY [FROM]  the answers (data/ shards + the prompts they answer), gzipped, as 15 MiB
 #                         parts FROM.. into $OUT. Put the parts in .stage/data-KEY/ here: the next
 #                         `prepare KEY` chunks them (.stage/c-dKEY-NN, staged like the GGUF), and the
-#                         next `launch` starts from them (its data stage answers only what is left;
-#                         DATA_MINUTES 0 skips it). The PROMPTS flags must be the ones that made them.
+#                         next `launch` or `answer` starts from them (its data stage answers only the
+#                         contexts they do not cover; DATA_MINUTES 0 skips it). They may come from
+#                         other PROMPTS flags (another --seed): old and new answers then train together.
 #   evaluate NAME KEY HEAD  τ of a head folder in /root/stage on the dev prompts and eval sets, in the background
 #   compare KEY STEPS "A" "B"  two head shapes from scratch on the same (built-in) data and steps
 # KEY: q15 (qwen2.5-coder-1.5b) or q05 (qwen2.5-coder-0.5b).
@@ -107,20 +108,22 @@ join_head() {
     || { echo "sha256 mismatch for the h-$1 head" >&2; rm -f $head/model.safetensors; return 1; }
 }
 
-# $RUNS/KEY, fresh: the carried prompts, then the carried answers (KEY-data.tar.gz.part*, from an
-# earlier lease's collect-data), whose data stage then answers only the contexts left.
+# $RUNS/KEY, fresh: the carried answers (KEY-data.tar.gz.part*, from an earlier lease's
+# collect-data), then the carried prompts. Answers are keyed by their context's sha, so they may
+# come from an earlier prompt set (another --seed): the data stage answers only the staged
+# contexts they do not cover, and training reads them all (but this set's dev prompts).
 init_run() {
   local key=$1 dir=$RUNS/$1
   [ -f $STAGE/prompts-$key/prompts.jsonl.gz ] || { echo "carry .stage/prompts-$key first" >&2; return 1; }
   rm -rf $dir && mkdir -p $dir
-  gunzip -c $STAGE/prompts-$key/prompts.jsonl.gz > $dir/prompts.jsonl
-  cp $STAGE/prompts-$key/prompts.meta.json $dir/
   if ls $STAGE/$key-data.tar.gz.part* > /dev/null 2>&1; then
     cat $STAGE/$key-data.tar.gz.part* | tar -xzf - -C $dir || { echo "the carried $key answers do not unpack" >&2; return 1; }
-    cmp -s <(gunzip -c $STAGE/prompts-$key/prompts.jsonl.gz) $dir/prompts.jsonl \
-      || { echo "the carried $key answers were made from other prompts than .stage/prompts-$key" >&2; return 1; }
-    echo "carried answers: $(ls $dir/data/shard-*.pt | wc -l) shards"
+    local same="from these prompts"
+    cmp -s <(gunzip -c $STAGE/prompts-$key/prompts.jsonl.gz) $dir/prompts.jsonl || same="from another prompt set"
+    echo "carried answers: $(ls $dir/data/shard-*.pt | wc -l) shards, $same"
   fi
+  gunzip -c $STAGE/prompts-$key/prompts.jsonl.gz > $dir/prompts.jsonl
+  cp $STAGE/prompts-$key/prompts.meta.json $dir/
 }
 
 # The data stage of $RUNS/KEY: the target answers its contexts not answered yet, for MINUTES.
