@@ -177,6 +177,8 @@ run_grown() {
   fi
   echo "train + baseline $(date +%T)" >> $dir/stage.txt
   mkdir -p $dir/baseline && cp -r $STAGE/h-$key $dir/baseline/head
+  # the run's own dev prompts: without its prompts.jsonl, an eval of a mixed source draws others
+  cp $dir/prompts.jsonl $dir/prompts.meta.json $dir/baseline/
   $cmd --out $dir/baseline --stage eval $EVAL > $dir/baseline/eval.txt 2>&1 &
   $cmd --out $dir --stage train ${HEAD[$key]} --init $STAGE/h-$key --skip-batches $SKIP $FIT $EVAL --time-budget-min $(left $EVAL_MIN) \
     > $dir/train.txt 2>&1 || return 1
