@@ -161,7 +161,8 @@ save() {  # save NAME: the current $SCREEN to OUT.NAME.txt
 }
 
 READY='ready +· +context [0-9]'
-GENERATING='generating · round [1-9]|round [1-9][0-9]*/[0-9]+ · live'
+GENERATING='generating · round [1-9]'  # the status line
+LIVE='round [1-9][0-9]*/[0-9]+ · live'  # the tree panel
 DONE='[0-9]+ rounds'  # the finished answer's summary line (…tokens · … tok/s · … · N rounds)
 
 wait_for "the model to load" "$READY"
@@ -170,8 +171,20 @@ sleep 0.5  # let the first frame after loading settle
 "${T[@]}" send-keys -t "$SESSION" -l -- "$PROMPT"
 "${T[@]}" send-keys -t "$SESSION" Enter
 
-wait_for "the first decode round of the answer" "$GENERATING|$DONE"
-if grep -qE "$GENERATING" <<<"$SCREEN"; then
+# The mid-answer frame shows a round in both the status line and the tree panel: a capture taken
+# while the terminal is between redrawing the two regions shows only one of them.
+mid_frame() {
+    grep -qE "$GENERATING" <<<"$SCREEN" && grep -qE "$LIVE" <<<"$SCREEN"
+}
+wait_for "the first decode round of the answer" "$GENERATING|$LIVE|$DONE"
+deadline=$((SECONDS + TIMEOUT))
+until mid_frame || grep -qE "$DONE" <<<"$SCREEN"; do
+    ((SECONDS < deadline)) || fail "the first decode round of the answer" "timed out after ${TIMEOUT}s"
+    sleep 0.05
+    snap
+    check_health "the first decode round of the answer"
+done
+if mid_frame; then
     save mid
 else
     save mid >/dev/null
