@@ -137,18 +137,25 @@ check_health() {  # on the current $SCREEN
     fi
 }
 
-# wait_for STEP REGEX: poll the pane until it matches (extended regex), or fail on a timeout
-seen_within() {  # seen_within STEP REGEX SECONDS: 0 once the screen matches, 1 after SECONDS
-    local step=$1 regex=$2 deadline=$((SECONDS + $3))
+on_screen() {  # on_screen REGEX: the current $SCREEN matches (extended regex)
+    grep -qE "$1" <<<"$SCREEN"
+}
+
+poll_until() {  # poll_until STEP SECONDS CMD...: 0 once CMD holds on a fresh snap, 1 after SECONDS
+    local step=$1 deadline=$((SECONDS + $2))
+    shift 2
     while :; do
         snap
         check_health "$step"
-        if grep -qE "$regex" <<<"$SCREEN"; then
-            return 0
-        fi
+        "$@" && return 0
         ((SECONDS < deadline)) || return 1
         sleep 0.1
     done
+}
+
+# wait_for STEP REGEX: poll the pane until it matches, or fail on a timeout
+seen_within() {  # seen_within STEP REGEX SECONDS: 0 once the screen matches, 1 after SECONDS
+    poll_until "$1" "$3" on_screen "$2"
 }
 
 wait_for() {
@@ -174,16 +181,13 @@ sleep 0.5  # let the first frame after loading settle
 # The mid-answer frame shows a round in both the status line and the tree panel: a capture taken
 # while the terminal is between redrawing the two regions shows only one of them.
 mid_frame() {
-    grep -qE "$GENERATING" <<<"$SCREEN" && grep -qE "$LIVE" <<<"$SCREEN"
+    on_screen "$GENERATING" && on_screen "$LIVE"
 }
-wait_for "the first decode round of the answer" "$GENERATING|$LIVE|$DONE"
-deadline=$((SECONDS + TIMEOUT))
-until mid_frame || grep -qE "$DONE" <<<"$SCREEN"; do
-    ((SECONDS < deadline)) || fail "the first decode round of the answer" "timed out after ${TIMEOUT}s"
-    sleep 0.05
-    snap
-    check_health "the first decode round of the answer"
-done
+mid_frame_or_done() {
+    mid_frame || on_screen "$DONE"
+}
+poll_until "the first decode round of the answer" "$TIMEOUT" mid_frame_or_done \
+    || fail "the first decode round of the answer" "timed out after ${TIMEOUT}s"
 if mid_frame; then
     save mid
 else
