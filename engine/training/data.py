@@ -149,6 +149,11 @@ def data_settings(ws: Workspace, cfg: TrainConfig) -> dict:
             "temperature": cfg.temperature, "template": sha(str(template)), "vocab": ws.engine.target.cfg.vocab_size}
 
 
+def prompt_sha(prompt: Prompt) -> str:
+    """The key a context's answer is stored under (a shard's `prompt_sha`)."""
+    return sha(P.prompt_key(prompt))
+
+
 def data_shards(out: Path) -> list[Path]:
     return sorted((out / "data").glob("shard-*.pt"))
 
@@ -178,7 +183,7 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[Prompt], 
     done = done_prompts(cfg.out)
     todo, skipped = [], 0
     for p in train_prompts:
-        if sha(P.prompt_key(p)) in done:
+        if prompt_sha(p) in done:
             continue
         ids = ws.prompt_ids(p)
         if len(ids) > cfg.max_prompt_tokens:
@@ -214,7 +219,7 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[Prompt], 
             for (p, ids), (ans, finish) in zip(batch, answers):
                 shard["ids"].append(torch.tensor(ids + ans, dtype=torch.int32))
                 shard["prompt_len"].append(len(ids))
-                shard["prompt_sha"].append(sha(P.prompt_key(p)))
+                shard["prompt_sha"].append(prompt_sha(p))
                 shard["finish"].append(finish)
                 stats["answer_tokens"] += len(ans)
                 stats["finished_eos"] += finish == "eos"
@@ -237,7 +242,7 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[Prompt], 
 
 def load_sequences(out: Path, max_seq_len: int, exclude: frozenset[str] = frozenset()) -> list[Sequence]:
     """All generated sequences, truncated to max_seq_len; those without an answer token dropped, and
-    those whose prompt's sha is in `exclude` (the dev prompts: answers carried from an earlier prompt
+    those whose `prompt_sha` is in `exclude` (the dev prompts: answers carried from an earlier prompt
     set may hold this set's dev prompts)."""
     seqs = []
     for shard in data_shards(out):

@@ -31,13 +31,12 @@ import torch
 from ..draft_head import DraftHead
 from ..errors import ConfigError
 from ..eval_sets import eval_prompts
-from . import prompts as P
 from .config import LogFn, TrainConfig
-from .data import gen_batch_size, generate_data, load_sequences, prepare_prompts
+from .data import gen_batch_size, generate_data, load_sequences, prepare_prompts, prompt_sha
 from .evaluate import Evaluator
 from .export import export_head
 from .loop import Trainer, train
-from .outputs import atomic_write, sha
+from .outputs import atomic_write
 from .replay import replay_report
 from .workspace import Workspace
 
@@ -99,7 +98,7 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
     evaluator = Evaluator(ws, cfg, head_cfg, dev_prompts, log) if needs_evaluator else None
     head_dir = cfg.out / "head"
     if cfg.stage in ("train", "all"):
-        seqs = load_sequences(cfg.out, cfg.max_seq_len, frozenset(sha(P.prompt_key(p)) for p in dev_prompts))
+        seqs = load_sequences(cfg.out, cfg.max_seq_len, frozenset(map(prompt_sha, dev_prompts)))
         if not seqs:
             raise ConfigError(f"no training data in {cfg.out / 'data'}; run --stage data first")
         trainer = Trainer(ws, cfg, head_cfg, log)
