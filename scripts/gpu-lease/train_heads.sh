@@ -62,10 +62,11 @@ declare -A HEAD=(
 # session-6 run on chats alone lost 17-20% dev τ). The 1.5B alone on an H200 answers
 # ~150 contexts a second (94,437 of session 11 in 641 s); training reads ~70 a second. So a
 # lease's 13 minutes of answers alone (`answer`, ~100,000) feed the next lease's ~20 minutes of
-# training. 300,000 asked for (all 49,236 of ShareGPT's distinct contexts + 150,000 built-in)
-# outlast any lease: it answers a seeded random order of length-sorted batches, a fair sample.
-# Seed 6 (session 13): 95,387 of its 199,252 distinct contexts are not in seed 5's set.
-PROMPTS="--prompt-source mixed --num-prompts 300000 --seed 6 --max-prompt-tokens 1024 --eval-prompts 8"
+# training; 140,000 asked for (all 49,236 of ShareGPT's distinct contexts + 70,000 built-in)
+# outlast it: it answers a seeded random order of length-sorted batches, a fair sample.
+# Session 13 tried seed 6 with 300,000 (ShareGPT 25% of the contexts instead of 41%): the
+# 1.5B head continued on 60,928 of its answers lost τ on both eval sets, chat most (TRAINING.md).
+PROMPTS="--prompt-source mixed --num-prompts 140000 --seed 5 --max-prompt-tokens 1024 --eval-prompts 8"
 DATA="--max-new-tokens 256 --gen-batch-size 512 --temperature 0"
 # Continue the shipped head, grown: its recipe (block 16, 16 x 128 blocks a step, depth decay 8)
 # at the gentler peak lr of the earlier --init runs; int8 export. The time budget ends it.
