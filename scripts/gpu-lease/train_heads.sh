@@ -17,12 +17,13 @@
 #   setup                 installs the carried .whl wheels and this checkout, copies what .stage/ carries
 #                         to /root/stage, runs the GPU tests of the kernels a run depends on
 #   stage                 copies the carried .stage/ folders to /root/stage (GGUF chunks, heads, prompts)
-#   launch KEY [MINUTES] [DATA_MINUTES] [SKIP]  assembles the GGUF (sha256 checked) and starts, in the
+#   launch KEY [MINUTES] [DATA_MINUTES] [SKIP] [LR]  assembles the GGUF (sha256 checked) and starts, in the
 #                         background (setsid), the run (`run_grown` below, ~MINUTES, default 18, of which
 #                         DATA_MINUTES, default 4, answer prompts) into /root/runs/KEY
 #                         (it runs this script's `run` verb); both models' runs may share the GPU. SKIP
 #                         (default 0): the staged head's steps on these same answers in an earlier lease,
-#                         so that training reads on from where that lease stopped (--skip-batches)
+#                         so that training reads on from where that lease stopped (--skip-batches). LR
+#                         (default 4e-4): the peak learning rate
 #   poll SECONDS          waits (at most SECONDS, less once every run is DONE) and shows the logs
 #   collect KEY [FROM]    tars head/, eval.json, the baseline's eval, logs and summaries (once), and puts
 #                         15 MiB parts FROM.. (at most 4: a call returns <= 64 MiB) into $OUT
@@ -69,8 +70,10 @@ declare -A HEAD=(
 PROMPTS="--prompt-source mixed --num-prompts 140000 --seed 5 --max-prompt-tokens 1024 --eval-prompts 8"
 DATA="--max-new-tokens 256 --gen-batch-size 512 --temperature 0"
 # Continue the shipped head, grown: its recipe (block 16, 16 x 128 blocks a step, depth decay 8)
-# at the gentler peak lr of the earlier --init runs; int8 export. The time budget ends it.
-FIT="--lr 4e-4 --block-size 16 --batch-size 16 --anchors-per-seq 128 --epochs 2 --eval-every 0 --export-dtype int8"
+# at the peak lr LR (launch's fifth argument; 4e-4, the gentler lr of the earlier --init runs, by
+# default); int8 export. The time budget ends it. Session 13: 4e-4 over answers the head had mostly
+# seen already lost τ, so a head continued on old answers may want less.
+FIT="--block-size 16 --batch-size 16 --anchors-per-seq 128 --epochs 2 --eval-every 0 --export-dtype int8"
 EVAL="--eval-budgets 16,32,64,128,256 --eval-sets coding,chat --eval-width 8 --eval-max-new-tokens 128"
 
 # /root/models/KEY.gguf from the staged parts (once), checked against its sha256; prints the path.
@@ -170,7 +173,7 @@ take_stage() {
 # baseline), then τ of the exported int8 head on the dev prompts and both eval sets at every
 # budget (~1 minute for one model alone on an H200: 2.5 leaves room for two). Each step writes
 # DIR/stage.txt.
-DATA_MIN=${DATA_MIN:-4} SKIP=${SKIP:-0} EVAL_MIN=2.5
+DATA_MIN=${DATA_MIN:-4} SKIP=${SKIP:-0} LR=${LR:-4e-4} EVAL_MIN=2.5
 run_grown() {
   local key=$1 gguf=$2 minutes=$3 dir=$RUNS/$1 t0=$(date +%s)
   local cmd="python3 -m jetspec_chat train-head $gguf --quiet $PROMPTS"
@@ -183,7 +186,7 @@ run_grown() {
   # the run's own dev prompts: without its prompts.jsonl, an eval of a mixed source draws others
   cp $dir/prompts.jsonl $dir/prompts.meta.json $dir/baseline/
   $cmd --out $dir/baseline --stage eval $EVAL > $dir/baseline/eval.txt 2>&1 &
-  $cmd --out $dir --stage train ${HEAD[$key]} --init $STAGE/h-$key --skip-batches $SKIP $FIT $EVAL --time-budget-min $(left $EVAL_MIN) \
+  $cmd --out $dir --stage train ${HEAD[$key]} --init $STAGE/h-$key --skip-batches $SKIP --lr $LR $FIT $EVAL --time-budget-min $(left $EVAL_MIN) \
     > $dir/train.txt 2>&1 || return 1
   cp $dir/summary.json $dir/summary-train.json && cp $dir/run_config.json $dir/run_config-train.json
   wait
@@ -259,15 +262,15 @@ stage)
   take_stage | wc -l
   ;;
 launch)
-  key=${1:?key} minutes=${2:-18} DATA_MIN=${3:-$DATA_MIN} SKIP=${4:-0}
+  key=${1:?key} minutes=${2:-18} DATA_MIN=${3:-$DATA_MIN} SKIP=${4:-0} LR=${5:-$LR}
   gguf=$(assemble $key) || exit 1
   join_head $key || exit 1
   [ -d $STAGE/h-$key ] || { echo "carry .stage/h-$key first" >&2; exit 1; }
   init_run $key || exit 1
-  echo "launching $key: ${minutes} min, data ${DATA_MIN} min, skipping $SKIP batches"
+  echo "launching $key: ${minutes} min, data ${DATA_MIN} min, skipping $SKIP batches, peak lr $LR"
   # `cd && cmd &` would background a subshell that holds this call's stdout until the run ends
   cd $APP || exit 1
-  DATA_MIN=$DATA_MIN SKIP=$SKIP setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
+  DATA_MIN=$DATA_MIN SKIP=$SKIP LR=$LR setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
     > $RUNS/$key/run.txt 2>&1 < /dev/null &
   sleep 20; cat $RUNS/$key/stage.txt; [ "$DATA_MIN" = 0 ] || tail -3 $RUNS/$key/data.txt  # 0: no data stage
   ;;
