@@ -23,12 +23,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """x @ weight.T (+ bias). CUDA bf16/fp16 (no autograd): the batch-invariant Triton GEMM
     (kernels/matmul.py), so a row's result is bitwise the same in a tree verify as in an AR step;
     fp32 on CUDA keeps F.linear (the oracle path against transformers). On the CPU a skinny x
-    (2-32 rows: a small tree, a draft block) goes through weight @ x.T: on a 2-core CPU F.linear
-    took 2-3.5x its 1-row time at 2-16 rows (sgemm packs the weight panels, moving it twice),
-    weight @ x.T 1-2.4x (PERF_NOTES, CPU)."""
+    (1-32 rows: an AR step, a small tree, a draft block) goes through weight @ x.T: on a 2-core
+    CPU F.linear took 2-3.5x its 1-row time at 2-16 rows (sgemm packs the weight panels, moving
+    it twice), weight @ x.T 1-2.4x. One row is padded to two: with a single column the product
+    dispatches to GEMV, which streamed the weights at a third of the GEMM's speed on the AMD
+    EPYC of PERF_NOTES "Session 13" (the AR step 118 -> 61 ms on the 0.5B)."""
     rows = x.numel() // x.shape[-1]
-    if x.device.type == "cpu" and 1 < rows <= 32:
-        y = (weight @ x.reshape(rows, x.shape[-1]).T).T.contiguous().view(*x.shape[:-1], weight.shape[0])
+    if x.device.type == "cpu" and rows <= 32:
+        x2 = x.reshape(rows, x.shape[-1])
+        if rows == 1:
+            x2 = torch.cat([x2, x2.new_zeros(1, x2.shape[1])])
+        y = (weight @ x2.T)[:, :rows].T.contiguous().view(*x.shape[:-1], weight.shape[0])
         return y + bias if bias is not None else y
     if _batch_invariant(x, weight, bias):
         y = linear_triton(x.reshape(rows, x.shape[-1]), weight, bias)
