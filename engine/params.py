@@ -9,6 +9,13 @@ MAX_BUDGET = 1024
 MAX_WIDTH = 64
 # The tree algorithms by name; tree.TREE_ALGOS maps each to its builder (and imports torch).
 TREE_ALGOS = ("accum_logp", "chain", "adaptive")
+GPU_BUDGET = 64  # engine bench, 1.5B on an H200: budget 64 is the fastest (README)
+CPU_BUDGET = 4  # the verify forward is compute-bound on a CPU: 4 beats AR there, 64 does not (PERF_NOTES.md)
+
+
+def auto_budget(device: str) -> int:
+    """The default budget for `device` (app and `generate`) when the user has not chosen one."""
+    return GPU_BUDGET if device.startswith("cuda") else CPU_BUDGET
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,8 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_generation_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget", type=int, default=64, help="draft tree nodes including the root (1-1024)")
+    p.add_argument("--budget", type=int, default=None,
+                   help="draft tree nodes including the root (1-1024; default: 64 on a GPU, 4 on a CPU)")
     p.add_argument("--depth", type=int, default=None, help="tree depth (default: the head's block size - 1)")
     p.add_argument("--width", type=int, default=8, help="candidates per depth (top-K)")
     p.add_argument("--tree-algo", default="accum_logp", help="accum_logp, chain or adaptive")
@@ -145,6 +146,11 @@ def run_generate(argv: list[str]) -> int:
         raise ConfigError("the prompt is empty; pass --prompt TEXT or pipe it on stdin")
     if args.check_lossless and args.temperature > 0:
         raise ConfigError("--check-lossless compares greedy decoding; drop --temperature")
+    if args.budget is None:  # as in the app: the budget follows the device
+        from .engine.models.loader import resolve_device
+        from .engine.params import auto_budget
+
+        args.budget = auto_budget(str(resolve_device(args.device)))
     params = generation_params(args)
     params.validate(max_depth=None)  # fail fast, before loading anything; depth is checked once the head is known
     progress = None if args.json else LoadProgress()

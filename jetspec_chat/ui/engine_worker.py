@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 
 from jetspec_chat.engine.errors import EngineError
 from jetspec_chat.engine.events import Event, FinishEvent, GenerationResult, RoundEvent
-from jetspec_chat.engine.params import TREE_ALGOS, GenerationParams, SpecParams
+from jetspec_chat.engine.params import TREE_ALGOS, GenerationParams, SpecParams, auto_budget
 
 
 class Backend(Protocol):
@@ -244,14 +244,7 @@ OutboxItem = (
 )
 
 
-GPU_BUDGET = 64  # engine bench, 1.5B on an H200: budget 64 is the fastest (README)
-CPU_BUDGET = 4  # the verify forward is compute-bound on a CPU: 4 beats AR there, 64 does not (PERF_NOTES.md)
 WARM_PROMPT = "Hello"
-
-
-def auto_budget(device: str) -> int:
-    """The default budget for `device` when the user has not chosen one."""
-    return GPU_BUDGET if device.startswith("cuda") else CPU_BUDGET
 
 
 def describe_error(err: BaseException) -> tuple[str, bool]:

@@ -717,7 +717,7 @@ async def test_default_budget_follows_the_device_until_the_user_picks_one():
 def test_auto_budget_and_the_budget_flag():
     import argparse
 
-    from jetspec_chat.ui.engine_worker import auto_budget
+    from jetspec_chat.engine.params import auto_budget
     from jetspec_chat.ui.launch import _settings_from_args, add_arguments
 
     assert (auto_budget("cuda:0"), auto_budget("cuda"), auto_budget("cpu")) == (64, 64, 4)

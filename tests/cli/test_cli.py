@@ -18,6 +18,13 @@ def generate_json(capsys, *args) -> dict:
     return json.loads(out)
 
 
+def test_the_default_budget_follows_the_device(capsys):
+    """Without --budget, generate takes the app's default for the device: 4 on a CPU, where the
+    verify forward is compute-bound (64 would make the 1.5B slower than plain decoding)."""
+    out = generate_json(capsys, "random:tiny-qwen3", "--device", "cpu", "--prompt", "hi", "--max-new-tokens", "4")
+    assert (out["device"], out["budget"]) == ("cpu", 4)
+
+
 @pytest.mark.parametrize("budget", [1, 2, 3, 8, 16, 32, 64, 128, 256])
 def test_check_lossless_across_budgets(capsys, budget):
     out = generate_json(capsys, "random:tiny-qwen3", "--prompt", "Write a haiku about trees.", "--budget", str(budget),
