@@ -153,12 +153,11 @@ poll_until() {  # poll_until STEP SECONDS CMD...: 0 once CMD holds on a fresh sn
     done
 }
 
-# wait_for STEP REGEX: poll the pane until it matches, or fail on a timeout
 seen_within() {  # seen_within STEP REGEX SECONDS: 0 once the screen matches, 1 after SECONDS
     poll_until "$1" "$3" on_screen "$2"
 }
 
-wait_for() {
+wait_for() {  # wait_for STEP REGEX: poll the pane until it matches, or fail on a timeout
     seen_within "$1" "$2" "$TIMEOUT" || fail "$1" "timed out after ${TIMEOUT}s"
 }
 

@@ -9,11 +9,11 @@ from typing import Any
 from rich.text import Text
 
 from jetspec_chat.engine.events import FinishEvent, PrefillEvent, RoundEvent
+from jetspec_chat.engine.params import auto_budget
 from jetspec_chat.settings import error_log_path
 
 from . import engine_worker as ew
 from .app_spec import NO_HEAD_NOTE
-from .engine_worker import auto_budget
 from .jobs import Job, OutboxRouter
 from .liveness import can_update
 from .themes import SpecColors
