@@ -25,29 +25,58 @@ DATA_FORMAT = 1
 
 
 def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None) -> tuple[list[Prompt], list[str]]:
-    """(train, dev) prompts; written once to DIR/prompts.jsonl and reused while settings match.
-    Built-in prompts: --self-prompts of the training ones are proposed by the target (needs ws).
-    ShareGPT: multi-turn contexts of real chats (sharegpt.py). The dev prompts are always built-in
-    ones, so dev τ stays comparable across runs."""
+    """(train, dev) prompts. The generated or read ones are written once to DIR/prompts.jsonl and
+    reused while settings match; the --self-prompts share of the built-in ones, which the target
+    proposes itself, follow them (DIR/proposals.jsonl, made by the first stage that has the target:
+    `make_proposals`). ShareGPT: multi-turn contexts of real chats (sharegpt.py). The dev prompts are
+    always built-in ones, so dev τ stays comparable across runs."""
     path = cfg.out / "prompts.jsonl"
     num_dev = max(cfg.eval_prompts, 16)
     # Evaluation alone needs only dev prompts: no proposals, and an earlier stage's file as it is.
     evaluating = cfg.stage in ("eval", "replay")
-    builtin = not cfg.prompts_file and cfg.prompt_source == "builtin"
-    proposing = ws is not None and builtin and not evaluating
-    n_self = round(cfg.num_prompts * cfg.self_prompts) if proposing else 0
+    n_self = proposal_count(cfg)
     key = {"file": cfg.prompts_file, "num_prompts": cfg.num_prompts, "num_dev": num_dev, "seed": cfg.seed,
            "self_prompts": n_self}
     if cfg.prompt_source != "builtin":  # (builtin runs keep the key their directories already hold)
         key.update(source=cfg.prompt_source, max_chars=sharegpt_max_chars(cfg))
     meta = cfg.out / "prompts.meta.json"
+    train: list[Prompt] | None = None
     if path.is_file() and meta.is_file():
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        train, dev = [r["prompt"] for r in rows if r["split"] == "train"], [r["prompt"] for r in rows if r["split"] == "dev"]
-        if json.loads(meta.read_text()) == key or (evaluating and len(dev) >= num_dev):
-            return train, dev
-    if evaluating and cfg.prompt_source != "builtin":  # the (built-in) dev prompts are all it needs
-        return [], P.builtin_prompts(0, num_dev, seed=cfg.seed)[1]
+        old_train, dev = [r["prompt"] for r in rows if r["split"] == "train"], [r["prompt"] for r in rows if r["split"] == "dev"]
+        if evaluating and len(dev) >= num_dev:
+            return old_train, dev
+        if json.loads(meta.read_text()) == key:
+            train = old_train
+    if train is None:
+        if evaluating and cfg.prompt_source != "builtin":  # the (built-in) dev prompts are all it needs
+            return [], P.builtin_prompts(0, num_dev, seed=cfg.seed)[1]
+        train, dev = _generated_prompts(cfg, num_dev, n_self, log)
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"prompt": p, "split": "train"}) for p in train]
+        lines += [json.dumps({"prompt": p, "split": "dev"}) for p in dev]
+        atomic_write(path, "\n".join(lines) + "\n")
+        atomic_write(meta, json.dumps(key) + "\n")
+    if evaluating or not n_self:
+        return train, dev
+    proposed = read_proposals(cfg.out, n_self, cfg.seed)
+    if proposed is None and ws is not None:
+        proposed = make_proposals(ws, cfg, n_self, P.proposal_examples(train),
+                                  set(map(P.prompt_key, train)) | set(dev) | held_out_sets(), log)
+    return train + (proposed or []), dev
+
+
+def proposal_count(cfg: TrainConfig) -> int:
+    """Prompts the target proposes itself: --self-prompts of the built-in ones (of all prompts for
+    the built-in source, of the built-in half for mixed); none from a file or ShareGPT alone."""
+    if cfg.prompts_file or cfg.prompt_source == "sharegpt":
+        return 0
+    builtin = cfg.num_prompts if cfg.prompt_source == "builtin" else cfg.num_prompts - cfg.num_prompts // 2
+    return round(builtin * cfg.self_prompts)
+
+
+def _generated_prompts(cfg: TrainConfig, num_dev: int, n_self: int, log: LogFn) -> tuple[list[Prompt], list[str]]:
+    """The training prompts of prompts.jsonl (all but the proposals) and the dev prompts."""
     if cfg.prompts_file:
         try:
             given = P.load_prompts_file(cfg.prompts_file)
@@ -57,30 +86,32 @@ def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None)
         train = train[: cfg.num_prompts]
         if len(dev) < num_dev:  # a small file may have no held-out prompt: add built-in dev prompts
             dev += P.builtin_prompts(0, num_dev - len(dev), seed=cfg.seed)[1]
-        dev = dev[:num_dev]
-    elif cfg.prompt_source in ("sharegpt", "mixed"):
-        # mixed: half real chats, half built-in generator prompts (the head keeps the templates'
-        # styles while it learns real ones), shuffled together; no self-proposed prompts.
+        return train, dev[:num_dev]
+    if cfg.prompt_source in ("sharegpt", "mixed"):
+        # mixed: half real chats, half built-in (generator prompts and the target's proposals: the
+        # head keeps the templates' styles while it learns real ones), shuffled together.
         n_chats = cfg.num_prompts if cfg.prompt_source == "sharegpt" else cfg.num_prompts // 2
-        builtin_train, dev = P.builtin_prompts(cfg.num_prompts - n_chats, num_dev, seed=cfg.seed)
+        builtin_train, dev = P.builtin_prompts(cfg.num_prompts - n_chats - n_self, num_dev, seed=cfg.seed)
         chats, stats = sharegpt_prompts(n_chats, cfg.seed, set(dev) | held_out_sets(), sharegpt_max_chars(cfg))
         log(f"ShareGPT: {stats.conversations} conversations read, {stats.held_out} held out (dev side or eval "
             f"sets), {stats.contexts} distinct contexts; {len(chats)} sampled"
             + (f", with {len(builtin_train)} built-in prompts" if builtin_train else ""))
         train = chats + builtin_train
         random.Random(cfg.seed).shuffle(train)
-    else:
-        log(f"generating {cfg.num_prompts - n_self} training prompts (+{num_dev} held out)")
-        train, dev = P.builtin_prompts(cfg.num_prompts - n_self, num_dev, seed=cfg.seed)
-        if n_self:
-            exclude = set(train) | set(dev) | held_out_sets()
-            train += propose_prompts(ws, cfg, n_self, exclude, log)
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"prompt": p, "split": "train"}) for p in train]
-    lines += [json.dumps({"prompt": p, "split": "dev"}) for p in dev]
-    atomic_write(path, "\n".join(lines) + "\n")
-    atomic_write(meta, json.dumps(key) + "\n")
-    return train, dev
+        return train, dev
+    log(f"generating {cfg.num_prompts - n_self} training prompts (+{num_dev} held out)")
+    return P.builtin_prompts(cfg.num_prompts - n_self, num_dev, seed=cfg.seed)
+
+
+def read_proposals(out: Path, n: int | None = None, seed: int | None = None) -> list[str] | None:
+    """DIR/proposals.jsonl's prompts, or None when there are none (or they were asked for with
+    another count or seed, when those are given)."""
+    path, meta = out / "proposals.jsonl", out / "proposals.meta.json"
+    if not (path.is_file() and meta.is_file()):
+        return None
+    if n is not None and json.loads(meta.read_text()) != {"n": n, "seed": seed}:
+        return None
+    return [json.loads(line)["prompt"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def held_out_sets() -> set[str]:
@@ -111,11 +142,13 @@ def collect_proposals(texts: Iterable[str], n: int, exclude: set[str]) -> list[s
 
 
 @torch.no_grad()
-def propose_prompts(ws: "Workspace", cfg: TrainConfig, n: int, exclude: set[str], log: LogFn) -> list[str]:
-    """n training prompts the target writes itself: it answers `propose_requests` (sampled at
-    temperature 0.8 with our batched decoder) and `collect_proposals` keeps the usable ones.
-    Twice as many requests as needed are made, since some answers are rejected or repeat."""
-    requests = P.propose_requests(2 * n, cfg.seed)
+def make_proposals(ws: "Workspace", cfg: TrainConfig, n: int, examples: tuple[str, ...], exclude: set[str],
+                   log: LogFn) -> list[str]:
+    """n training prompts the target writes itself, written to DIR/proposals.jsonl: it answers
+    `propose_requests` (from the templates and the real user messages `examples`; sampled at
+    temperature 0.8 with our batched decoder) and `collect_proposals` keeps the usable ones. Twice
+    as many requests as needed are made, since some answers are rejected or repeat."""
+    requests = P.propose_requests(2 * n, cfg.seed, examples)
     ids = [ws.prompt_ids(r) for r in requests]
     bs = gen_batch_size(ws, cfg, len(ids))
     torch.manual_seed(cfg.seed)
@@ -134,6 +167,9 @@ def propose_prompts(ws: "Workspace", cfg: TrainConfig, n: int, exclude: set[str]
     t0 = time.perf_counter()
     kept = collect_proposals(answers(), n, exclude)  # the decoder's cache goes with this function
     log(f"the target proposed {len(kept)} prompts ({asked} asked, {time.perf_counter() - t0:.0f} s)")
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    atomic_write(cfg.out / "proposals.jsonl", "".join(json.dumps({"prompt": q}) + "\n" for q in kept))
+    atomic_write(cfg.out / "proposals.meta.json", json.dumps({"n": n, "seed": cfg.seed}) + "\n")
     return kept
 
 
@@ -166,8 +202,10 @@ def done_prompts(out: Path) -> set[str]:
 
 
 def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[Prompt], deadline: float | None,
-                  log: LogFn) -> dict:
-    """Answer every training prompt not answered yet; one shard per generation batch."""
+                  log: LogFn, first: frozenset[str] = frozenset()) -> dict:
+    """Answer every training prompt not answered yet; one shard per generation batch. The prompts
+    whose key is in `first` (the target's proposals: the contexts no earlier run of another seed
+    had) are answered before the others, so a time-bounded stage keeps them all."""
     data_dir = cfg.out / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     settings = data_settings(ws, cfg)
@@ -194,10 +232,13 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[Prompt], 
         log(f"skipped {skipped} prompts longer than --max-prompt-tokens {cfg.max_prompt_tokens}")
     bs = gen_batch_size(ws, cfg, len(todo))
     # Similar lengths per batch (little padding); batches in a seeded random order, so a
-    # time-bounded run still covers all prompt kinds and lengths.
-    todo.sort(key=lambda x: len(x[1]))
-    batches = [todo[i : i + bs] for i in range(0, len(todo), bs)]
-    order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+    # time-bounded run still covers all prompt kinds and lengths (within each group).
+    batches: list = []
+    for group in ([x for x in todo if P.prompt_key(x[0]) in first], [x for x in todo if P.prompt_key(x[0]) not in first]):
+        group.sort(key=lambda x: len(x[1]))
+        grouped = [group[i : i + bs] for i in range(0, len(group), bs)]
+        order = torch.randperm(len(grouped), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+        batches += [grouped[i] for i in order]
     next_shard = len(data_shards(cfg.out))
     stats = {"sequences": 0, "answer_tokens": 0, "finished_eos": 0, "stopped_by_time": False, "skipped": skipped}
     t0 = time.perf_counter()
@@ -208,12 +249,11 @@ def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[Prompt], 
                                ws.engine.stop_token_ids, ws.pad_id, cfg.temperature)
         log(f"data: batches of {bs}, KV cache {decoder.cache_bytes / 2**30:.2f} GiB")
     try:
-        for bi in order:
+        for batch in batches:
             if deadline is not None and time.time() > deadline:
                 stats["stopped_by_time"] = True
                 log("data: time budget reached, keeping what is done")
                 break
-            batch = batches[bi]
             answers = decoder.decode([ids for _, ids in batch])
             shard = {"ids": [], "prompt_len": [], "prompt_sha": [], "finish": []}
             for (p, ids), (ans, finish) in zip(batch, answers):

@@ -387,16 +387,47 @@ PROPOSE_TEMPLATES = (
     "Write one request for a short piece of writing (an email, a story, a list, advice) that a user might ask "
     "an assistant for. Reply with the request only.",
     "Write one question a student might ask about {topic}, as they would type it. Reply with the question only.",
+    # Coding asks in the user's words: the app's main use, and where the templates' phrasings are fixed.
+    "Write one programming task a developer might ask an AI assistant to solve in {language}. "
+    "Reply with the task only.",
+    "Write one request a {person} learning to code might send to an AI assistant, asking for a small "
+    "{language} program or function. Reply with the request only.",
 )
 _LEADS = ("question:", "request:", "message:", "user:", "prompt:")
 _PREAMBLES = ("sure", "certainly", "of course", "here is", "here's", "here are")
 
 
-def propose_requests(n: int, seed: int = 0) -> list[str]:
-    """n instructions asking the target for one user request each (deterministic)."""
+# With real user messages at hand (ShareGPT's), half of the asks start from one of them: the
+# templates alone make a few hundred distinct asks, an example makes each ask different.
+PROPOSE_FROM_EXAMPLE = ("Here is a message someone once sent to an AI assistant:\n\n{example}\n\nWrite one new "
+                        "message on a related subject, as another person would type it. Reply with the message only.")
+EXAMPLE_CHARS = (12, 600)  # the user messages used as examples: short enough to stay one ask
+
+
+def propose_requests(n: int, seed: int = 0, examples: tuple[str, ...] = ()) -> list[str]:
+    """n instructions asking the target for one user request each (deterministic): from the
+    templates, and from `examples` (real user messages) for every other one when there are any."""
     rng = random.Random(seed * 7919 + 17)
-    return [rng.choice(PROPOSE_TEMPLATES).format(topic=rng.choice(TOPICS), thing=rng.choice(THINGS),
-                                                 person=rng.choice(PEOPLE)) for _ in range(n)]
+    out = []
+    for i in range(n):
+        if examples and i % 2:
+            out.append(PROPOSE_FROM_EXAMPLE.format(example=rng.choice(examples)))
+        else:
+            out.append(rng.choice(PROPOSE_TEMPLATES).format(topic=rng.choice(TOPICS), thing=rng.choice(THINGS),
+                                                            person=rng.choice(PEOPLE), language=rng.choice(LANGUAGES)))
+    return out
+
+
+def proposal_examples(prompts: list[Prompt]) -> tuple[str, ...]:
+    """The first user message of each multi-message (chat) prompt, distinct, of EXAMPLE_CHARS length,
+    in order: the real asks `propose_requests` may start from."""
+    seen: dict[str, None] = {}
+    for p in prompts:
+        if isinstance(p, list) and p and p[0]["role"] == "user":
+            text = p[0]["content"]
+            if EXAMPLE_CHARS[0] <= len(text) <= EXAMPLE_CHARS[1]:
+                seen.setdefault(text, None)
+    return tuple(seen)
 
 
 def clean_proposal(text: str) -> str | None:

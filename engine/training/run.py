@@ -1,8 +1,9 @@
 """`train-head`: run the stages a TrainConfig asks for, under one output directory DIR (each resumable).
 
-  prompts  DIR/prompts.jsonl         train/dev prompts (built-in generators, a --self-prompts share of
-                                     them proposed by the target itself, ShareGPT contexts, or
+  prompts  DIR/prompts.jsonl         train/dev prompts (built-in generators, ShareGPT contexts, or
                                      --prompts FILE); also a stage of its own   data.py, sharegpt.py
+           DIR/proposals.jsonl       the --self-prompts share of the built-in ones, proposed by the
+                                     target itself (made where the target is loaded)
   data     DIR/data/shard-*.pt       the target's own answers through the chat template (our batched
                                      decoder, batch_decode.py: left padding, CUDA-graphed steps, greedy
                                      or low temperature, Qwen3 thinking off): ids + prompt length  data.py
@@ -32,7 +33,7 @@ from ..draft_head import DraftHead
 from ..errors import ConfigError
 from ..eval_sets import eval_prompts
 from .config import LogFn, TrainConfig
-from .data import gen_batch_size, generate_data, load_sequences, prepare_prompts, prompt_sha
+from .data import gen_batch_size, generate_data, load_sequences, prepare_prompts, prompt_sha, read_proposals
 from .evaluate import Evaluator
 from .export import export_head
 from .loop import Trainer, train
@@ -87,7 +88,8 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
     summary["prompts"] = {"train": len(train_prompts), "dev": len(dev_prompts)}
 
     if cfg.stage in ("data", "all"):
-        summary["data"] = generate_data(ws, cfg, train_prompts, deadlines.data, log)
+        first = frozenset(read_proposals(cfg.out) or ())  # this seed's own new contexts: answered first
+        summary["data"] = generate_data(ws, cfg, train_prompts, deadlines.data, log, first)
         log(f"data: {summary['data']['total_sequences']} sequences in {cfg.out / 'data'}")
 
     if cfg.stage == "replay":

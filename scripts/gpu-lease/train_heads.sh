@@ -35,7 +35,8 @@
 #                         next `launch` or `answer` starts from them (its data stage answers only the
 #                         contexts they do not cover; DATA_MINUTES 0 skips it). They may come from
 #                         other PROMPTS flags (another --seed): old and new answers then train together.
-#   evaluate NAME KEY HEAD  τ of a head folder in /root/stage on the dev prompts and eval sets, in the background
+#   evaluate NAME KEY HEAD [WIDTH]  τ of a head folder in /root/stage on the dev prompts and eval sets (tree
+#                         width WIDTH, default 8), in the background
 #   compare KEY STEPS "A" "B"  two head shapes from scratch on the same (built-in) data and steps
 # KEY: q15 (qwen2.5-coder-1.5b) or q05 (qwen2.5-coder-0.5b).
 set -uo pipefail
@@ -67,7 +68,10 @@ declare -A HEAD=(
 # outlast it: it answers a seeded random order of length-sorted batches, a fair sample.
 # Session 13 tried seed 6 with 300,000 (ShareGPT 25% of the contexts instead of 41%): the
 # 1.5B head continued on 60,928 of its answers lost τ on both eval sets, chat most (TRAINING.md).
-PROMPTS="--prompt-source mixed --num-prompts 140000 --seed 5 --max-prompt-tokens 1024 --eval-prompts 8"
+# Session 14: half of the built-in half (35,000) are the target's own proposals, made and answered
+# first by the data stage on the GPU (the prepare here leaves them out): single-turn asks in users'
+# words, like the eval sets, and new to every head so far.
+PROMPTS="--prompt-source mixed --num-prompts 140000 --seed 5 --self-prompts 0.5 --max-prompt-tokens 1024 --eval-prompts 8"
 DATA="--max-new-tokens 256 --gen-batch-size 512 --temperature 0"
 # Continue the shipped head, grown: its recipe (block 16, 16 x 128 blocks a step, depth decay 8)
 # at the peak lr LR (launch's fifth argument; 4e-4, the gentler lr of the earlier --init runs, by
@@ -280,13 +284,13 @@ run)  # (started by launch, in the background) run KEY GGUF MINUTES
 run-data)  # (started by answer, in the background) run-data KEY GGUF MINUTES
   data_stage "$@"; echo "exit $?"; touch $RUNS/${1:?key}/DONE
   ;;
-evaluate)  # evaluate NAME KEY HEAD: τ of /root/stage/HEAD on the dev prompts and both eval sets, every budget
-  name=${1:?name} key=${2:?key} head=${3:?head folder in /root/stage}
+evaluate)  # evaluate NAME KEY HEAD [WIDTH]: τ of /root/stage/HEAD on the dev prompts and both eval sets, every budget
+  name=${1:?name} key=${2:?key} head=${3:?head folder in /root/stage} width=${4:-8}
   gguf=$(assemble $key) || exit 1
   rm -rf $RUNS/$name && mkdir -p $RUNS/$name && cp -r $STAGE/$head $RUNS/$name/head
   cd $APP || exit 1
   setsid nohup bash -c "python3 -m jetspec_chat train-head $gguf --out $RUNS/$name --stage eval \
-    --eval-prompts 8 $EVAL --quiet > $RUNS/$name/eval.txt 2>&1; touch $RUNS/$name/DONE" > /dev/null 2>&1 < /dev/null &
+    --eval-prompts 8 $EVAL --eval-width $width --quiet > $RUNS/$name/eval.txt 2>&1; touch $RUNS/$name/DONE" > /dev/null 2>&1 < /dev/null &
   sleep 5; tail -3 $RUNS/$name/eval.txt
   ;;
 compare)  # compare KEY STEPS "HEAD ARGS A" "HEAD ARGS B": two heads from scratch on the same data, same steps
@@ -340,7 +344,8 @@ collect-data)  # collect-data KEY [FROM]: the answers, gzipped, 15 MiB parts FRO
   key=${1:?key} from=${2:-0} dir=$RUNS/${1:?key}
   if [ ! -f /root/$key-data.tar.gz ]; then
     [ -f $dir/DONE ] || { echo "the $key data stage is still running (poll until DONE)" >&2; exit 1; }
-    tar -C $dir --exclude='*.tmp' -czf /root/$key-data.tar.gz data prompts.jsonl prompts.meta.json || exit 1
+    tar -C $dir --exclude='*.tmp' -czf /root/$key-data.tar.gz data prompts.jsonl prompts.meta.json \
+      $(cd $dir && ls proposals.jsonl proposals.meta.json 2>/dev/null) || exit 1
   fi
   send_parts /root/$key-data.tar.gz /root/dparts-$key $from
   ;;

@@ -1,6 +1,7 @@
 """Draft-head training (issue 5): the training forward is the inference forward, no leakage,
 mask/anchor structure, loss goes down, τ goes up with the real decoder, export/load, resume,
 the CLI end to end, and the offline prompt generators. CPU, tiny random target."""
+import dataclasses
 import functools
 import itertools
 import json
@@ -579,6 +580,15 @@ def test_clean_proposal_keeps_the_request_only():
         assert P.clean_proposal(bad) is None, bad
     reqs = P.propose_requests(50, seed=3)
     assert reqs == P.propose_requests(50, seed=3) and len(set(reqs)) > 20 and all("{" not in r for r in reqs)
+    # Real user messages (the chat prompts' first ones, of a usable length) seed every other ask.
+    chats = [[{"role": "user", "content": f"How do I keep my {w} tidy?"}, {"role": "assistant", "content": "x"},
+              {"role": "user", "content": "more"}] for w in WORDS] + ["a template prompt", [{"role": "user", "content": "hi"}]]
+    examples = P.proposal_examples(chats)
+    assert examples == tuple(f"How do I keep my {w} tidy?" for w in WORDS)
+    seeded = P.propose_requests(50, seed=3, examples=examples)
+    assert seeded == P.propose_requests(50, seed=3, examples=examples)
+    assert all("{" not in r and not any(e in r for e in examples) for r in seeded[0::2])
+    assert all(any(e in r for e in examples) for r in seeded[1::2])
 
 
 def test_collect_proposals_dedupes_and_skips_excluded_and_dev_prompts():
@@ -701,13 +711,46 @@ def test_mixed_prompt_source_takes_half_chats_half_builtin(tmp_path, monkeypatch
                                               {"from": "gpt", "value": "An answer."}]} for i, w in enumerate(WORDS)]
     monkeypatch.setattr(S, "open_sharegpt", lambda: contextlib.nullcontext(io.StringIO(json.dumps(convs))))
     monkeypatch.setattr(R, "Workspace", lambda *a: pytest.fail("the prompts stage loaded the target"))
-    cfg = tiny_cfg(tmp_path, stage="prompts", prompt_source="mixed", num_prompts=8, self_prompts=0.5)
+    cfg = tiny_cfg(tmp_path, stage="prompts", prompt_source="mixed", num_prompts=8, self_prompts=0)
     R.run_training(cfg)
     train_p, dev_p = prepare_prompts(tiny_cfg(tmp_path, stage="data", prompt_source="mixed", num_prompts=8,
-                                              self_prompts=0.5), quiet)
+                                              self_prompts=0), quiet)
     chats = [p for p in train_p if isinstance(p, list)]
     builtin = [p for p in train_p if isinstance(p, str)]
     assert len(chats) == 4 and len(builtin) == 4
     assert sorted(builtin) == sorted(P.builtin_prompts(4, 0, seed=cfg.seed)[0])  # the generators' own
     assert train_p != chats + builtin  # shuffled together, not two runs
     assert dev_p == P.builtin_prompts(0, len(dev_p), seed=cfg.seed)[1]
+    # --self-prompts takes its share of the built-in half; the prompts stage leaves it to the target.
+    half = tiny_cfg(tmp_path / "half", stage="prompts", prompt_source="mixed", num_prompts=8, self_prompts=0.5)
+    R.run_training(half)
+    train_p, _ = prepare_prompts(dataclasses.replace(half, stage="data"), quiet)
+    assert sum(isinstance(p, list) for p in train_p) == 4 and sum(isinstance(p, str) for p in train_p) == 2
+    assert not (tmp_path / "half" / "proposals.jsonl").exists()
+
+
+def test_mixed_source_proposals_are_made_by_the_data_stage_and_answered_first(tmp_path, monkeypatch):
+    """With the target loaded, a mixed set gains the target's proposals (proposals.jsonl, reused
+    afterwards), and the data stage answers them before the carried contexts."""
+    import contextlib
+    import io
+
+    from jetspec_chat.engine.training import data as D
+    from jetspec_chat.engine.training import sharegpt as S
+
+    convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i} about {w}?"},
+                                              {"from": "gpt", "value": "An answer."}]} for i, w in enumerate(WORDS)]
+    monkeypatch.setattr(S, "open_sharegpt", lambda: contextlib.nullcontext(io.StringIO(json.dumps(convs))))
+    # The tiny random target writes bytes the cleaning rejects: stand in for its proposals' text.
+    monkeypatch.setattr(D, "collect_proposals", lambda texts, n, exclude: [f"Proposed question {i}?" for i in range(n)])
+    ws = workspace()
+    cfg = tiny_cfg(tmp_path, stage="data", prompt_source="mixed", num_prompts=16, self_prompts=0.5,
+                   gen_batch_size=4, max_new_tokens=4)
+    train_p, _ = prepare_prompts(cfg, quiet, ws)
+    proposed = [f"Proposed question {i}?" for i in range(4)]
+    assert train_p[-4:] == proposed and D.read_proposals(tmp_path) == proposed
+    monkeypatch.setattr(D, "collect_proposals", lambda *a: pytest.fail("proposed again"))
+    assert prepare_prompts(cfg, quiet, ws)[0] == train_p
+    generate_data(ws, cfg, train_p, None, quiet, first=frozenset(proposed))
+    first_shard = torch.load(tmp_path / "data" / "shard-00000.pt", weights_only=True)
+    assert set(first_shard["prompt_sha"]) == {D.prompt_sha(q) for q in proposed}
