@@ -66,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy answers")
     g.add_argument("--self-prompts", type=float, default=0.15, metavar="FRACTION",
-                   help="share of the built-in training prompts the target proposes itself (default 0.15; 0 = none)")
+                   help="share of the built-in training prompts (with mixed: of its built-in half) the target "
+                        "proposes itself (default 0.15; 0 = none)")
     g.add_argument("--gen-batch-size", type=int, default=None,
                    help="prompts decoded together (default 256 on GPU, 8 on CPU)")
     g = p.add_argument_group("training")
