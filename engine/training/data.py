@@ -204,8 +204,8 @@ def done_prompts(out: Path) -> set[str]:
 def generate_data(ws: Workspace, cfg: TrainConfig, train_prompts: list[Prompt], deadline: float | None,
                   log: LogFn, first: frozenset[str] = frozenset()) -> dict:
     """Answer every training prompt not answered yet; one shard per generation batch. The prompts
-    whose key is in `first` (the target's proposals: the contexts no earlier run of another seed
-    had) are answered before the others, so a time-bounded stage keeps them all."""
+    whose key is in `first` (the target's proposals: what a run adds to a carried prompt set) are
+    answered before the others, so a time-bounded stage keeps them all."""
     data_dir = cfg.out / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     settings = data_settings(ws, cfg)

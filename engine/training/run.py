@@ -88,7 +88,7 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
     summary["prompts"] = {"train": len(train_prompts), "dev": len(dev_prompts)}
 
     if cfg.stage in ("data", "all"):
-        first = frozenset(read_proposals(cfg.out) or ())  # this seed's own new contexts: answered first
+        first = frozenset(read_proposals(cfg.out) or ())  # the run's new contexts: answered first
         summary["data"] = generate_data(ws, cfg, train_prompts, deadlines.data, log, first)
         log(f"data: {summary['data']['total_sequences']} sequences in {cfg.out / 'data'}")
 
