@@ -51,8 +51,9 @@ def test_capture_mid_answer_end_and_compare(tmp_path):
     proc = capture(
         tmp_path, "--budgets", "AR, 4", "--timeout", "180", "--size", "160x50",
         "random:tiny-qwen3", "Write a Python function that reverses a linked list.", str(out),
-        # long enough (a few seconds) for a mid-answer frame even on a fast machine
-        "--max-new-tokens", "200", "--budget", "16", "--device", "cpu", "--max-context", "1024",
+        # long enough for a mid-answer frame even on a fast machine, and on CI's 2 loaded cores,
+        # where 200 tokens once finished before the script's poll saw a round (session 14)
+        "--max-new-tokens", "600", "--budget", "16", "--device", "cpu", "--max-context", "1024",
     )
     assert proc.returncode == 0, proc.stderr
     mid = (tmp_path / "cap.mid.txt").read_text()
