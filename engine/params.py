@@ -11,6 +11,10 @@ MAX_WIDTH = 64
 TREE_ALGOS = ("accum_logp", "chain", "adaptive")
 GPU_BUDGET = 64  # engine bench, 1.5B on an H200: budget 64 is the fastest (README)
 CPU_BUDGET = 4  # the verify forward is compute-bound on a CPU: 4 beats AR there, 64 does not (PERF_NOTES.md)
+# Per-depth top-K candidates. 1.5B + shipped head on an H200, bf16 (TRAINING.md "Session 15"): 32
+# drafts 2-3% more tokens a round than 8 at budget 64 and 5% more at 256, at the same round time;
+# a tree of at most 9 nodes (the CPU's budget 4) is the same at either width.
+DEFAULT_WIDTH = 32
 
 
 def auto_budget(device: str) -> int:
@@ -24,7 +28,7 @@ class SpecParams:
 
     budget: int = 64  # max tree nodes including the root (the anchor)
     depth: int | None = None
-    width: int = 8  # per-depth top-K candidates
+    width: int = DEFAULT_WIDTH  # per-depth top-K candidates
     tree_algo: str = "accum_logp"
     enabled: bool = True  # False: plain autoregressive decoding on the same engine
 

@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from .cli import add_load_arguments
+from .engine.params import DEFAULT_WIDTH
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -52,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "hf (transformers generate on the same weights); default: ar,spec,hf")
     g.add_argument("--budgets", type=_int_list, default=(16, 32, 64, 128, 256),
                    help="draft tree budgets for spec mode (default: 16,32,64,128,256)")
-    g.add_argument("--width", type=int, default=8, help="candidates per depth (top-K)")
+    g.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"candidates per depth (top-K; default {DEFAULT_WIDTH})")
     g.add_argument("--depth", type=int, default=None, help="tree depth (default: the head's block size - 1)")
     g.add_argument("--tree-algo", default="accum_logp", help="accum_logp, chain or adaptive")
     g.add_argument("--prompt-sets", type=_str_list, default=None,

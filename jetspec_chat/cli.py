@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+from .engine.params import DEFAULT_WIDTH
+
 # name -> one line for `jetspec-chat help`; the app itself is the default command.
 COMMANDS = {
     "generate": "answer one prompt, non-interactively (stdin or --prompt)",
@@ -98,7 +100,7 @@ def add_generation_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=int, default=None,
                    help="draft tree nodes including the root (1-1024; default: 64 on a GPU, 4 on a CPU)")
     p.add_argument("--depth", type=int, default=None, help="tree depth (default: the head's block size - 1)")
-    p.add_argument("--width", type=int, default=8, help="candidates per depth (top-K)")
+    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"candidates per depth (top-K; default {DEFAULT_WIDTH})")
     p.add_argument("--tree-algo", default="accum_logp", help="accum_logp, chain or adaptive")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)

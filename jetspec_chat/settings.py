@@ -23,6 +23,8 @@ from typing import Any
 
 import platformdirs
 
+from .engine.params import DEFAULT_WIDTH
+
 APP_NAME = "jetspec-chat"
 SESSION_FORMAT = "jetspec-chat-session"
 SESSION_VERSION = 1
@@ -113,7 +115,7 @@ class Settings:
     budget: int = 64
     budget_auto: bool = True  # the budget follows the device (auto_budget) until the user picks one
     depth: int | None = None  # None: the head's full block
-    width: int = 8
+    width: int = DEFAULT_WIDTH
     tree_algo: str = "accum_logp"
     speculation: bool = True
     temperature: float = 0.0

@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .engine.params import DEFAULT_WIDTH
+
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
@@ -94,7 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-prompts", type=int, default=8, help="held-out dev prompts (0: no τ evaluation at all)")
     g.add_argument("--eval-max-new-tokens", type=int, default=128)
     g.add_argument("--eval-every", type=int, default=500, help="steps between τ evaluations (0: before/after only)")
-    g.add_argument("--eval-width", type=int, default=8)
+    g.add_argument("--eval-width", type=int, default=DEFAULT_WIDTH, help=f"tree width (default {DEFAULT_WIDTH}, the engine's)")
     g.add_argument("--eval-sets", type=_names, default=("coding", "chat"),
                    help="built-in eval sets, run at every budget ('' for none)")
     g.add_argument("--quiet", action="store_true", help="no progress bars")

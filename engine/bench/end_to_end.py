@@ -15,7 +15,7 @@ import torch
 from ..errors import ConfigError
 from ..eval_sets import EVAL_SETS, eval_prompts
 from ..events import FinishEvent, RoundEvent
-from ..params import GenerationParams, SamplingParams, SpecParams
+from ..params import DEFAULT_WIDTH, GenerationParams, SamplingParams, SpecParams
 from .report import options_dict
 from .timing import (
     ProgressFn,
@@ -82,7 +82,7 @@ class EndToEndOptions:
     device: str = "auto"
     dtype: str = "auto"
     max_context: int | None = None
-    width: int = 8
+    width: int = DEFAULT_WIDTH
     depth: int | None = None
     tree_algo: str = "accum_logp"
     temperature: float = 0.0

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import ConfigError
-from ..params import MAX_BUDGET, GenerationParams, SpecParams
+from ..params import DEFAULT_WIDTH, MAX_BUDGET, GenerationParams, SpecParams
 from ..tree import build_accum_logp, root_only
 from .gpu_idle import GpuIdle, measure_gpu_idle
 from .moe_bytes import expected_distinct_experts, expected_weight_bytes
@@ -41,7 +41,7 @@ class EngineOnlyOptions:
     contexts: tuple[int, ...] = (512, 2048, 8192)
     tree_sizes: tuple[int, ...] = (1, 16, 32, 64, 128, 256)
     round_budget: int = 128
-    width: int = 8
+    width: int = DEFAULT_WIDTH
     warmup: int = 5
     reps: int = 20
     copy_mib: int | None = None  # copy-bandwidth buffer; None: 1024 MiB on CUDA, 256 MiB on CPU

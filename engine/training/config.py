@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError
+from ..params import DEFAULT_WIDTH
 
 LogFn = Callable[[str], None]
 
@@ -61,7 +62,7 @@ class TrainConfig:
     eval_prompts: int = 8  # held-out dev prompts
     eval_max_new_tokens: int = 128
     eval_every: int = 500  # steps; 0: only before and after training
-    eval_width: int = 8
+    eval_width: int = DEFAULT_WIDTH
     eval_sets: tuple[str, ...] = ("coding", "chat")  # built-in sets, evaluated at the largest budget
     # time and export
     time_budget_min: float | None = None

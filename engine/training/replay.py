@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ...kernels import accum_tree
 from ..draft_head import DraftHead
-from ..params import MAX_WIDTH
+from ..params import DEFAULT_WIDTH, MAX_WIDTH
 from ..tree import static_tree_size
 from .batch_decode import BatchDecoder
 from .forward import block_attention_mask, block_ids, context_len, head_forward
@@ -34,7 +34,7 @@ from .target import target_features
 @dataclass(frozen=True)
 class TreeSetting:
     budget: int
-    width: int = 8
+    width: int = DEFAULT_WIDTH
     temperature: float = 1.0  # the tree is built from softmax(logits / T): < 1 deeper, > 1 bushier
 
 

@@ -164,7 +164,7 @@ async def test_budget_depth_width_algo_changes():
         await pilot.pause()
         assert app.settings.budget == 48
         assert app.settings.depth == 14
-        assert app.settings.width == 6
+        assert app.settings.width == 24  # a step down from the default 32
         assert app.settings.tree_algo == "chain"
         # typed numbers
         await pilot.press("ctrl+b")
@@ -209,7 +209,7 @@ async def test_live_changes_reach_the_answer_in_progress():
         assert min(sizes[:start]) > 8 and max(sizes[start:off]) <= 8 and set(sizes[off:]) == {1}
         msg = answers(app)[-1]
         role = str(msg.query_one(".role").content)
-        assert f"→ budget 8 · depth full · width 8 · accum_logp (from round {start + 1})" in role
+        assert f"→ budget 8 · depth full · width 32 · accum_logp (from round {start + 1})" in role
         assert f"→ AR (from round {off + 1})" in role
         assert "τ" in str(msg.query_one(".meta").content)  # partly speculative: still has a tau
         assert app.baseline is None  # not a plain AR answer

@@ -387,7 +387,7 @@ def test_trace_live_changes_and_authoritative_result_text():
     assert trace.result.finish_reason == "cancelled"
     assert streamed == trace.text == trace.result.text  # the held-back tail arrived with the result
     assert trace.params_at(1).spec.budget == 64 and trace.params_at(2).spec.budget == 8
-    assert trace.label.endswith("→ budget 8 · depth full · width 8 · accum_logp (from round 3)")
+    assert trace.label.endswith("→ budget 8 · depth full · width 32 · accum_logp (from round 3)")
     assert compute_stats(trace).label.startswith("budget 8")
     trace.add_spec_change(len(trace.rounds), SpecParams(budget=4))  # asked during the last round
     assert "budget 4" not in trace.label  # never took effect
