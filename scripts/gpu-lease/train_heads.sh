@@ -36,7 +36,7 @@
 #                         contexts they do not cover; DATA_MINUTES 0 skips it). They may come from
 #                         other PROMPTS flags (another --seed): old and new answers then train together.
 #   evaluate NAME KEY HEAD [WIDTH]  τ of a head folder in /root/stage on the dev prompts and eval sets (tree
-#                         width WIDTH, default 8), in the background
+#                         width WIDTH, default 32, the engine's), in the background
 #   compare KEY STEPS "A" "B"  two head shapes from scratch on the same (built-in) data and steps
 # KEY: q15 (qwen2.5-coder-1.5b) or q05 (qwen2.5-coder-0.5b).
 set -uo pipefail
@@ -71,14 +71,17 @@ declare -A HEAD=(
 # Session 14: half of the built-in half (35,000) are the target's own proposals, made and answered
 # first by the data stage on the GPU (the prepare here leaves them out): single-turn asks in users'
 # words, like the eval sets, and new to every head so far.
-PROMPTS="--prompt-source mixed --num-prompts 140000 --seed 5 --self-prompts 0.5 --max-prompt-tokens 1024 --eval-prompts 8"
+# Session 15: 0.9 of it (63,000; ~6 minutes to propose). The proposal requests are a seeded
+# sequence, so the first 35,000 repeat session 14's asks; the rest are new.
+PROMPTS="--prompt-source mixed --num-prompts 140000 --seed 5 --self-prompts 0.9 --max-prompt-tokens 1024 --eval-prompts 8"
 DATA="--max-new-tokens 256 --gen-batch-size 512 --temperature 0"
 # Continue the shipped head, grown: its recipe (block 16, 16 x 128 blocks a step, depth decay 8)
 # at the peak lr LR (launch's fifth argument; 4e-4, the gentler lr of the earlier --init runs, by
 # default); int8 export. The time budget ends it. Session 13: 4e-4 over answers the head had mostly
 # seen already lost τ, so a head continued on old answers may want less.
 FIT="--block-size 16 --batch-size 16 --anchors-per-seq 128 --epochs 2 --eval-every 0 --export-dtype int8"
-EVAL="--eval-budgets 16,32,64,128,256 --eval-sets coding,chat --eval-width 8 --eval-max-new-tokens 128"
+# At the engine's default width (32 since session 15; sessions up to 14 measured width 8).
+EVAL="--eval-budgets 16,32,64,128,256 --eval-sets coding,chat --eval-max-new-tokens 128"
 
 # /root/models/KEY.gguf from the staged parts (once), checked against its sha256; prints the path.
 assemble() {
@@ -289,7 +292,7 @@ run-data)  # (started by answer, in the background) run-data KEY GGUF MINUTES
   data_stage "$@"; echo "exit $?"; touch $RUNS/${1:?key}/DONE
   ;;
 evaluate)  # evaluate NAME KEY HEAD [WIDTH]: τ of /root/stage/HEAD on the dev prompts and both eval sets, every budget
-  name=${1:?name} key=${2:?key} head=${3:?head folder in /root/stage} width=${4:-8}
+  name=${1:?name} key=${2:?key} head=${3:?head folder in /root/stage} width=${4:-32}
   gguf=$(assemble $key) || exit 1
   rm -rf $RUNS/$name && mkdir -p $RUNS/$name && cp -r $STAGE/$head $RUNS/$name/head
   cd $APP || exit 1
