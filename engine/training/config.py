@@ -36,6 +36,7 @@ class TrainConfig:
     prompt_source: str = "builtin"  # "builtin" (offline generators), "sharegpt" (the train extra) or "mixed" (half each)
     num_prompts: int = 4000
     self_prompts: float = 0.15  # share of built-in training prompts the target proposes itself
+    proposal_seed: int | None = None  # the proposals' asks and sampling; None: `seed` (which also picks the dev prompts)
     max_new_tokens: int = 256
     max_prompt_tokens: int = 1024
     temperature: float = 0.0
@@ -68,6 +69,11 @@ class TrainConfig:
     time_budget_min: float | None = None
     export_dtype: str = "bfloat16"  # or float32, or int8 (per-channel int8 weights, bf16 norms)
     progress: bool = True
+
+    @property
+    def proposals_seed(self) -> int:
+        """The seed of the target's proposals: --proposal-seed, else --seed."""
+        return self.seed if self.proposal_seed is None else self.proposal_seed
 
     def validate(self) -> None:
         if self.stage not in STAGES:

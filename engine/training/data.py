@@ -59,7 +59,7 @@ def prepare_prompts(cfg: TrainConfig, log: LogFn, ws: "Workspace | None" = None)
         atomic_write(meta, json.dumps(key) + "\n")
     if evaluating or not n_self:
         return train, dev
-    proposed = read_proposals(cfg.out, n_self, cfg.seed)
+    proposed = read_proposals(cfg.out, n_self, cfg.proposals_seed)
     if proposed is None and ws is not None:
         proposed = make_proposals(ws, cfg, n_self, P.proposal_examples(train),
                                   set(map(P.prompt_key, train)) | set(dev) | held_out_sets(), log)
@@ -148,10 +148,10 @@ def make_proposals(ws: "Workspace", cfg: TrainConfig, n: int, examples: tuple[st
     `propose_requests` (from the templates and the real user messages `examples`; sampled at
     temperature 0.8 with our batched decoder) and `collect_proposals` keeps the usable ones. Twice
     as many requests as needed are made, since some answers are rejected or repeat."""
-    requests = P.propose_requests(2 * n, cfg.seed, examples)
+    requests = P.propose_requests(2 * n, cfg.proposals_seed, examples)
     ids = [ws.prompt_ids(r) for r in requests]
     bs = gen_batch_size(ws, cfg, len(ids))
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.proposals_seed)
     decoder = BatchDecoder(ws.engine.target, bs, max(len(i) for i in ids), 96, ws.engine.stop_token_ids,
                            ws.pad_id, temperature=0.8)
     stops = ws.engine.stop_token_ids
@@ -169,7 +169,7 @@ def make_proposals(ws: "Workspace", cfg: TrainConfig, n: int, examples: tuple[st
     log(f"the target proposed {len(kept)} prompts ({asked} asked, {time.perf_counter() - t0:.0f} s)")
     cfg.out.mkdir(parents=True, exist_ok=True)
     atomic_write(cfg.out / "proposals.jsonl", "".join(json.dumps({"prompt": q}) + "\n" for q in kept))
-    atomic_write(cfg.out / "proposals.meta.json", json.dumps({"n": n, "seed": cfg.seed}) + "\n")
+    atomic_write(cfg.out / "proposals.meta.json", json.dumps({"n": n, "seed": cfg.proposals_seed}) + "\n")
     return kept
 
 

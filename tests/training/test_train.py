@@ -754,3 +754,33 @@ def test_mixed_source_proposals_are_made_by_the_data_stage_and_answered_first(tm
     generate_data(ws, cfg, train_p, None, quiet, first=frozenset(proposed))
     first_shard = torch.load(tmp_path / "data" / "shard-00000.pt", weights_only=True)
     assert set(first_shard["prompt_sha"]) == {D.prompt_sha(q) for q in proposed}
+
+
+def test_a_new_proposal_seed_asks_again_and_keeps_the_other_prompts(tmp_path, monkeypatch):
+    """--proposal-seed: new proposals (asked with that seed, recorded in proposals.meta.json), while
+    prompts.jsonl (ShareGPT and built-in contexts, dev prompts) stays as --seed made it."""
+    import contextlib
+    import io
+
+    from jetspec_chat.engine.training import data as D
+    from jetspec_chat.engine.training import prompts as P
+    from jetspec_chat.engine.training import sharegpt as S
+
+    convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i} about {w}?"},
+                                              {"from": "gpt", "value": "An answer."}]} for i, w in enumerate(WORDS)]
+    monkeypatch.setattr(S, "open_sharegpt", lambda: contextlib.nullcontext(io.StringIO(json.dumps(convs))))
+    asked_with = []
+    real_requests = P.propose_requests
+    monkeypatch.setattr(P, "propose_requests", lambda n, seed, examples: asked_with.append(seed) or real_requests(n, seed, examples))
+    monkeypatch.setattr(D, "collect_proposals", lambda texts, n, exclude: [f"Proposal {len(asked_with)}.{i}?" for i in range(n)])
+    ws = workspace()
+    common = dict(stage="data", prompt_source="mixed", num_prompts=16, self_prompts=0.5, gen_batch_size=4, seed=3)
+    first, dev = prepare_prompts(tiny_cfg(tmp_path, **common), quiet, ws)
+    prompts_file = (tmp_path / "prompts.jsonl").read_text()
+    again, dev_again = prepare_prompts(tiny_cfg(tmp_path, proposal_seed=9, **common), quiet, ws)
+    assert asked_with == [3, 9]
+    assert json.loads((tmp_path / "proposals.meta.json").read_text()) == {"n": 4, "seed": 9}
+    assert again[-4:] == [f"Proposal 2.{i}?" for i in range(4)] and again[:-4] == first[:-4]
+    assert dev_again == dev and (tmp_path / "prompts.jsonl").read_text() == prompts_file
+    # the same seed again reads them back
+    assert prepare_prompts(tiny_cfg(tmp_path, proposal_seed=9, **common), quiet, ws)[0] == again and asked_with == [3, 9]
