@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from .launch import launch_args, wait_for_previous
+
 try:  # triton is optional: CPU-only installs use the torch reference.
     import triton
     import triton.language as tl
@@ -60,8 +62,9 @@ if triton is not None:
     @triton.jit
     def _distill_rows_kernel(
         Z, T, ROWS, W, LOSS, AGREE, V, stride_z, stride_t,
-        IS_KL: tl.constexpr, BLOCK: tl.constexpr,
+        IS_KL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
     ):
+        wait_for_previous(PDL)
         r = tl.program_id(0)
         z_row = Z + r.to(tl.int64) * stride_z
         t_row = T + tl.load(ROWS + r).to(tl.int64) * stride_t
@@ -149,6 +152,7 @@ def distill_rows_triton(
         _distill_rows_kernel[(r,)](
             logits, teacher, rows.contiguous(), weight.float().contiguous(), loss, agree, v,
             logits.stride(0), teacher.stride(0), IS_KL=kind == "kl", BLOCK=block, num_warps=8,
+            **launch_args(logits.device),
         )
     return loss, agree.bool()
 

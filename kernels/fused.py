@@ -32,10 +32,9 @@ on shapes only, so they can be captured in CUDA graphs.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .launch import interpreting, launch_args, wait_for_previous
 from .matmul import Partials
 from .reference import add_rms_norm_ref, qk_norm_rope_ref, qkv_rope_write_ref, rms_norm_ref, silu_mul_ref
 
@@ -54,9 +53,6 @@ MAX_SINGLE_BLOCK = 8192
 CHUNK_LOOP = 4096
 SILU_BLOCK = 1024
 
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 # ----------------------------------------------------------------------------- triton kernels
@@ -95,11 +91,12 @@ if triton is not None:
         X, R, B, W, Y, H, n_rows, n_cols, inv_n, eps,
         stride_x, stride_r, stride_y, stride_h,
         HAS_RES: tl.constexpr, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr,
-        BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+        BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, PDL: tl.constexpr,
     ):
         """One row per program. HAS_RES: h = x + r is written to H and normalised. GROUPS > 0:
         x is summed from a split linear's group sums as it loads (`_load_input`); the code after
         the load is the same, so the result is that of the linear's own output."""
+        wait_for_previous(PDL)
         DT: tl.constexpr = H.dtype.element_ty  # x's dtype (the wrapper passes X as H without a residual)
         row = tl.program_id(0).to(tl.int64)
         row_x = row * stride_x
@@ -144,8 +141,9 @@ if triton is not None:
     @triton.jit
     def _silu_mul_kernel(
         G, U, O, n_cols, stride_g, stride_u, stride_o,
-        BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
+        BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
     ):
+        wait_for_previous(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -207,12 +205,13 @@ if triton is not None:
         n_rows, n_cols, n_q, inv_d, eps,
         stride_qkv, stride_qot, stride_qoh, stride_ps, stride_ph, stride_ct, stride_st,
         GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
-        HALF: tl.constexpr,
+        HALF: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (T, n_q + n_kv): one head of token t's qkv row [q heads | k heads | v heads] per
         program (`_load_input`: the linear's output, or its group sums added here). A q head is
         normed, RoPE'd and stored to QO; program n_q + j takes k head j (normed, RoPE'd) and v
         head j and stores both at physical slot SLOTS[t] of the pools (write_kv's stores)."""
+        wait_for_previous(PDL)
         dt = C.dtype.element_ty
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
@@ -244,9 +243,10 @@ if triton is not None:
         Q, K, QO, KO, QW, KW, C, S, n_q, n_k, q_blocks, inv_d, eps,
         stride_qt, stride_qh, stride_kt, stride_kh,
         stride_qot, stride_qoh, stride_kot, stride_koh, stride_ct, stride_st,
-        HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr,
+        HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (T, q head blocks + k head blocks)."""
+        wait_for_previous(PDL)
         t = tl.program_id(0).to(tl.int64)
         hb = tl.program_id(1)
         if hb < q_blocks:
@@ -308,7 +308,7 @@ def _rms_norm_launch(x, residual, weight, eps, block):
             x2, r2, bias if bias is not None else weight, weight, y, h, rows, n, 1.0 / n, eps,
             x2.stride(-2), r2.stride(0), y.stride(0), h.stride(-2),
             HAS_RES=residual is not None, GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=block, NUM_CHUNKS=chunks,
-            num_warps=warps, enable_fp_fusion=False,
+            num_warps=warps, enable_fp_fusion=False, **launch_args(x2.device),
         )
     y = y.view(shape)
     return y if residual is None else (y, h.view(shape))
@@ -343,8 +343,9 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor, *, block: int = SILU_B
         block = min(block, triton.next_power_of_2(n))
         _silu_mul_kernel[(rows, triton.cdiv(n, block))](
             g2, u2, out, n, g2.stride(0), u2.stride(0), out.stride(0),
-            BLOCK=block, USE_LIBDEVICE=gate.is_cuda and not _interpreting(),
+            BLOCK=block, USE_LIBDEVICE=gate.is_cuda and not interpreting(),
             num_warps=max(1, min(4, block // 256)), enable_fp_fusion=False,
+            **launch_args(gate.device),
         )
     return out.view(shape)
 
@@ -415,6 +416,7 @@ def qk_norm_rope_triton(
         qqo.stride(0), qqo.stride(1), kko.stride(0), kko.stride(1), sc, ss,
         HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None,
         HEADS=heads, HALF=d // 2, num_warps=max(1, min(4, heads * d // 256)), enable_fp_fusion=False,
+        **launch_args(ref.device),
     )
     return qo, ko
 
@@ -464,6 +466,7 @@ def qkv_rope_write_triton(
         GROUPS=groups, HAS_BIAS=bias is not None, HAS_QNORM=q_norm_weight is not None,
         HAS_KNORM=k_norm_weight is not None, HALF=d // 2,
         num_warps=max(1, min(4, d // 256)), enable_fp_fusion=False,  # qk_norm_rope's, one head a program
+        **launch_args(x.device),
     )
     return q
 

@@ -41,10 +41,11 @@ CUDA-graph safe: no host syncs; the grids and the partial buffer depend on shape
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
+
+from .launch import interpreting, launch_args, wait_for_previous
 
 try:  # triton is optional: CPU-only installs use F.linear.
     import triton
@@ -119,9 +120,6 @@ class LinearConfig:
         """Groups actually launched: `groups` rounded so that no group is empty."""
         return _cdiv(_cdiv(k, self.block_k), self.group_blocks(k))
 
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -204,10 +202,11 @@ if triton is not None:
     def _linear_kernel(
         X, W, B, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, group_blocks, k_blocks,
         UPCAST: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (M tiles, N tiles[, groups]). M tiles vary fastest, so the programs that share a
         weight tile (and K group) run together and it is read from HBM once."""
+        wait_for_previous(PDL)
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -263,9 +262,11 @@ if triton is not None:
             tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["M"])
-    def _sum_groups_kernel(P, B, Y, M, N, stride_ym, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    def _sum_groups_kernel(P, B, Y, M, N, stride_ym, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+                           PDL: tl.constexpr):
         """grid (M, N blocks): y = (0 + p_0 + p_1 + ... + p_{G-1}) (+ bias), cast; in group order.
         Unrolled (GROUPS constexpr) so that all the loads are issued before the adds."""
+        wait_for_previous(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < N
@@ -385,6 +386,7 @@ def _launch(x, weight, bias, out, *, config, split, block_m) -> None:
         _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
             partials, b, out, m, n, out.stride(0),
             GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
+            **launch_args(out.device),
         )
 
 
@@ -403,9 +405,10 @@ def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m) -> N
     _linear_kernel[grid](
         x, weight, b, out, partials, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         config.group_blocks(k), _cdiv(k, config.block_k),
-        UPCAST=_interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
+        UPCAST=interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
+        **launch_args(x.device),
     )
 
 

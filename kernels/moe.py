@@ -70,7 +70,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .fused import _interpreting
+from .launch import interpreting, launch_args, wait_for_previous
 from .matmul import linear_partials, linear_triton
 from .reference import moe_block_ref
 
@@ -247,11 +247,12 @@ if triton is not None:
     def _route_kernel(
         LOGITS, IDS, W, COUNTS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, ROW_OF, n_tokens, n_experts, n_blocks, stride_l,
         TOP_K: tl.constexpr, NORM: tl.constexpr, GROUPS: tl.constexpr, RT: tl.constexpr, BLOCK_E: tl.constexpr,
-        BLOCK_TOP: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, PLACE: tl.constexpr,
+        BLOCK_TOP: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, PLACE: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (ceil(T / RT),): route RT tokens (from logits, or from the router's K-group sums:
         _logits_tile). PLACE (a single program holds every token): also lay out the blocks and
         rows. Else store this tile's counts per expert, COUNTS[p, E], for _place_kernel."""
+        wait_for_previous(PDL)
         p = tl.program_id(0)
         sel = _route_tile(LOGITS, IDS, W, p * RT, n_tokens, n_experts, stride_l, TOP_K, NORM, GROUPS, RT, BLOCK_E, BLOCK_TOP)
         counts = tl.sum((sel > 0).to(tl.int32), 0)
@@ -268,11 +269,12 @@ if triton is not None:
     def _place_kernel(
         IDS, COUNTS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, ROW_OF, n_tokens, n_experts, n_blocks, blocks_per_program,
         TOP_K: tl.constexpr, RT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOP: tl.constexpr,
-        BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, COUNT_CHUNK: tl.constexpr,
+        BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, COUNT_CHUNK: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (ceil(T / RT),), after _route_kernel: program p sums the tiles' counts (each
         expert's rows, and its rows in tiles before p), places tile p's assignments and writes
         its share of the block table."""
+        wait_for_previous(PDL)
         p = tl.program_id(0)
         n_tiles = tl.num_programs(0)
         e = tl.arange(0, BLOCK_E)
@@ -314,8 +316,10 @@ if triton is not None:
         X, WGU, INTER, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, hidden, inter_size,
         stride_x, stride_we, stride_wn, stride_i,
         TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """grid (blocks, I / BLOCK_N): INTER[row] = silu(x[token] @ gate.T) * (x[token] @ up.T)."""
+        wait_for_previous(PDL)
         blk = tl.program_id(0)
         rows = tl.load(BLOCK_ROWS + blk)
         if rows > 0:
@@ -355,9 +359,10 @@ if triton is not None:
     def _down_kernel(
         INTER, WD, RW, OUT, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, hidden, inter_size,
         stride_i, stride_we, stride_wn, stride_o,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (blocks, H / BLOCK_N): OUT[assignment] = (INTER[row] @ down.T) * weight."""
+        wait_for_previous(PDL)
         blk = tl.program_id(0)
         rows = tl.load(BLOCK_ROWS + blk)
         if rows > 0:
@@ -385,7 +390,7 @@ if triton is not None:
     def _down_combine_kernel(
         INTER, WD, RW, IDS, ROW_OF, OUT, hidden, inter_size, stride_i, stride_we, stride_wn, stride_o,
         TOP_K: tl.constexpr, BLOCK_TOP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+        BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (T, H / BLOCK_N), for few tokens: _down_kernel then _combine_kernel for token t's
         BLOCK_N hidden columns, in one program. One tl.dot per K step covers all k slots: row j
@@ -393,6 +398,7 @@ if triton is not None:
         expert's down rows, and slot j's result is the diagonal block (row j, its own columns),
         the same MMA steps on the same operands as the grouped tile. The other (row, column)
         pairs are wasted MMA work (free: the k experts' weights are streamed once either way)."""
+        wait_for_previous(PDL)
         t = tl.program_id(0)
         m = tl.arange(0, BLOCK_M)
         m_ok = m < TOP_K  # row j <- slot j
@@ -428,9 +434,10 @@ if triton is not None:
         tl.store(OUT + t.to(tl.int64) * stride_o + h, total.to(dt), mask=h < hidden)
 
     @triton.jit
-    def _combine_kernel(PER_SLOT, OUT, hidden, stride_o, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    def _combine_kernel(PER_SLOT, OUT, hidden, stride_o, TOP_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """grid (T, H / BLOCK): out[t] = per_slot rows t*k .. t*k+k-1 added in slot order in fp32
         (from zero), rounded once."""
+        wait_for_previous(PDL)
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = h < hidden
@@ -491,11 +498,12 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dty
     _route_kernel[(tiles,)](
         logits, ids, weights, counts, block_expert, block_rows, row_assign, row_of, t, num_experts, n_blocks,
         logits.stride(-2), NORM=norm_topk_prob, GROUPS=groups, PLACE=tiles == 1, **shape, num_warps=ROUTE_WARPS,
+        **launch_args(dev),
     )
     if tiles > 1:
         _place_kernel[(tiles,)](
             ids, counts, block_expert, block_rows, row_assign, row_of, t, num_experts, n_blocks, triton.cdiv(n_blocks, tiles),
-            COUNT_CHUNK=COUNT_CHUNK, **shape,
+            COUNT_CHUNK=COUNT_CHUNK, **shape, **launch_args(dev),
         )
     return MoeRouting(weights, ids, block_expert, block_rows, row_assign, row_of)
 
@@ -534,8 +542,8 @@ def moe_block_triton(
     # Products in full fp32 (no TF32) for fp32 inputs. Under the interpreter bf16/fp16 operands are
     # upcast first: its low-precision tl.dot returns garbage (triton 3.9), and bf16 x bf16 products
     # are exact in fp32 anyway, so the result is the tensor-core one.
-    upcast = x.dtype == torch.float32 or _interpreting()
-    launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
+    upcast = x.dtype == torch.float32 or interpreting()
+    launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x.device))
     groups = (routing.block_expert, routing.block_rows, routing.row_assign)
     inter = torch.empty(n_blocks * BLOCK_M, inter_size, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(n_blocks, triton.cdiv(inter_size, tile.gate_up_n))](
@@ -549,6 +557,7 @@ def moe_block_triton(
             inter.stride(0), down.stride(0), down.stride(1), out.stride(0),
             TOP_K=top_k, BLOCK_TOP=triton.next_power_of_2(top_k), BLOCK_M=BLOCK_M, BLOCK_N=tile.token_n,
             BLOCK_K=tile.block_k, UPCAST=upcast, num_warps=tile.token_warps, num_stages=tile.token_stages,
+            **launch_args(x.device),
         )
         return out
     per_slot = torch.empty(n_assign, hidden, dtype=x.dtype, device=x.device)
@@ -557,7 +566,9 @@ def moe_block_triton(
         inter.stride(0), down.stride(0), down.stride(1), per_slot.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=tile.down_n, BLOCK_K=tile.block_k, UPCAST=upcast, **launch,
     )
-    _combine_kernel[(t, triton.cdiv(hidden, COMBINE_BLOCK))](per_slot, out, hidden, out.stride(0), TOP_K=top_k, BLOCK=COMBINE_BLOCK)
+    _combine_kernel[(t, triton.cdiv(hidden, COMBINE_BLOCK))](
+        per_slot, out, hidden, out.stride(0), TOP_K=top_k, BLOCK=COMBINE_BLOCK, **launch_args(x.device),
+    )
     return out
 
 

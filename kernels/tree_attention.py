@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import torch
 
+from .launch import launch_args, wait_for_previous
 from .reference import logical_to_slots, paged_tree_attention_ref, write_kv_ref
 
 try:  # triton is optional: CPU-only installs use the torch references.
@@ -147,8 +148,9 @@ if triton is not None:
         stride_vb, stride_vs, stride_vh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
     ):
+        wait_for_previous(PDL)
         pid_m = tl.program_id(0)
         kv = tl.program_id(1)
         pid_s = tl.program_id(2)
@@ -246,10 +248,11 @@ if triton is not None:
     @triton.jit(do_not_specialize=["T"])
     def _merge_splits_kernel(
         OUT_PART, LSE_PART, OUT, PREFIX, COUNT, T, N_HEADS, SPLIT_LEN, stride_ot, stride_oh,
-        HEAD_DIM: tl.constexpr,
+        HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
     ):
         """out[t, h] = sum_s 2^(lse_s - max) * out_s / sum_s 2^(lse_s - max) over the row's own
         splits, folded one by one in split order (a row of one split was written directly)."""
+        wait_for_previous(PDL)
         t = tl.program_id(0)
         h = tl.program_id(1)
         n = tl.cdiv(tl.load(PREFIX).to(tl.int32) + tl.load(COUNT + t), SPLIT_LEN)
@@ -275,9 +278,10 @@ if triton is not None:
     def _write_kv_kernel(
         K_POOL, V_POOL, SLOTS, K, V, N_KV,
         stride_ps, stride_ph, stride_kt, stride_kh, stride_vt, stride_vh,
-        HEAD_DIM: tl.constexpr, KV_PAD: tl.constexpr,
+        HEAD_DIM: tl.constexpr, KV_PAD: tl.constexpr, PDL: tl.constexpr,
     ):
         """Row t of k/v -> physical slot SLOTS[t] of both pools, in one launch."""
+        wait_for_previous(PDL)
         t = tl.program_id(0)
         slot = tl.load(SLOTS + t).to(tl.int64)
         h = tl.arange(0, KV_PAD)
@@ -371,12 +375,12 @@ def paged_tree_attention_triton(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **launch_args(q.device),
     )
     if num_splits > 1:
         _merge_splits_kernel[(t, n_heads)](
             out_part, lse_part, out, prefix, keys.count, t, n_heads, split_len,
-            out.stride(0), out.stride(1), HEAD_DIM=head_dim, num_warps=1,
+            out.stride(0), out.stride(1), HEAD_DIM=head_dim, num_warps=1, **launch_args(q.device),
         )
     return out
 
@@ -420,7 +424,7 @@ def write_kv_triton(
     _write_kv_kernel[(t,)](
         k_pool, v_pool, slots, k, v, n_kv,
         k_pool.stride(1), k_pool.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        HEAD_DIM=head_dim, KV_PAD=triton.next_power_of_2(n_kv), num_warps=1,
+        HEAD_DIM=head_dim, KV_PAD=triton.next_power_of_2(n_kv), num_warps=1, **launch_args(k.device),
     )
 
 

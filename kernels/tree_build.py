@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .launch import launch_args, wait_for_previous
 from .reference import accum_tree_ref
 
 try:  # triton is optional: CPU-only installs use the torch reference.
@@ -55,8 +56,9 @@ if triton is not None:
         TOKENS, PARENTS, DEPTHS, SCORES, ANC,  # [n] int64 x3, [n] fp32, [n, n] uint8
         FRONT, NODE_OF,  # scratch: [D, MP] int64 frontier keys, [D * MP] int32 node of grid entry
         depth, m, n_cand,  # runtime: D, M = n - 1, number of candidates (i+1)(k+1) <= M
-        K: tl.constexpr, MP: tl.constexpr, CP: tl.constexpr, RP: tl.constexpr, FILL: tl.constexpr,
+        K: tl.constexpr, MP: tl.constexpr, CP: tl.constexpr, RP: tl.constexpr, FILL: tl.constexpr, PDL: tl.constexpr,
     ):
+        wait_for_previous(PDL)
         NONE: tl.constexpr = -(2**63)  # below every real key (-inf included)
         n = m + 1
         # Candidate lanes, column by column: column k holds slots 0 .. M // (k+1) - 1.
@@ -167,6 +169,7 @@ def accum_tree_triton(
     _accum_tree_kernel[(1,)](
         top_lp, top_tok, root, tokens, parents, depths, scores, ancestors.view(torch.uint8), front, node_of,
         depth, m, n_cand, K=k, MP=mp, CP=cp, RP=rp, FILL=8192, num_warps=_warps(cp), enable_fp_fusion=False,
+        **launch_args(device),
     )
     return tokens, parents, depths, scores, ancestors
 

@@ -27,9 +27,11 @@ from jetspec_chat.kernels import fused  # noqa: E402
 
 def ttgir(fn, sig: dict, consts: dict, warps: int) -> str:
     aligned = [i for i, (name, kind) in enumerate(sig.items()) if kind.startswith("*") or name.startswith("stride") or name == "n_cols"]
+    consts = consts | {"PDL": True}  # as launched on sm_90 (kernels/launch.py)
     src = ASTSource(fn=fn, signature=sig | {name: "constexpr" for name in consts}, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, enable_fp_fusion=False))
+    options = dict(num_warps=warps, enable_fp_fusion=False, launch_pdl=True)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     return kernel.asm["ttgir"]
 
 

@@ -29,10 +29,11 @@ GEMM_INTS = ("hidden", "inter_size")
 
 
 def compile_kernel(fn, pointers: dict[str, str], ints: tuple[str, ...], consts: dict, warps: int, stages: int) -> dict:
+    consts = consts | {"PDL": True}  # as launched on sm_90 (kernels/launch.py)
     sig = dict(pointers) | {name: "i32" for name in ints} | {name: "constexpr" for name in consts}
     aligned = list(pointers) + list(ints)  # as Triton specialises them at the real shapes (multiples of 16)
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs={(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages, launch_pdl=True))
     return dict(mma=sorted(set(re.findall(r"\bmma\.sync\.aligned\.(\S+?)\s", kernel.asm["ptx"]))),
                 wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)", kernel.asm["ptx"]))),
                 **resource_usage(kernel))

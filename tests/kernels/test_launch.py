@@ -1,0 +1,85 @@
+"""Programmatic dependent launch (kernels/launch.py): when it is on, that every kernel follows its
+rule, and that on sm_90 it adds the grid dependency instructions and nothing else."""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from jetspec_chat.kernels import launch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sm90 import run_compile_script  # noqa: E402
+
+KERNELS = Path(launch.__file__).parent
+
+
+def test_pdl_is_on_only_for_compiled_kernels_on_sm90_and_newer(monkeypatch):
+    assert launch.launch_args(torch.device("cpu")) == dict(PDL=False, launch_pdl=False)
+    capability = {"value": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability["value"])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    launch._device_has_pdl.cache_clear()
+    try:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert not launch.pdl_enabled(torch.device("cuda", 0)), "the interpreter has no griddepcontrol"
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        assert launch.launch_args(torch.device("cuda")) == dict(PDL=launch.HAVE_GDC, launch_pdl=launch.HAVE_GDC)
+        launch._device_has_pdl.cache_clear()
+        capability["value"] = (8, 0)
+        assert not launch.pdl_enabled(torch.device("cuda", 0)), "an A100 has no PDL"
+    finally:
+        launch._device_has_pdl.cache_clear()
+
+
+def _is_jit(decorator: ast.expr) -> bool:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return isinstance(target, ast.Attribute) and target.attr == "jit"
+
+
+def test_every_kernel_waits_first_and_every_launch_passes_launch_args():
+    """A kernel launched with PDL that touched memory before gdc_wait could read a result its
+    predecessor has not written yet: so every kernel's first statement is the wait, and every
+    launch decides PDL the same way."""
+    kernels, launches = [], []
+    for path in sorted(KERNELS.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(map(_is_jit, node.decorator_list)):
+                kernels.append(f"{path.name}:{node.name}")
+                assert node.args.args[-1].arg == "PDL", f"{node.name}: PDL must be its last parameter"
+                body = node.body[1:] if isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) else node.body
+                first = body[0]
+                # a constexpr alias (DT: tl.constexpr = ...) touches no memory and may come first
+                while isinstance(first, ast.AnnAssign):
+                    body = body[1:]
+                    first = body[0]
+                assert ast.unparse(first) == "wait_for_previous(PDL)", f"{node.name} starts with {ast.unparse(first)!r}"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+                name = ast.unparse(node.func.value)
+                if name.endswith("_kernel"):
+                    launches.append(name)
+                    splats = [ast.unparse(k.value) for k in node.keywords if k.arg is None]
+                    assert any(s.startswith("launch_args(") for s in splats) or "launch" in splats, (
+                        f"{path.name}: {name} launched without launch_args")
+    assert len(kernels) >= 17 and len(launches) >= 17, (kernels, launches)
+    assert {k.split(":")[1] for k in kernels} == set(launches)
+
+
+def test_sm90_pdl_only_adds_the_grid_dependency_instructions():
+    """Compiled for sm_90 with PDL, each of the forward's kernels is the same Triton GPU program and
+    the same PTX instructions plus `griddepcontrol.wait` and `.launch_dependents`, the wait before
+    any global memory access. So the arithmetic (the bits) cannot change, only when a grid starts."""
+    out = run_compile_script("sm90_pdl_compile.py", [])
+    assert len(out) == 10
+    for kernel in out:
+        name = kernel["kernel"]
+        assert kernel["gdc"] == ["griddepcontrol.wait", "griddepcontrol.launch_dependents"], name
+        assert kernel["plain_gdc"] == 0 and kernel["wait_first"] and kernel["same_ir"], kernel
+        assert kernel["added"] == ["griddepcontrol.launch_dependents", "griddepcontrol.wait"], kernel
+        assert kernel["removed"] == [], kernel
