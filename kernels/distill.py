@@ -152,7 +152,7 @@ def distill_rows_triton(
         _distill_rows_kernel[(r,)](
             logits, teacher, rows.contiguous(), weight.float().contiguous(), loss, agree, v,
             logits.stride(0), teacher.stride(0), IS_KL=kind == "kl", BLOCK=block, num_warps=8,
-            **launch_args(logits.device),
+            **launch_args(logits.device, r),
         )
     return loss, agree.bool()
 

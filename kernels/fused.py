@@ -308,7 +308,7 @@ def _rms_norm_launch(x, residual, weight, eps, block):
             x2, r2, bias if bias is not None else weight, weight, y, h, rows, n, 1.0 / n, eps,
             x2.stride(-2), r2.stride(0), y.stride(0), h.stride(-2),
             HAS_RES=residual is not None, GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=block, NUM_CHUNKS=chunks,
-            num_warps=warps, enable_fp_fusion=False, **launch_args(x2.device),
+            num_warps=warps, enable_fp_fusion=False, **launch_args(x2.device, rows),
         )
     y = y.view(shape)
     return y if residual is None else (y, h.view(shape))
@@ -345,7 +345,7 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor, *, block: int = SILU_B
             g2, u2, out, n, g2.stride(0), u2.stride(0), out.stride(0),
             BLOCK=block, USE_LIBDEVICE=gate.is_cuda and not interpreting(),
             num_warps=max(1, min(4, block // 256)), enable_fp_fusion=False,
-            **launch_args(gate.device),
+            **launch_args(gate.device, rows),
         )
     return out.view(shape)
 
@@ -416,7 +416,7 @@ def qk_norm_rope_triton(
         qqo.stride(0), qqo.stride(1), kko.stride(0), kko.stride(1), sc, ss,
         HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None,
         HEADS=heads, HALF=d // 2, num_warps=max(1, min(4, heads * d // 256)), enable_fp_fusion=False,
-        **launch_args(ref.device),
+        **launch_args(ref.device, t),
     )
     return qo, ko
 
@@ -466,7 +466,7 @@ def qkv_rope_write_triton(
         GROUPS=groups, HAS_BIAS=bias is not None, HAS_QNORM=q_norm_weight is not None,
         HAS_KNORM=k_norm_weight is not None, HALF=d // 2,
         num_warps=max(1, min(4, d // 256)), enable_fp_fusion=False,  # qk_norm_rope's, one head a program
-        **launch_args(x.device),
+        **launch_args(x.device, t),
     )
     return q
 

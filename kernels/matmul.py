@@ -386,7 +386,7 @@ def _launch(x, weight, bias, out, *, config, split, block_m) -> None:
         _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
             partials, b, out, m, n, out.stride(0),
             GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
-            **launch_args(out.device),
+            **launch_args(out.device, m),
         )
 
 
@@ -408,7 +408,7 @@ def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m) -> N
         UPCAST=interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
-        **launch_args(x.device),
+        **launch_args(x.device, m),
     )
 
 

@@ -498,12 +498,12 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dty
     _route_kernel[(tiles,)](
         logits, ids, weights, counts, block_expert, block_rows, row_assign, row_of, t, num_experts, n_blocks,
         logits.stride(-2), NORM=norm_topk_prob, GROUPS=groups, PLACE=tiles == 1, **shape, num_warps=ROUTE_WARPS,
-        **launch_args(dev),
+        **launch_args(dev, t),
     )
     if tiles > 1:
         _place_kernel[(tiles,)](
             ids, counts, block_expert, block_rows, row_assign, row_of, t, num_experts, n_blocks, triton.cdiv(n_blocks, tiles),
-            COUNT_CHUNK=COUNT_CHUNK, **shape, **launch_args(dev),
+            COUNT_CHUNK=COUNT_CHUNK, **shape, **launch_args(dev, t),
         )
     return MoeRouting(weights, ids, block_expert, block_rows, row_assign, row_of)
 
@@ -543,7 +543,7 @@ def moe_block_triton(
     # upcast first: its low-precision tl.dot returns garbage (triton 3.9), and bf16 x bf16 products
     # are exact in fp32 anyway, so the result is the tensor-core one.
     upcast = x.dtype == torch.float32 or interpreting()
-    launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x.device))
+    launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x.device, t))
     groups = (routing.block_expert, routing.block_rows, routing.row_assign)
     inter = torch.empty(n_blocks * BLOCK_M, inter_size, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(n_blocks, triton.cdiv(inter_size, tile.gate_up_n))](
@@ -557,7 +557,7 @@ def moe_block_triton(
             inter.stride(0), down.stride(0), down.stride(1), out.stride(0),
             TOP_K=top_k, BLOCK_TOP=triton.next_power_of_2(top_k), BLOCK_M=BLOCK_M, BLOCK_N=tile.token_n,
             BLOCK_K=tile.block_k, UPCAST=upcast, num_warps=tile.token_warps, num_stages=tile.token_stages,
-            **launch_args(x.device),
+            **launch_args(x.device, t),
         )
         return out
     per_slot = torch.empty(n_assign, hidden, dtype=x.dtype, device=x.device)
@@ -567,7 +567,7 @@ def moe_block_triton(
         BLOCK_M=BLOCK_M, BLOCK_N=tile.down_n, BLOCK_K=tile.block_k, UPCAST=upcast, **launch,
     )
     _combine_kernel[(t, triton.cdiv(hidden, COMBINE_BLOCK))](
-        per_slot, out, hidden, out.stride(0), TOP_K=top_k, BLOCK=COMBINE_BLOCK, **launch_args(x.device),
+        per_slot, out, hidden, out.stride(0), TOP_K=top_k, BLOCK=COMBINE_BLOCK, **launch_args(x.device, t),
     )
     return out
 

@@ -375,12 +375,12 @@ def paged_tree_attention_triton(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **launch_args(q.device),
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **launch_args(q.device, t),
     )
     if num_splits > 1:
         _merge_splits_kernel[(t, n_heads)](
             out_part, lse_part, out, prefix, keys.count, t, n_heads, split_len,
-            out.stride(0), out.stride(1), HEAD_DIM=head_dim, num_warps=1, **launch_args(q.device),
+            out.stride(0), out.stride(1), HEAD_DIM=head_dim, num_warps=1, **launch_args(q.device, t),
         )
     return out
 
@@ -424,7 +424,7 @@ def write_kv_triton(
     _write_kv_kernel[(t,)](
         k_pool, v_pool, slots, k, v, n_kv,
         k_pool.stride(1), k_pool.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        HEAD_DIM=head_dim, KV_PAD=triton.next_power_of_2(n_kv), num_warps=1, **launch_args(k.device),
+        HEAD_DIM=head_dim, KV_PAD=triton.next_power_of_2(n_kv), num_warps=1, **launch_args(k.device, t),
     )
 
 

@@ -169,7 +169,7 @@ def accum_tree_triton(
     _accum_tree_kernel[(1,)](
         top_lp, top_tok, root, tokens, parents, depths, scores, ancestors.view(torch.uint8), front, node_of,
         depth, m, n_cand, K=k, MP=mp, CP=cp, RP=rp, FILL=8192, num_warps=_warps(cp), enable_fp_fusion=False,
-        **launch_args(device),
+        **launch_args(device, 1),
     )
     return tokens, parents, depths, scores, ancestors
 

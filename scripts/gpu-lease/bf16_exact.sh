@@ -12,6 +12,9 @@
 #           train_heads.sh stage (carry .stage/c-q15-NN, .stage/c-hq15-N) x 20
 #           bf16_exact.sh ab OLD ; bf16_exact.sh sweep builtin ; bf16_exact.sh sweep heldout ; bf16_exact.sh moe
 #           (bf16_exact.sh moe-tune: the MoE tile sweep, no staging; setup carrying .whl is enough)
+# No staging at all for the bundled shapes (random weights): here
+#           mkdir -p .stage/old-OLD && git archive OLD | tar -x -C .stage/old-OLD --exclude='engine/models/heads'
+#   device: train_heads.sh setup (carry .whl .stage/old-OLD); bf16_exact.sh shapes-ab OLD 1.5b (then 8b, moe)
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site JETSPEC_CHAT_CACHE=/root/cache
@@ -42,6 +45,17 @@ ab)  # whole-engine A/B against revision OLD in one run (engine_ab.py): the real
     --dtype bfloat16 --contexts 512 --tree-sizes 1,16,64,128 2>&1 | tail -25
   timeout 300 python3 scripts/gpu-lease/engine_ab.py $old --out $OUT/ab-8b -- random:Qwen/Qwen3-8B --draft-head random:5 \
     --contexts 512 --tree-sizes 1,16,64,128 2>&1 | tail -25
+  ;;
+shapes-ab)  # whole-engine A/B against OLD on a bundled shape (random weights, no staging): 1.5b, 8b or moe
+  old=${1:?old revision} which=${2:?1.5b, 8b or moe}
+  case $which in
+  1.5b) args="random:Qwen/Qwen2.5-Coder-1.5B-Instruct --draft-head random --tree-sizes 1,16,32,64,128 --round-budget 64" rounds=2 ;;
+  8b)   args="random:Qwen/Qwen3-8B --draft-head random:5 --tree-sizes 1,16,64,128" rounds=2 ;;
+  moe)  args="random:Qwen/Qwen3-30B-A3B --draft-head random:5 --tree-sizes 1,16,64,128,256" rounds=1 ;;
+  *) echo "shapes-ab: 1.5b, 8b or moe" >&2; exit 2 ;;
+  esac
+  timeout 560 python3 scripts/gpu-lease/engine_ab.py $old --rounds $rounds --old-src $STAGE/old-$old \
+    --out $OUT/ab-$which -- $args --contexts 512 2>&1 | tail -30
   ;;
 moe)  # Qwen3-30B-A3B shapes (random weights, random 5-layer head): steps, verifies vs their expert bytes, rounds
   timeout 400 python3 -m jetspec_chat bench random:Qwen/Qwen3-30B-A3B --draft-head random:5 --engine-only \

@@ -50,7 +50,7 @@ def instructions(ptx: str) -> collections.Counter:
     for line in ptx.splitlines():
         line = re.sub(r"^@!?%p\d+\s+", "", line.strip())
         if line and not line.startswith(("//", ".", "$", "{", "}", ")", "(")):
-            ops[line.split()[0]] += 1
+            ops[line.split()[0].rstrip(";")] += 1
     return ops
 
 
@@ -58,7 +58,7 @@ def compare(name: str, fn, sig: dict[str, str], consts: dict, warps: int, stages
     plain = build(fn, sig, consts, warps, stages, False)
     with_pdl = build(fn, sig, consts, warps, stages, True)
     lines = with_pdl["ptx"].splitlines()
-    gdc = [line.strip().rstrip(" ;") for line in lines if GDC in line]
+    gdc = [line.split(";")[0].strip() for line in lines if GDC in line]  # triton 3.6 adds "; // dummy %rN"
     first_wait = next((i for i, line in enumerate(lines) if f"{GDC}.wait" in line), len(lines))
     first_access = next((i for i, line in enumerate(lines) if MEMORY.match(line)), len(lines))
     added = instructions(with_pdl["ptx"]) - instructions(plain["ptx"])

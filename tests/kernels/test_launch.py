@@ -20,7 +20,7 @@ KERNELS = Path(launch.__file__).parent
 
 
 def test_pdl_is_on_only_for_compiled_kernels_on_sm90_and_newer(monkeypatch):
-    assert launch.launch_args(torch.device("cpu")) == dict(PDL=False, launch_pdl=False)
+    assert launch.launch_args(torch.device("cpu"), 1) == dict(PDL=False, launch_pdl=False)
     capability = {"value": (9, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability["value"])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -29,7 +29,11 @@ def test_pdl_is_on_only_for_compiled_kernels_on_sm90_and_newer(monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         assert not launch.pdl_enabled(torch.device("cuda", 0)), "the interpreter has no griddepcontrol"
         monkeypatch.setenv("TRITON_INTERPRET", "0")
-        assert launch.launch_args(torch.device("cuda")) == dict(PDL=launch.HAVE_GDC, launch_pdl=launch.HAVE_GDC)
+        on = dict(PDL=launch.HAVE_GDC, launch_pdl=launch.HAVE_GDC)
+        assert launch.launch_args(torch.device("cuda"), 1) == on
+        assert launch.launch_args(torch.device("cuda"), launch.PDL_MAX_ROWS) == on
+        off = dict(PDL=False, launch_pdl=False)
+        assert launch.launch_args(torch.device("cuda"), launch.PDL_MAX_ROWS + 1) == off, "wide calls: plain launches"
         launch._device_has_pdl.cache_clear()
         capability["value"] = (8, 0)
         assert not launch.pdl_enabled(torch.device("cuda", 0)), "an A100 has no PDL"
