@@ -1,7 +1,7 @@
 """Compile the forward's kernels for sm_90 without a GPU, with and without programmatic dependent
 launch (kernels/launch.py), and print per kernel what the PDL build adds: its `griddepcontrol`
 instructions, whether the wait comes before every global memory access, whether its Triton GPU IR
-is otherwise the same program (the same ops on the same layouts), and whether its PTX has the
+is otherwise the same program (the same ops on the same layouts: `ir_diff` empty), and whether its PTX has the
 same instructions (LLVM schedules the parameter loads around the wait, so the text differs; the
 multiset of instructions must not). Run as a script (test_launch.py does, in a subprocess: the
 compiler needs the real triton.jit, not the interpreter's).
@@ -13,6 +13,7 @@ prints one JSON object per kernel, one a line.
 from __future__ import annotations
 
 import collections
+import difflib
 import json
 import os
 import re
@@ -39,9 +40,13 @@ def build(fn, sig: dict[str, str], consts: dict, warps: int, stages: int, pdl: b
 
 
 def program(ttgir: str) -> list[str]:
-    """The IR's ops without source locations and without the grid dependency ops."""
-    return [re.sub(r" loc\([^)]*\)", "", line) for line in ttgir.splitlines()
-            if not line.startswith("#loc") and "tt.grid_dependency" not in line]
+    """The IR's ops without source locations and without the grid dependency ops (triton 3.9:
+    `tt.grid_dependency_*`; 3.6: inline asm with a dummy result, which shifts the numbering of the
+    unnamed values, so those are renumbered in order of appearance)."""
+    lines = [re.sub(r" loc\([^)]*\)", "", line) for line in ttgir.splitlines()
+             if not line.startswith("#loc") and "grid_dependency" not in line and GDC not in line]
+    names: dict[str, str] = {}
+    return [re.sub(r"%(\d+)\b", lambda m: names.setdefault(m.group(0), f"%v{len(names)}"), line) for line in lines]
 
 
 def instructions(ptx: str) -> collections.Counter:
@@ -64,7 +69,8 @@ def compare(name: str, fn, sig: dict[str, str], consts: dict, warps: int, stages
     added = instructions(with_pdl["ptx"]) - instructions(plain["ptx"])
     removed = instructions(plain["ptx"]) - instructions(with_pdl["ptx"])
     return dict(kernel=name, gdc=gdc, plain_gdc=plain["ptx"].count(GDC), wait_first=first_wait < first_access,
-                same_ir=program(with_pdl["ttgir"]) == program(plain["ttgir"]),
+                ir_diff=[line for line in difflib.unified_diff(program(plain["ttgir"]), program(with_pdl["ttgir"]), lineterm="", n=0)
+                         if line[:1] in "+-" and line[:3] not in ("+++", "---")][:8],
                 added=sorted(added), removed=sorted(removed))
 
 

@@ -84,6 +84,7 @@ def test_sm90_pdl_only_adds_the_grid_dependency_instructions():
     for kernel in out:
         name = kernel["kernel"]
         assert kernel["gdc"] == ["griddepcontrol.wait", "griddepcontrol.launch_dependents"], name
-        assert kernel["plain_gdc"] == 0 and kernel["wait_first"] and kernel["same_ir"], kernel
+        assert kernel["plain_gdc"] == 0 and kernel["wait_first"], kernel
+        assert kernel["ir_diff"] == [], kernel
         assert kernel["added"] == ["griddepcontrol.launch_dependents", "griddepcontrol.wait"], kernel
         assert kernel["removed"] == [], kernel
