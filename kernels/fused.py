@@ -54,7 +54,6 @@ CHUNK_LOOP = 4096
 SILU_BLOCK = 1024
 
 
-
 # ----------------------------------------------------------------------------- triton kernels
 
 if triton is not None:

@@ -121,7 +121,6 @@ class LinearConfig:
         return _cdiv(_cdiv(k, self.block_k), self.group_blocks(k))
 
 
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -543,12 +543,13 @@ def moe_block_triton(
     # upcast first: its low-precision tl.dot returns garbage (triton 3.9), and bf16 x bf16 products
     # are exact in fp32 anyway, so the result is the tensor-core one.
     upcast = x.dtype == torch.float32 or interpreting()
-    launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_args(x.device, t))
+    launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
     groups = (routing.block_expert, routing.block_rows, routing.row_assign)
     inter = torch.empty(n_blocks * BLOCK_M, inter_size, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(n_blocks, triton.cdiv(inter_size, tile.gate_up_n))](
         x, gate_up, inter, *groups, hidden, inter_size, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
         TOP_K=top_k, BLOCK_M=BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=upcast, **launch,
+        **launch_args(x.device, t),
     )
     out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     if uses_token_path(t, top_k, down, tile):
@@ -565,6 +566,7 @@ def moe_block_triton(
         inter, down, routing.weights, per_slot, *groups, hidden, inter_size,
         inter.stride(0), down.stride(0), down.stride(1), per_slot.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=tile.down_n, BLOCK_K=tile.block_k, UPCAST=upcast, **launch,
+        **launch_args(x.device, t),
     )
     _combine_kernel[(t, triton.cdiv(hidden, COMBINE_BLOCK))](
         per_slot, out, hidden, out.stride(0), TOP_K=top_k, BLOCK=COMBINE_BLOCK, **launch_args(x.device, t),
