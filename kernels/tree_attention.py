@@ -17,7 +17,9 @@ the same tiles, the same split bounds and the same merge, whatever shares the ca
   * GQA packing: one program owns one KV head and BLOCK_M (always 64) rows, a row being a
     (token, query head of the group) pair, row = token * GROUP + g. BLOCK_M, BLOCK_N, the warps
     and the dot instruction never change with T: a score or a P@V product of one row is the
-    same number whatever the other rows of the tile hold.
+    same number whatever the other rows of the tile hold. An AR step (T = 1) runs its own
+    binary (`AR`), which takes the one tile reaching past the prefix without the per-row key
+    lookup; it loads, masks and steps that tile exactly as the general path would.
   * Tiles wholly inside the prefix are the same keys for every row: one tl.dot serves all rows.
     Tiles that reach past prefix_len hold, for each row, that row's own new-token keys (through
     `visible_keys`): if all rows of the program agree on them (a causal prefill chunk, AR) one
@@ -138,7 +140,8 @@ if triton is not None:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         return m_new, l_i, acc
 
-    # T is never specialised (==1 would compile AR apart from verify): one binary for every T.
+    # T is never specialised: one binary for every T > 1, and AR (T = 1, the `AR` constexpr) one
+    # of its own whose tiles are stepped as the general binary steps them (same instructions).
     @triton.jit(do_not_specialize=["T"])
     def _tree_attn_kernel(
         Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, OUT_PART, LSE_PART,
@@ -148,7 +151,8 @@ if triton is not None:
         stride_vb, stride_vs, stride_vh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, AR: tl.constexpr, PRECISION: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
         pid_m = tl.program_id(0)
@@ -204,33 +208,47 @@ if triton is not None:
                 visible = pos[None, :] < length[:, None]
                 m_i, l_i, acc = _online_softmax_step(q, kt, v, visible, m_i, l_i, acc, qk_scale, PRECISION)
 
-            # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
-            # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
-            for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
-                pos = start + cols
-                sees = (pos[None, :] < length[:, None]) & own[:, None]  # [BLOCK_M, BLOCK_N]
-                depth = pos - prefix
-                new = sees & (depth >= 0)[None, :]
-                idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
-                key_pos = tl.where(new, prefix + idx, pos[None, :])  # where row r's key sits
-                top = tl.max(tl.where(sees, key_pos, -1), 0)
-                bottom = tl.min(tl.where(sees, key_pos, 2147483647), 0)
-                if tl.min(((top == bottom) | (top < 0)).to(tl.int32), 0) == 1:
-                    # Every row that sees a column sees the same key there.
-                    kt, v = _load_kv_tile(K, V, BT, top, top >= 0, kv, d,
+            if AR:
+                # One token (an AR step): the tile reaching past the prefix holds the row's keys at
+                # their own positions (its new key is at prefix), so the branch below would load
+                # the columns pos < hi and step with `pos < length`: the same loads, mask and step
+                # here, without its per-row key lookup (whose [BLOCK_M, BLOCK_N] index tensors
+                # spill and cost the AR step more than its tiles).
+                for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
+                    pos = start + cols
+                    kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d,
                                           stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                           BLOCK_SIZE, True)
-                    m_i, l_i, acc = _online_softmax_step(q, kt, v, sees, m_i, l_i, acc, qk_scale, PRECISION)
-                else:
-                    for tau in range(tok_first, tok_last + 1):
-                        mine = (tok == tau)[:, None] & sees
-                        keys = tl.max(tl.where(mine, key_pos, -1), 0)
-                        if tl.max(keys, 0) >= 0:
-                            kt, v = _load_kv_tile(K, V, BT, keys, keys >= 0, kv, d,
-                                                  stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                                  stride_vh, BLOCK_SIZE, True)
-                            m_i, l_i, acc = _online_softmax_step(q, kt, v, mine, m_i, l_i, acc, qk_scale,
-                                                                 PRECISION)
+                    visible = pos[None, :] < length[:, None]
+                    m_i, l_i, acc = _online_softmax_step(q, kt, v, visible, m_i, l_i, acc, qk_scale, PRECISION)
+            else:
+                # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
+                # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
+                for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
+                    pos = start + cols
+                    sees = (pos[None, :] < length[:, None]) & own[:, None]  # [BLOCK_M, BLOCK_N]
+                    depth = pos - prefix
+                    new = sees & (depth >= 0)[None, :]
+                    idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
+                    key_pos = tl.where(new, prefix + idx, pos[None, :])  # where row r's key sits
+                    top = tl.max(tl.where(sees, key_pos, -1), 0)
+                    bottom = tl.min(tl.where(sees, key_pos, 2147483647), 0)
+                    if tl.min(((top == bottom) | (top < 0)).to(tl.int32), 0) == 1:
+                        # Every row that sees a column sees the same key there.
+                        kt, v = _load_kv_tile(K, V, BT, top, top >= 0, kv, d,
+                                              stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                              BLOCK_SIZE, True)
+                        m_i, l_i, acc = _online_softmax_step(q, kt, v, sees, m_i, l_i, acc, qk_scale, PRECISION)
+                    else:
+                        for tau in range(tok_first, tok_last + 1):
+                            mine = (tok == tau)[:, None] & sees
+                            keys = tl.max(tl.where(mine, key_pos, -1), 0)
+                            if tl.max(keys, 0) >= 0:
+                                kt, v = _load_kv_tile(K, V, BT, keys, keys >= 0, kv, d,
+                                                      stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                                      stride_vh, BLOCK_SIZE, True)
+                                m_i, l_i, acc = _online_softmax_step(q, kt, v, mine, m_i, l_i, acc, qk_scale,
+                                                                     PRECISION)
 
             has_any = l_i > 0.0
             out = acc / tl.where(has_any, l_i, 1.0)[:, None]
@@ -373,7 +391,7 @@ def paged_tree_attention_triton(
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub, AR=t == 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
         num_warps=NUM_WARPS, num_stages=NUM_STAGES, **launch_args(q.device, t),
     )

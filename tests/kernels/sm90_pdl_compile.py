@@ -71,7 +71,8 @@ def compare(name: str, fn, sig: dict[str, str], consts: dict, warps: int, stages
     return dict(kernel=name, gdc=gdc, plain_gdc=plain["ptx"].count(GDC), wait_first=first_wait < first_access,
                 ir_diff=[line for line in difflib.unified_diff(program(plain["ttgir"]), program(with_pdl["ttgir"]), lineterm="", n=0)
                          if line[:1] in "+-" and line[:3] not in ("+++", "---")][:8],
-                added=sorted(added), removed=sorted(removed))
+                added=sorted(added), removed=sorted(removed),
+                mma=sorted(op for op in instructions(plain["ptx"]) if "mma" in op))
 
 
 def kernels():
@@ -103,10 +104,11 @@ def kernels():
                 OUT_PART=p32, LSE_PART=p32, T=i32, N_HEADS=i32, SPLIT_LEN=i32, NUM_SPLITS=i32, qk_scale="fp32") | ints(
         ("stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
          "stride_ot", "stride_oh"), i32)
-    for sub in (1, 12):  # AR / prefill, and a tree-sized call (1.5B: GQA group 6)
+    # AR, a prefill chunk, and a tree-sized call (1.5B: GQA group 6)
+    for name, sub, ar in (("AR", 1, True), ("prefill", 1, False), ("tree", 12, False)):
         consts = dict(GROUP=6, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=tree_attention.BLOCK_M,
-                      BLOCK_N=tree_attention.BLOCK_N, SUB=sub, PRECISION="tf32")
-        yield compare(f"tree_attn sub={sub}", tree_attention._tree_attn_kernel, attn, consts,
+                      BLOCK_N=tree_attention.BLOCK_N, SUB=sub, AR=ar, PRECISION="tf32")
+        yield compare(f"tree_attn {name}", tree_attention._tree_attn_kernel, attn, consts,
                       tree_attention.NUM_WARPS, tree_attention.NUM_STAGES)
     yield compare("merge_splits", tree_attention._merge_splits_kernel,
                   dict(OUT_PART=p32, LSE_PART=p32, OUT=p16, PREFIX="*i32", COUNT="*i32", T=i32, N_HEADS=i32,
