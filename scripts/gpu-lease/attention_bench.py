@@ -78,7 +78,8 @@ def load_old(rev_or_file: str):
         src = subprocess.run(["git", "show", f"{rev_or_file}:kernels/tree_attention.py"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "old_tree_attention.py"
-    path.write_text(src.replace("from .reference import", "from jetspec_chat.kernels.reference import"))
+    path.write_text(src.replace("from .reference import", "from jetspec_chat.kernels.reference import")
+                    .replace("from .launch import", "from jetspec_chat.kernels.launch import"))
     spec = importlib.util.spec_from_file_location("old_tree_attention", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -110,14 +111,15 @@ class Inputs:
         self.old_keys = old.visible_keys(mask) if hasattr(old, "visible_keys") else old.pack_tree_mask(mask)
         self.prefix = torch.tensor([case.context], dtype=torch.int32, device="cuda")
         self.out = torch.empty_like(self.q)
+        self.split_len = None  # None: both kernels derive it from the capacity
 
     def new(self) -> torch.Tensor:
         return paged_tree_attention_triton(self.q, self.k, self.v, self.table, self.prefix, self.keys,
-                                           HEAD_DIM**-0.5, out=self.out)
+                                           HEAD_DIM**-0.5, split_len=self.split_len, out=self.out)
 
     def old(self, module) -> torch.Tensor:
         return module.paged_tree_attention_triton(self.q, self.k, self.v, self.table, self.prefix, self.old_keys,
-                                                  HEAD_DIM**-0.5, out=self.out)
+                                                  HEAD_DIM**-0.5, split_len=self.split_len, out=self.out)
 
 
 class Flush:
@@ -220,11 +222,45 @@ def run_sweep(old, capacity: int, flush: Flush) -> dict:
     return {"old_us": old_us, "results": results}
 
 
+SPLIT_SWEEP_LENS = (64, 128, 256, 576)
+SPLIT_SWEEP_STAGES = (2, 3, 4)
+
+
+def run_split_sweep(old, capacity: int, flush: Flush) -> list:
+    """Split length x pipeline stages: the AR call (T = 1) at short and long contexts, and verify
+    calls, cold (µs), this tree's kernel beside the previous one at the same split length."""
+    gen = torch.Generator().manual_seed(2)
+    rows = []
+    print(f"\nsplit sweep (capacity {capacity}, SPLIT_PROGRAMS {tree_attention.SPLIT_PROGRAMS}): cold µs; "
+          "old = the previous kernel at the same split length")
+    default_stages = tree_attention.NUM_STAGES
+    ar = [Case(s, 1, c) for s in HEADS for c in (0, 256, 512, 1024, 2048, 8192)]
+    verify = [Case(s, t, c) for s in HEADS for t in (16, 64, 128) for c in (512, 2048, 4096)]
+    for case in ar + verify:
+        x = Inputs(case, capacity, old, gen)
+        line = []
+        for split_len in SPLIT_SWEEP_LENS:
+            x.split_len = split_len
+            stages = SPLIT_SWEEP_STAGES if case.t == 1 else (default_stages,)
+            new = {}
+            for st in stages:
+                tree_attention.NUM_STAGES = st
+                new[st] = per_call_us(x.new, flush)
+            tree_attention.NUM_STAGES = default_stages
+            old_us = per_call_us(lambda: x.old(old), flush)
+            rows.append({**asdict(case), "split_len": split_len, "new_cold_us": new, "old_cold_us": old_us})
+            line.append(f"{split_len}: " + "/".join(f"{u:.1f}" for u in new.values()) + f" (old {old_us:.1f})")
+        print(f"{case.shape:>5} T={case.t:<4} ctx={case.context:<5} " + "  ".join(line), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", default="main", help="the previous kernel: a git revision, or its saved file (no .git)")
     ap.add_argument("--capacity", type=int, default=8448, help="block table positions (the kernels' split length)")
     ap.add_argument("--sweep", action="store_true", help="also sweep MAX_SPLITS")
+    ap.add_argument("--split-sweep", action="store_true",
+                    help="only the split length x stages sweep (T = 1 and verify calls, cold)")
     ap.add_argument("--json-out", default=os.path.join(os.environ.get("OUT", "."), "attention_bench.json"))
     args = ap.parse_args()
     old = load_old(args.old)
@@ -232,6 +268,10 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, previous kernel {args.old}, "
           f"capacity {args.capacity}, MAX_SPLITS {tree_attention.MAX_SPLITS}")
     rows: list = []
+    if args.split_sweep:
+        rows = run_split_sweep(old, args.capacity, flush)
+        Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "split_sweep": rows}))
+        return
     run_table(old, args.capacity, flush, rows)
     print("compiled:\n" + compiled_info())
     sweep = run_sweep(old, args.capacity, flush) if args.sweep else None
