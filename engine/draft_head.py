@@ -221,8 +221,8 @@ class DraftKVCache(TrackedLength):
     The length lives on the host and on the device (TrackedLength): the verify step appends the
     accepted rows and advances `device_length` inside its graph.
 
-    Contiguous, but also viewed as a paged pool (identity block table) so the draft's
-    attention runs on the same paged tree kernel as the target's. Rows past the length are
+    Contiguous, but also viewed as a pool of blocks in logical order (no block table) so the
+    draft's attention runs on the same paged tree kernel as the target's. Rows past the length are
     scratch: the draft block's own K/V and the fixed-size appends' surplus rows land there, so
     the capacity must exceed the longest context by a block (block_size rows)."""
 
@@ -230,7 +230,7 @@ class DraftKVCache(TrackedLength):
         capacity = -(-capacity // KV_BLOCK) * KV_BLOCK
         self.k = torch.empty(cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim, device=device, dtype=dtype)
         self.v = torch.empty_like(self.k)
-        self.block_table = torch.arange(capacity // KV_BLOCK, dtype=torch.int32, device=device)
+        self.block_table: torch.Tensor | None = None  # blocks in logical order
         self.device_length = torch.zeros((), dtype=torch.long, device=device)
         self._length = 0
 

@@ -1,7 +1,8 @@
 """Paged KV cache for one sequence: one block table for all layers, pool sized from the need.
 
 Layout (see kernels/reference.py): per layer K and V pools [num_blocks, block_size, n_kv, head_dim].
-Logical position p of the sequence lives in physical block block_table[p // block_size].
+Logical position p of the sequence lives in physical block block_table[p // block_size], or in
+block p // block_size when there is no table (None, the engine's caches: blocks in logical order).
 The engine writes new tokens (prefill chunks, tree nodes) at logical positions right after the
 committed length, so a rejected tree is simply overwritten by the next round.
 """
@@ -58,8 +59,10 @@ class PagedKVCache(TrackedLength):
         )
         # The table maps logical -> physical blocks for all layers. A single stream has nothing
         # to share blocks with, and CUDA graphs need a fixed table: every block is mapped up
-        # front (in order; the kernels accept any permutation, and the tests use one).
-        self.block_table = torch.arange(num_blocks, dtype=torch.int32, device=device)
+        # front, in order, which is no table at all (None): the attention then computes each
+        # tile's address instead of loading its block number first. The kernels accept any
+        # permutation too, and the tests set one.
+        self.block_table: torch.Tensor | None = None
         self.device_length = torch.zeros((), dtype=torch.long, device=device)
         self._length = 0
 

@@ -3,7 +3,7 @@ the attention the engine uses on the CPU.
 
 Paged KV layout (shared by every kernel and the engine):
   k_pool, v_pool: [num_blocks, block_size, n_kv_heads, head_dim] (one pair per layer)
-  block_table:    [max_blocks] int32, logical block -> physical block
+  block_table:    [max_blocks] int32, logical block -> physical block; None: blocks in logical order
   logical position p lives at physical slot block_table[p // block_size] * block_size + p % block_size
 """
 from __future__ import annotations
@@ -11,8 +11,10 @@ from __future__ import annotations
 import torch
 
 
-def logical_to_slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Physical slot of each logical KV position."""
+def logical_to_slots(block_table: torch.Tensor | None, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Physical slot of each logical KV position (block_table None: blocks in logical order)."""
+    if block_table is None:
+        return positions.long()
     return block_table[positions // block_size].long() * block_size + positions % block_size
 
 
@@ -28,7 +30,7 @@ def paged_tree_attention_ref(
     q: torch.Tensor,
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
-    block_table: torch.Tensor,
+    block_table: torch.Tensor | None,
     prefix_len: int | torch.Tensor,
     tree_mask: torch.Tensor,
     scale: float,

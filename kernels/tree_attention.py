@@ -49,12 +49,17 @@ except ImportError:  # pragma: no cover - exercised only without triton
 
 LOG2E = 1.4426950408889634
 
-# Fixed for every call (batch invariance, see above). 64x64 tiles, 4 warps, 2 stages were best
-# or within ~10% of the best in the H200 sweep of the previous kernel (NOTES.md).
+# Fixed for every call (batch invariance, see above). 64x64 tiles and 4 warps were best or within
+# ~10% of the best in the H200 sweep of the previous kernel (NOTES.md); 8 warps: verify up to 1.6x slower.
 BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 4
-NUM_STAGES = 2
+# Pipeline depth (speed only: the same loads and arithmetic). Without a block table the loads of
+# tile i + 1 depend on nothing loaded, and 3 stages keep them in flight while tile i is computed
+# (H200: verify calls 0-9% faster than 2 stages, 4 stages up to 1.5x slower at 64 tokens); the AR
+# binary measured the same with 2 or 3 (PERF_NOTES.md "Session 17").
+NUM_STAGES = 3
+AR_NUM_STAGES = 2
 MIN_SPLIT_LEN = 256
 MAX_SUB_T = 64  # tree calls up to this size run the splits past the prefix per token (H200: faster to 64, slower at 128-256)
 MAX_SPLITS = 64
@@ -102,14 +107,18 @@ if triton is not None:
     def _load_kv_tile(
         K, V, BT, pos, valid, kv, d,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, PAGED: tl.constexpr,
     ):
         """Gather K^T [D, BLOCK_N] and V [BLOCK_N, D] at logical positions `pos` of KV head kv.
 
         MASKED=False (every position valid) keeps the loads unpredicated; masked-off columns
-        load as zeros. Either way the values of the valid columns are the same.
+        load as zeros. Either way the values of the valid columns are the same. PAGED=False: the
+        pool's blocks are in logical order (no table), so no dependent load of the block number
+        stands before each tile's K/V loads.
         """
-        if MASKED:
+        if not PAGED:
+            blk = pos // BLOCK_SIZE
+        elif MASKED:
             blk = tl.load(BT + pos // BLOCK_SIZE, mask=valid, other=0)
         else:
             blk = tl.load(BT + pos // BLOCK_SIZE)
@@ -151,8 +160,8 @@ if triton is not None:
         stride_vb, stride_vs, stride_vh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, AR: tl.constexpr, PRECISION: tl.constexpr,
-        PDL: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, AR: tl.constexpr, PAGED: tl.constexpr,
+        PRECISION: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
         pid_m = tl.program_id(0)
@@ -204,7 +213,7 @@ if triton is not None:
                 pos = start + cols
                 kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d,
                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                      BLOCK_SIZE, False)
+                                      BLOCK_SIZE, False, PAGED)
                 visible = pos[None, :] < length[:, None]
                 m_i, l_i, acc = _online_softmax_step(q, kt, v, visible, m_i, l_i, acc, qk_scale, PRECISION)
 
@@ -218,7 +227,7 @@ if triton is not None:
                     pos = start + cols
                     kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d,
                                           stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                          BLOCK_SIZE, True)
+                                          BLOCK_SIZE, True, PAGED)
                     visible = pos[None, :] < length[:, None]
                     m_i, l_i, acc = _online_softmax_step(q, kt, v, visible, m_i, l_i, acc, qk_scale, PRECISION)
             else:
@@ -237,7 +246,7 @@ if triton is not None:
                         # Every row that sees a column sees the same key there.
                         kt, v = _load_kv_tile(K, V, BT, top, top >= 0, kv, d,
                                               stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                              BLOCK_SIZE, True)
+                                              BLOCK_SIZE, True, PAGED)
                         m_i, l_i, acc = _online_softmax_step(q, kt, v, sees, m_i, l_i, acc, qk_scale, PRECISION)
                     else:
                         for tau in range(tok_first, tok_last + 1):
@@ -246,7 +255,7 @@ if triton is not None:
                             if tl.max(keys, 0) >= 0:
                                 kt, v = _load_kv_tile(K, V, BT, keys, keys >= 0, kv, d,
                                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                                      stride_vh, BLOCK_SIZE, True)
+                                                      stride_vh, BLOCK_SIZE, True, PAGED)
                                 m_i, l_i, acc = _online_softmax_step(q, kt, v, mine, m_i, l_i, acc, qk_scale,
                                                                      PRECISION)
 
@@ -330,7 +339,7 @@ def paged_tree_attention_triton(
     q: torch.Tensor,
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
-    block_table: torch.Tensor,
+    block_table: torch.Tensor | None,
     prefix_len: int | torch.Tensor,
     tree_mask: torch.Tensor | VisibleKeys,
     scale: float,
@@ -339,10 +348,12 @@ def paged_tree_attention_triton(
 ) -> torch.Tensor:
     """Triton version of `paged_tree_attention_ref` (same arguments and result), batch-invariant.
 
+    block_table: logical -> physical block ([blocks] int32), or None: the pool's blocks are in
+               logical order (the engine's caches), and no tile waits on a load of its block number.
     prefix_len: python int, or a 0-d / 1-element int32 tensor on q's device. Under CUDA-graph
                capture pass the tensor (an int means a host->device copy each call).
     tree_mask: [T, T] bool, or its `visible_keys` (build once, pass to every layer).
-    split_len: keys per split (a multiple of 64); None derives it from the block table's size
+    split_len: keys per split (a multiple of 64); None derives it from the cache's size
                (`split_len_for`). Calls whose results must agree need the same split_len.
     out: optional [T, n_heads, head_dim] destination (e.g. a CUDA-graph static buffer).
     """
@@ -361,8 +372,9 @@ def paged_tree_attention_triton(
     keys = tree_mask if isinstance(tree_mask, VisibleKeys) else visible_keys(tree_mask)
     assert keys.order.shape == (t, t) and keys.count.shape == (t,), "tree_mask must be [T, T]"
     prefix = prefix_tensor(prefix_len, q.device)
-    block_table = block_table.contiguous()
-    capacity = block_table.numel() * block_size
+    if block_table is not None:
+        block_table = block_table.contiguous()
+    capacity = (k_pool.shape[0] if block_table is None else block_table.numel()) * block_size
     if split_len is None:
         split_len = split_len_for(capacity)
     assert split_len % BLOCK_N == 0, "split_len must be a multiple of 64"
@@ -384,16 +396,17 @@ def paged_tree_attention_triton(
     per_token = (-(-(t + BLOCK_N - 1) // split_len) + 1) * sub if sub > 1 else 0
     grid = (triton.cdiv(t * group, BLOCK_M), n_kv, num_splits + per_token)
     _tree_attn_kernel[grid](
-        q, k_pool, v_pool, block_table, prefix, keys.order, keys.count, out, out_part, lse_part,
+        q, k_pool, v_pool, prefix if block_table is None else block_table,  # an unread stand-in
+        prefix, keys.order, keys.count, out, out_part, lse_part,
         t, n_heads, split_len, num_splits, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub, AR=t == 1,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub, AR=t == 1, PAGED=block_table is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **launch_args(q.device, t),
+        num_warps=NUM_WARPS, num_stages=AR_NUM_STAGES if t == 1 else NUM_STAGES, **launch_args(q.device, t),
     )
     if num_splits > 1:
         _merge_splits_kernel[(t, n_heads)](
@@ -407,7 +420,7 @@ def paged_tree_attention(
     q: torch.Tensor,
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
-    block_table: torch.Tensor,
+    block_table: torch.Tensor | None,
     prefix_len: int | torch.Tensor,
     tree_mask: torch.Tensor,
     scale: float,

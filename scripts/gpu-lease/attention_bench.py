@@ -231,7 +231,7 @@ def run_split_sweep(old, capacity: int, flush: Flush) -> list:
     calls, cold (µs), this tree's kernel beside the previous one at the same split length."""
     gen = torch.Generator().manual_seed(2)
     rows = []
-    print(f"\nsplit sweep (capacity {capacity}, SPLIT_PROGRAMS {tree_attention.SPLIT_PROGRAMS}): cold µs; "
+    print(f"\nsplit sweep (capacity {capacity}): cold µs; "
           "old = the previous kernel at the same split length")
     default_stages = tree_attention.NUM_STAGES
     ar = [Case(s, 1, c) for s in HEADS for c in (0, 256, 512, 1024, 2048, 8192)]

@@ -14,7 +14,7 @@ def our_logits(engine, ids, chunks):
     kv = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 256, torch.device("cpu"), torch.float32,
                       block_size=8)
     # scatter the blocks so paging is really exercised
-    kv.block_table[:] = torch.randperm(kv.block_table.numel(), generator=torch.Generator().manual_seed(0)).int()
+    kv.block_table = torch.randperm(kv.capacity // kv.block_size, generator=torch.Generator().manual_seed(0)).int()
     out, start = [], 0
     for n in chunks:
         t = torch.tensor(ids[start:start + n])

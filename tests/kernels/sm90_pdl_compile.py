@@ -104,10 +104,12 @@ def kernels():
                 OUT_PART=p32, LSE_PART=p32, T=i32, N_HEADS=i32, SPLIT_LEN=i32, NUM_SPLITS=i32, qk_scale="fp32") | ints(
         ("stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
          "stride_ot", "stride_oh"), i32)
-    # AR, a prefill chunk, and a tree-sized call (1.5B: GQA group 6)
-    for name, sub, ar in (("AR", 1, True), ("prefill", 1, False), ("tree", 12, False)):
+    # AR, a prefill chunk, and a tree-sized call (1.5B: GQA group 6) on the engine's caches (no
+    # block table), and a tree-sized call through a block table
+    for name, sub, ar, paged in (("AR", 1, True, False), ("prefill", 1, False, False), ("tree", 12, False, False),
+                                 ("tree paged", 12, False, True)):
         consts = dict(GROUP=6, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=tree_attention.BLOCK_M,
-                      BLOCK_N=tree_attention.BLOCK_N, SUB=sub, AR=ar, PRECISION="tf32")
+                      BLOCK_N=tree_attention.BLOCK_N, SUB=sub, AR=ar, PAGED=paged, PRECISION="tf32")
         yield compare(f"tree_attn {name}", tree_attention._tree_attn_kernel, attn, consts,
                       tree_attention.NUM_WARPS, tree_attention.NUM_STAGES)
     yield compare("merge_splits", tree_attention._merge_splits_kernel,

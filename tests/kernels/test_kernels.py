@@ -145,6 +145,22 @@ def test_split_lengths(split_len, poisoned_alloc):
     check(9, 300, 4, 2, 16, split_len=split_len, seed=split_len)
 
 
+@pytest.mark.parametrize("t,prefix_len", [(1, 0), (1, 150), (9, 150), (70, 40)])
+def test_no_block_table_is_the_identity_table(t, prefix_len, poisoned_alloc):
+    """block_table=None (the pool's blocks in logical order, as in the engine's caches) gives
+    bitwise the output of the identity table, for AR, tree and prefill-sized calls."""
+    q, k_pool, v_pool, _, tree_mask = make_inputs(t, prefix_len, 4, 2, 16, seed=31 + t)
+    identity = torch.arange(k_pool.shape[0], dtype=torch.int32, device=DEVICE)
+    k_pool = torch.nan_to_num(k_pool)  # make_inputs poisons slots by its shuffled table
+    v_pool = torch.nan_to_num(v_pool)
+    scale = 16 ** -0.5
+    paged = paged_tree_attention_triton(q, k_pool, v_pool, identity, prefix_len, tree_mask, scale, split_len=64)
+    plain = paged_tree_attention_triton(q, k_pool, v_pool, None, prefix_len, tree_mask, scale, split_len=64)
+    ref = paged_tree_attention_ref(q, k_pool, v_pool, None, prefix_len, tree_mask, scale)
+    torch.testing.assert_close(plain, ref, rtol=1e-4, atol=1e-5)
+    assert torch.equal(plain, paged)
+
+
 def test_arbitrary_mask(poisoned_alloc):
     """Any [T, T] mask, not only trees in topological order (later columns visible too)."""
     t, n_heads, n_kv, d = 70, 4, 2, 16
