@@ -4,8 +4,10 @@ the Qwen2.5-1.5B (12/2 heads) and Qwen3-8B (32/8 heads) shapes, head_dim 128.
 The previous kernel is a git revision's `kernels/tree_attention.py` (default main) or a saved
 copy of that file (where the GPU machine has no .git: `git show main:kernels/tree_attention.py >
 .stage/old_tree_attention.py` here, carried), timed in the same process. Random tree masks in
-topological order, shuffled pages, a block table of `--capacity` positions: both kernels take
-their split length from it (split_len_for: 8448 gives 256).
+topological order, a cache of `--capacity` positions laid out as the engine's (blocks in logical
+order): this tree's kernel reads it without a block table, the previous one through the identity
+table (older kernels need one). Both take their split length from the capacity (split_len_for:
+8448 gives 256).
 
 Each case is timed twice, per call, between timing events inside one CUDA graph of REPEAT calls:
 "hot", the calls back to back (K/V, page table and q stay in L2), and "cold", each call after a
@@ -17,9 +19,14 @@ outputs; where the split structures differ the bits may too; a broken kernel sho
 the geometric mean of new/old, and prints the best value (the split length is
 max(256, capacity / MAX_SPLITS): at 8448, 576 / 320 / 256 / 256).
 
+--split-sweep (alone) times this tree's kernel at split lengths 64-576 and 2-4 pipeline stages (the
+AR binary's AR_NUM_STAGES for T = 1, NUM_STAGES otherwise), cold, beside the previous kernel at
+the same split length.
+
 Runs from the repository root without installing the package.
 
-    python3 scripts/gpu-lease/attention_bench.py [--old main|FILE] [--capacity 8448] [--sweep] [--json-out FILE]
+    python3 scripts/gpu-lease/attention_bench.py [--old main|FILE] [--capacity 8448] [--sweep | --split-sweep]
+        [--json-out FILE]
 """
 from __future__ import annotations
 
@@ -103,7 +110,7 @@ class Inputs:
         blocks = -(-max(capacity, case.context + case.t + BLOCK_SIZE) // BLOCK_SIZE)
         self.k = torch.randn(blocks, BLOCK_SIZE, n_kv, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
         self.v = torch.randn_like(self.k)
-        self.table = torch.randperm(blocks, device="cuda").to(torch.int32)
+        self.table = torch.arange(blocks, device="cuda", dtype=torch.int32)  # the previous kernel's identity table
         self.q = torch.randn(case.t, n_heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
         mask = tree_mask(case.t, case.mask, gen).cuda()
         self.keys = visible_keys(mask)
@@ -114,7 +121,7 @@ class Inputs:
         self.split_len = None  # None: both kernels derive it from the capacity
 
     def new(self) -> torch.Tensor:
-        return paged_tree_attention_triton(self.q, self.k, self.v, self.table, self.prefix, self.keys,
+        return paged_tree_attention_triton(self.q, self.k, self.v, None, self.prefix, self.keys,
                                            HEAD_DIM**-0.5, split_len=self.split_len, out=self.out)
 
     def old(self, module) -> torch.Tensor:
@@ -233,7 +240,6 @@ def run_split_sweep(old, capacity: int, flush: Flush) -> list:
     rows = []
     print(f"\nsplit sweep (capacity {capacity}): cold µs; "
           "old = the previous kernel at the same split length")
-    default_stages = tree_attention.NUM_STAGES
     ar = [Case(s, 1, c) for s in HEADS for c in (0, 256, 512, 1024, 2048, 8192)]
     verify = [Case(s, t, c) for s in HEADS for t in (16, 64, 128) for c in (512, 2048, 4096)]
     for case in ar + verify:
@@ -241,12 +247,13 @@ def run_split_sweep(old, capacity: int, flush: Flush) -> list:
         line = []
         for split_len in SPLIT_SWEEP_LENS:
             x.split_len = split_len
-            stages = SPLIT_SWEEP_STAGES if case.t == 1 else (default_stages,)
+            knob = "AR_NUM_STAGES" if case.t == 1 else "NUM_STAGES"  # the one this call's binary uses
+            default = getattr(tree_attention, knob)
             new = {}
-            for st in stages:
-                tree_attention.NUM_STAGES = st
+            for st in SPLIT_SWEEP_STAGES:
+                setattr(tree_attention, knob, st)
                 new[st] = per_call_us(x.new, flush)
-            tree_attention.NUM_STAGES = default_stages
+            setattr(tree_attention, knob, default)
             old_us = per_call_us(lambda: x.old(old), flush)
             rows.append({**asdict(case), "split_len": split_len, "new_cold_us": new, "old_cold_us": old_us})
             line.append(f"{split_len}: " + "/".join(f"{u:.1f}" for u in new.values()) + f" (old {old_us:.1f})")
