@@ -230,7 +230,6 @@ class DraftKVCache(TrackedLength):
         capacity = -(-capacity // KV_BLOCK) * KV_BLOCK
         self.k = torch.empty(cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim, device=device, dtype=dtype)
         self.v = torch.empty_like(self.k)
-        self.block_table: torch.Tensor | None = None  # blocks in logical order
         self.device_length = torch.zeros((), dtype=torch.long, device=device)
         self._length = 0
 
@@ -317,7 +316,8 @@ class DraftHead(nn.Module):
             attn = layer.self_attn
             k_pool, v_pool = cache.pools(i)
             q = attn.qkv_rope_write(x, cos, sin, k_pool, v_pool, rows)
-            o = paged_tree_attention(q, k_pool, v_pool, cache.block_table, prefix, mask, attn.head_dim**-0.5, keys)
+            # the cache's blocks are in logical order: no block table
+            o = paged_tree_attention(q, k_pool, v_pool, None, prefix, mask, attn.head_dim**-0.5, keys)
             # Residual adds fused with the following norm, as in the target model.
             x, h = add_rms_norm(attn.o_proj.forward_partials(o.reshape(b, -1)), h, layer.post_attention_layernorm.weight, eps)
             next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm

@@ -1,4 +1,4 @@
-"""Paged KV cache for one sequence: one block table for all layers, pool sized from the need.
+"""Paged KV cache for one sequence: an optional block table for all layers, pool sized from the need.
 
 Layout (see kernels/reference.py): per layer K and V pools [num_blocks, block_size, n_kv, head_dim].
 Logical position p of the sequence lives in physical block block_table[p // block_size], or in

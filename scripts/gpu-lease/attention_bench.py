@@ -264,7 +264,7 @@ def run_split_sweep(old, capacity: int, flush: Flush) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", default="main", help="the previous kernel: a git revision, or its saved file (no .git)")
-    ap.add_argument("--capacity", type=int, default=8448, help="block table positions (the kernels' split length)")
+    ap.add_argument("--capacity", type=int, default=8448, help="cache positions (the kernels' split length)")
     ap.add_argument("--sweep", action="store_true", help="also sweep MAX_SPLITS")
     ap.add_argument("--split-sweep", action="store_true",
                     help="only the split length x stages sweep (T = 1 and verify calls, cold)")

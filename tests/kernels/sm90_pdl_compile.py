@@ -110,8 +110,8 @@ def kernels():
                                  ("tree paged", 12, False, True)):
         consts = dict(GROUP=6, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=tree_attention.BLOCK_M,
                       BLOCK_N=tree_attention.BLOCK_N, SUB=sub, AR=ar, PAGED=paged, PRECISION="tf32")
-        yield compare(f"tree_attn {name}", tree_attention._tree_attn_kernel, attn, consts,
-                      tree_attention.NUM_WARPS, tree_attention.NUM_STAGES)
+        yield compare(f"tree_attn {name}", tree_attention._tree_attn_kernel, attn, consts, tree_attention.NUM_WARPS,
+                      tree_attention.AR_NUM_STAGES if ar else tree_attention.NUM_STAGES)  # as launched
     yield compare("merge_splits", tree_attention._merge_splits_kernel,
                   dict(OUT_PART=p32, LSE_PART=p32, OUT=p16, PREFIX="*i32", COUNT="*i32", T=i32, N_HEADS=i32,
                        SPLIT_LEN=i32, stride_ot=i32, stride_oh=i32), dict(HEAD_DIM=128), 1)
