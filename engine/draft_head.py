@@ -308,7 +308,7 @@ class DraftHead(nn.Module):
         cos, sin = self.rotary.cos_sin(rows, h.dtype)
         mask = torch.ones(b, b, dtype=torch.bool, device=h.device)
         mask = mask.tril() if self.cfg.causal else mask
-        keys = visible_keys(mask) if h.is_cuda else None  # the Triton kernel's forms, once for all layers
+        keys = visible_keys(mask, shared=True) if h.is_cuda else None  # causal or full: rows share keys
         prefix = prefix_tensor(length, h.device) if h.is_cuda else length
         eps = self.cfg.rms_norm_eps
         x = self.layers[0].input_layernorm(h)

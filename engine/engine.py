@@ -209,6 +209,7 @@ class SpecEngine:
                 positions=torch.arange(start, start + t, device=self.torch_device),
                 tree_mask=torch.ones(t, t, dtype=torch.bool, device=self.torch_device).tril(),
                 prefix_len=start,
+                causal=True,
             )
             hidden, taps = self.target(batch, self.kv, self.tap_layers)
             self.kv.length = start + t

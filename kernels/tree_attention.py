@@ -10,24 +10,27 @@ AR step that produced the same token at the same position computes. So every row
 its keys in *its own logical order*: the prefix, then the new tokens it sees, in index order
 (for a tree: its ancestors by depth, i.e. the positions they will have once accepted). Keys are
 cut into 64-position tiles aligned at absolute logical positions and into splits of
-`split_len` positions (a function of the cache size only), so a row of length L always meets
-the same tiles, the same split bounds and the same merge, whatever shares the call.
+`split_len` positions (a function of the cache size only), and a row's result is defined tile by
+tile: each tile's *partial* alone (its row max m, l = sum 2^(s - m), P@V from a zero
+accumulator; `_tile_partial`), folded in order within each split (`_fold_weights`), the splits'
+states folded in order, then a / l. Which program computes a partial or a fold never changes
+its bits, so the work can be cut as suits each call:
 
-  grid = (query tiles, KV heads, splits)
-  * GQA packing: one program owns one KV head and BLOCK_M (always 64) rows, a row being a
+  grid = (KV heads, programs); MODE picks the binary
+  * GQA packing: a program owns one KV head and BLOCK_M (always 64) rows, a row being a
     (token, query head of the group) pair, row = token * GROUP + g. BLOCK_M, BLOCK_N, the warps
-    and the dot instruction never change with T: a score or a P@V product of one row is the
-    same number whatever the other rows of the tile hold. An AR step (T = 1) runs its own
-    binary (`AR`), which takes the one tile reaching past the prefix without the per-row key
-    lookup; it loads, masks and steps that tile exactly as the general path would.
-  * Tiles wholly inside the prefix are the same keys for every row: one tl.dot serves all rows.
-    Tiles that reach past prefix_len hold, for each row, that row's own new-token keys (through
-    `visible_keys`): if all rows of the program agree on them (a causal prefill chunk, AR) one
-    step serves all; otherwise (tree siblings) the tile is stepped once per token with the other
-    rows masked out, which leaves their online-softmax state bit for bit unchanged.
-  * Split s covers logical [s*split_len, (s+1)*split_len). A row with one split writes its
-    output directly; otherwise each of its splits writes a normalised fp32 partial and its LSE,
-    and `_merge_splits_kernel` folds them in split order.
+    and the dot instruction never change: a score or a P@V product of one row is the same
+    number whatever the other rows of the tile hold.
+  * Split programs (one per query tile and split) fold the split's tiles that all their rows
+    share, in registers, and store the state: tiles wholly inside the prefix (one tl.dot serves
+    all rows), and in CHUNK mode (`VisibleKeys.shared`: prefill chunks, draft blocks) the tiles
+    past the prefix too, whose keys the rows share.
+  * Tile programs store single tiles' partials: in TREE mode one per token, for the tiles past
+    the prefix (each token's own keys, its ancestors; in parallel rather than stepped one token
+    after another in one program), in AR mode (T = 1) every tile of the row, spread over
+    AR_TILE_PROGRAMS programs per KV head (an AR step was one program walking up to 9 tiles).
+  * `_merge_kernel` folds, per row, each split's state then its tiles' partials, split by split.
+    A CHUNK row of one split is written by its split program directly.
 fp32 scores, softmax and accumulation (exp2 with the scale folded in); output in q's dtype.
 fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless.
 """
@@ -61,8 +64,9 @@ NUM_WARPS = 4
 NUM_STAGES = 3
 AR_NUM_STAGES = 2
 MIN_SPLIT_LEN = 256
-MAX_SUB_T = 64  # tree calls up to this size run the splits past the prefix per token (H200: faster to 64, slower at 128-256)
 MAX_SPLITS = 64
+# Programs per KV head of an AR call; program p takes tiles p, p + 32, ... (speed only).
+AR_TILE_PROGRAMS = 32
 
 
 class VisibleKeys(NamedTuple):
@@ -71,15 +75,20 @@ class VisibleKeys(NamedTuple):
     order[t, e] is the e-th new token (by index) that row t sees, for e < count[t]; for a tree in
     topological order that is t's ancestor at depth e (itself at depth count[t] - 1), whose key
     an AR run would hold at logical position prefix_len + e. Entries past count are unused.
+    shared: the caller's word that at each logical position every row that sees a new token sees
+    the same one (causal or full masks: prefill chunks, the draft block). Speed only: such rows
+    fold their tiles together in one program; a tree's run a program per token past the prefix.
     """
 
     order: torch.Tensor  # [T, T] int32
     count: torch.Tensor  # [T] int32
+    shared: bool = False
 
 
-def visible_keys(tree_mask: torch.Tensor) -> VisibleKeys:
+def visible_keys(tree_mask: torch.Tensor, shared: bool = False) -> VisibleKeys:
     """[T, T] bool visibility -> `VisibleKeys`. Fixed-shape device ops (no host sync), so it
-    can live inside a CUDA graph; the mask is the same for every layer: build it once a forward."""
+    can live inside a CUDA graph; the mask is the same for every layer: build it once a forward.
+    shared: see `VisibleKeys` (True for causal and full masks)."""
     t = tree_mask.shape[0]
     seen = tree_mask.to(torch.int32)
     count = seen.sum(1, dtype=torch.int32)
@@ -88,7 +97,7 @@ def visible_keys(tree_mask: torch.Tensor) -> VisibleKeys:
     dest = torch.where(tree_mask, rank, t).long()
     cols = torch.arange(t, device=tree_mask.device, dtype=torch.int32).expand(t, t)
     order = torch.zeros(t, t + 1, dtype=torch.int32, device=tree_mask.device).scatter_(1, dest, cols)
-    return VisibleKeys(order[:, :t].contiguous(), count)
+    return VisibleKeys(order[:, :t].contiguous(), count, shared)
 
 
 def split_len_for(capacity: int) -> int:
@@ -102,6 +111,10 @@ def split_len_for(capacity: int) -> int:
 # ----------------------------------------------------------------------------- triton kernels
 
 if triton is not None:
+    # The kernel's three binaries (MODE): an AR step, a tree, rows that share their keys.
+    AR_MODE = tl.constexpr(0)
+    TREE_MODE = tl.constexpr(1)
+    CHUNK_MODE = tl.constexpr(2)
 
     @triton.jit
     def _load_kv_tile(
@@ -135,170 +148,215 @@ if triton is not None:
         return kt, v
 
     @triton.jit
-    def _online_softmax_step(q, kt, v, visible, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr):
-        """One flash-attention step in the log2 domain. The one code path for every tile: a
-        row's arithmetic is then the same whichever loop the tile came from. A row that sees
-        nothing of the tile keeps m, l and acc exactly (alpha = 2^0 = 1, p = 0)."""
+    def _tile_partial(q, kt, v, visible, qk_scale, PRECISION: tl.constexpr):
+        """One 64-key tile alone, in the log2 domain: its row maxima m, sums l = sum 2^(s - m) and
+        unnormalised P@V from a zero accumulator. The one code path for every tile of every
+        program, so a row's partial of a tile is the same numbers whichever program computed it.
+        A row that sees nothing of the tile gets the empty partial (-inf, 0, 0)."""
         s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # avoid -inf - -inf = nan
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        return m_new, l_i, acc
+        m = tl.max(s, 1)
+        p = tl.exp2(s - tl.where(m == float("-inf"), 0.0, m)[:, None])  # avoid -inf - -inf = nan
+        return m, tl.sum(p, 1), tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
 
-    # T is never specialised: one binary for every T > 1, and AR (T = 1, the `AR` constexpr) one
-    # of its own whose tiles are stepped as the general binary steps them (same instructions).
+    @triton.jit
+    def _fold_weights(m1, m2):
+        """The fold of two partials (m1, l1, a1) and (m2, l2, a2): m = max(m1, m2), l = l1*c1 + l2*c2,
+        a = a1*c1 + a2*c2 (mul, mul, add: no FMA, the kernels run without fp fusion), in this
+        order in the attention programs and in the merge alike. Folding onto (-inf, 0, 0) gives
+        the other partial back exactly (c = 0 and 1), so a fold may start from either."""
+        m = tl.maximum(m1, m2)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        return m, tl.exp2(m1 - m_safe), tl.exp2(m2 - m_safe)
+
+    @triton.jit
+    def _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION: tl.constexpr):
+        """Fold one tile's partial into a program's running state (rows x head_dim)."""
+        m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
+        m, c1, c2 = _fold_weights(m_i, m_t)
+        return m, l_i * c1 + l_t * c2, acc * c1[:, None] + a_t * c2[:, None]
+
+    # T is never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for every T.
     @triton.jit(do_not_specialize=["T"])
     def _tree_attn_kernel(
-        Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, OUT_PART, LSE_PART,
-        T, N_HEADS, SPLIT_LEN, NUM_SPLITS, qk_scale,
+        Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L,
+        T, N_HEADS, SPLIT_LEN, NUM_SPLITS, TILE_STRIDE, qk_scale,
         stride_qt, stride_qh,
         stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, AR: tl.constexpr, PAGED: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, PAGED: tl.constexpr,
         PRECISION: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
-        pid_m = tl.program_id(0)
-        kv = tl.program_id(1)
-        pid_s = tl.program_id(2)
-
-        # Packed rows: row = token * GROUP + g, query head = kv * GROUP + g.
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_valid = rows < T * GROUP
-        tok = rows // GROUP
-        head = kv * GROUP + rows % GROUP
+        kv = tl.program_id(0)
+        pid = tl.program_id(1)
         # prefix_len comes from device memory: never specialised, CUDA-graph safe.
         prefix = tl.load(PREFIX).to(tl.int32)
-        # Each row's key count; padded rows have none, so they never widen a tile or a loop.
-        length = tl.where(row_valid, prefix + tl.load(COUNT + tok, mask=row_valid, other=0), 0)
-        # Programs 0..NUM_SPLITS-1 take split pid_s for all rows of the query tile. With SUB > 1
-        # (tree-sized calls) they leave the splits that reach past the prefix to the programs
-        # after them: one per (such split, token of the tile), so the per-token tiles of a tree
-        # run in parallel rather than one after another in one program. Which program owns a
-        # row never changes its arithmetic (same steps, tiles and order).
         prefix_tiles_end = prefix // BLOCK_N * BLOCK_N
-        tok_first = (pid_m * BLOCK_M) // GROUP
-        tok_last = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1)
-        per_token = pid_s >= NUM_SPLITS
-        extra = pid_s - NUM_SPLITS
-        split = tl.where(per_token, prefix_tiles_end // SPLIT_LEN + extra // SUB, pid_s)
-        lo = split * SPLIT_LEN
-        hi = tl.minimum(lo + SPLIT_LEN, tl.max(length, 0))
-        shared_end = tl.minimum(hi, prefix_tiles_end)
-        run = lo < hi
-        if SUB > 1:
-            run = run & (per_token == (shared_end < hi))
-            tok_first = tl.where(per_token, tok_first + extra % SUB, tok_first)
-            tok_last = tl.where(per_token, tl.minimum(tok_last, tok_first), tok_last)
-        own = row_valid & (tok >= tok_first) & (tok <= tok_last)  # the rows this program stores
-        if run & (tok_first <= tok_last):
-            d = tl.arange(0, HEAD_DIM)
-            q = tl.load(
-                Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=row_valid[:, None], other=0.0,
-            )
-            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-            cols = tl.arange(0, BLOCK_N)
+        d = tl.arange(0, HEAD_DIM)
+        cols = tl.arange(0, BLOCK_N)
+        n_query_tiles = tl.cdiv(T * GROUP, BLOCK_M)
+        n_split_programs = 0 if MODE == AR_MODE else NUM_SPLITS * n_query_tiles
 
-            # Tiles wholly inside the prefix: the same keys for every row (all visible).
-            for start in range(lo, shared_end, BLOCK_N):
-                pos = start + cols
-                kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d,
-                                      stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                      BLOCK_SIZE, False, PAGED)
-                visible = pos[None, :] < length[:, None]
-                m_i, l_i, acc = _online_softmax_step(q, kt, v, visible, m_i, l_i, acc, qk_scale, PRECISION)
-
-            if AR:
-                # One token (an AR step): the tile reaching past the prefix holds the row's keys at
-                # their own positions (its new key is at prefix), so the branch below would load
-                # the columns pos < hi and step with `pos < length`: the same loads, mask and step
-                # here, without its per-row key lookup (whose [BLOCK_M, BLOCK_N] index tensors
-                # spill and cost the AR step more than its tiles).
-                for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
+        if pid < n_split_programs:
+            # A split program: query tile pid % n, split pid // n (split 0's programs first). It
+            # folds the split's tiles that all its rows share (TREE: those wholly inside the
+            # prefix; CHUNK: all) in order and stores the state, or, for a CHUNK row of one
+            # split, the output.
+            split = pid // n_query_tiles
+            rows = (pid % n_query_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_valid = rows < T * GROUP
+            tok = rows // GROUP  # packed rows: row = token * GROUP + g, query head kv * GROUP + g
+            head = kv * GROUP + rows % GROUP
+            # Each row's key count; padded rows have none, so they never widen a tile or a loop.
+            length = tl.where(row_valid, prefix + tl.load(COUNT + tok, mask=row_valid, other=0), 0)
+            lo = split * SPLIT_LEN
+            hi = tl.minimum(lo + SPLIT_LEN, tl.max(length, 0))
+            shared_end = tl.minimum(hi, prefix_tiles_end)
+            end = hi if MODE == CHUNK_MODE else shared_end
+            if lo < end:
+                q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                            mask=row_valid[:, None], other=0.0)
+                m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+                l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+                acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+                # Tiles wholly inside the prefix: the same keys for every row (all visible).
+                for start in range(lo, shared_end, BLOCK_N):
                     pos = start + cols
                     kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d,
                                           stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                          BLOCK_SIZE, False, PAGED)
+                    visible = pos[None, :] < length[:, None]
+                    m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION)
+                if MODE == CHUNK_MODE:
+                    # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
+                    # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
+                    for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
+                        pos = start + cols
+                        sees = (pos[None, :] < length[:, None]) & row_valid[:, None]  # [BLOCK_M, BLOCK_N]
+                        depth = pos - prefix
+                        new = sees & (depth >= 0)[None, :]
+                        idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
+                        key_pos = tl.where(new, prefix + idx, pos[None, :])  # where row r's key sits
+                        top = tl.max(tl.where(sees, key_pos, -1), 0)
+                        bottom = tl.min(tl.where(sees, key_pos, 2147483647), 0)
+                        if tl.min(((top == bottom) | (top < 0)).to(tl.int32), 0) == 1:
+                            # Every row that sees a column sees the same key there (causal, full).
+                            kt, v = _load_kv_tile(K, V, BT, top, top >= 0, kv, d,
+                                                  stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                                  BLOCK_SIZE, True, PAGED)
+                            m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, sees, qk_scale, PRECISION)
+                        else:
+                            # Rows disagree (not what a CHUNK caller promised): a step per token;
+                            # the other rows fold the empty partial, which keeps them exactly.
+                            for tau in range((pid % n_query_tiles) * BLOCK_M // GROUP,
+                                             tl.minimum(((pid % n_query_tiles) * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1) + 1):
+                                mine = (tok == tau)[:, None] & sees
+                                keys = tl.max(tl.where(mine, key_pos, -1), 0)
+                                if tl.max(keys, 0) >= 0:
+                                    kt, v = _load_kv_tile(K, V, BT, keys, keys >= 0, kv, d,
+                                                          stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                                          stride_vh, BLOCK_SIZE, True, PAGED)
+                                    m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, mine, qk_scale, PRECISION)
+                mine_here = row_valid & (lo < length)
+                direct = mine_here & (tl.cdiv(length, SPLIT_LEN) == 1) & (MODE == CHUNK_MODE)
+                out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+                o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+                tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=direct[:, None])
+                state = mine_here & ~direct
+                at = (split * T + tok) * N_HEADS + head  # [NUM_SPLITS, T, N_HEADS]
+                tl.store(CH_M + at, m_i, mask=state)
+                tl.store(CH_L + at, l_i, mask=state)
+                tl.store(CH_A + at[:, None] * HEAD_DIM + d[None, :], acc, mask=state[:, None])
+        else:
+            # A tile program: one token's GROUP query heads (rows 0..GROUP-1 of the tile) and its
+            # tiles from the first past the shared ones (AR: all), every TILE_STRIDE-th from its
+            # own; each tile's partial is stored alone, for the merge to fold in order.
+            extra = pid - n_split_programs
+            tau = 0 if MODE == AR_MODE else extra
+            first = extra if MODE == AR_MODE else 0
+            tail_start = 0 if MODE == AR_MODE else prefix_tiles_end // BLOCK_N
+            rows = tl.arange(0, BLOCK_M)
+            row_valid = rows < GROUP
+            head = kv * GROUP + rows
+            count = tl.load(COUNT + tau)
+            length = tl.where(row_valid, prefix + count, 0)
+            n_tiles = tl.cdiv(prefix + count, BLOCK_N)
+            if tail_start + first < n_tiles:
+                q = tl.load(Q + tau * stride_qt + head[:, None] * stride_qh + d[None, :],
+                            mask=row_valid[:, None], other=0.0)
+                for j in range(tail_start + first, n_tiles, TILE_STRIDE):
+                    pos = j * BLOCK_N + cols
+                    valid = pos < prefix + count
+                    if MODE == AR_MODE:
+                        key_pos = pos  # one token: its keys sit at their own positions
+                    else:
+                        depth = pos - prefix
+                        new = valid & (depth >= 0)
+                        idx = tl.load(ORDER + tau * T + depth, mask=new, other=0)
+                        key_pos = tl.where(new, prefix + idx, pos)
+                    kt, v = _load_kv_tile(K, V, BT, key_pos, valid, kv, d,
+                                          stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                           BLOCK_SIZE, True, PAGED)
                     visible = pos[None, :] < length[:, None]
-                    m_i, l_i, acc = _online_softmax_step(q, kt, v, visible, m_i, l_i, acc, qk_scale, PRECISION)
-            else:
-                # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
-                # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
-                for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
-                    pos = start + cols
-                    sees = (pos[None, :] < length[:, None]) & own[:, None]  # [BLOCK_M, BLOCK_N]
-                    depth = pos - prefix
-                    new = sees & (depth >= 0)[None, :]
-                    idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
-                    key_pos = tl.where(new, prefix + idx, pos[None, :])  # where row r's key sits
-                    top = tl.max(tl.where(sees, key_pos, -1), 0)
-                    bottom = tl.min(tl.where(sees, key_pos, 2147483647), 0)
-                    if tl.min(((top == bottom) | (top < 0)).to(tl.int32), 0) == 1:
-                        # Every row that sees a column sees the same key there.
-                        kt, v = _load_kv_tile(K, V, BT, top, top >= 0, kv, d,
-                                              stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                              BLOCK_SIZE, True, PAGED)
-                        m_i, l_i, acc = _online_softmax_step(q, kt, v, sees, m_i, l_i, acc, qk_scale, PRECISION)
-                    else:
-                        for tau in range(tok_first, tok_last + 1):
-                            mine = (tok == tau)[:, None] & sees
-                            keys = tl.max(tl.where(mine, key_pos, -1), 0)
-                            if tl.max(keys, 0) >= 0:
-                                kt, v = _load_kv_tile(K, V, BT, keys, keys >= 0, kv, d,
-                                                      stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                                      stride_vh, BLOCK_SIZE, True, PAGED)
-                                m_i, l_i, acc = _online_softmax_step(q, kt, v, mine, m_i, l_i, acc, qk_scale,
-                                                                     PRECISION)
-
-            has_any = l_i > 0.0
-            out = acc / tl.where(has_any, l_i, 1.0)[:, None]
-            n_splits = tl.cdiv(length, SPLIT_LEN)
-            mine_here = own & (lo < length)
-            o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-            tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(mine_here & (n_splits == 1))[:, None])
-            # Rows of several splits: partials [S, T, N_HEADS, (D)], folded by the merge kernel.
-            part_row = (split * T + tok) * N_HEADS + head
-            lse = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
-            several = mine_here & (n_splits > 1)
-            tl.store(LSE_PART + part_row, lse, mask=several)
-            tl.store(OUT_PART + part_row[:, None] * HEAD_DIM + d[None, :], out, mask=several[:, None])
+                    m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
+                    at = ((j - tail_start) * T + tau) * N_HEADS + head  # [tile slots, T, N_HEADS]
+                    tl.store(TL_M + at, m_t, mask=row_valid)
+                    tl.store(TL_L + at, l_t, mask=row_valid)
+                    tl.store(TL_A + at[:, None] * HEAD_DIM + d[None, :], a_t, mask=row_valid[:, None])
 
     @triton.jit(do_not_specialize=["T"])
-    def _merge_splits_kernel(
-        OUT_PART, LSE_PART, OUT, PREFIX, COUNT, T, N_HEADS, SPLIT_LEN, stride_ot, stride_oh,
-        HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
+    def _merge_kernel(
+        OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, PREFIX, COUNT, T, N_HEADS, stride_ot, stride_oh,
+        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, MODE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
-        """out[t, h] = sum_s 2^(lse_s - max) * out_s / sum_s 2^(lse_s - max) over the row's own
-        splits, folded one by one in split order (a row of one split was written directly)."""
+        """out[t, h] = the fold, split by split in order, of each split's fold of its tiles in
+        order: a split's state from its split program (the tiles it folded) then its tiles'
+        own partials. A CHUNK row of one split was written directly."""
         wait_for_previous(PDL)
         t = tl.program_id(0)
         h = tl.program_id(1)
-        n = tl.cdiv(tl.load(PREFIX).to(tl.int32) + tl.load(COUNT + t), SPLIT_LEN)
-        if n > 1:
+        prefix = tl.load(PREFIX).to(tl.int32)
+        length = prefix + tl.load(COUNT + t)
+        n_tiles = tl.cdiv(length, BLOCK_N)
+        n_splits = tl.cdiv(n_tiles, SPLIT_TILES)
+        if MODE == AR_MODE:
+            tail_start = n_tiles * 0  # a tensor, as in the other modes
+        elif MODE == TREE_MODE:
+            tail_start = prefix // BLOCK_N
+        else:
+            tail_start = n_tiles
+        if (MODE != CHUNK_MODE) | (n_splits > 1):
             d = tl.arange(0, HEAD_DIM)
             m = float("-inf")
-            for s in range(0, n):
-                m = tl.maximum(m, tl.load(LSE_PART + (s * T + t) * N_HEADS + h))
-            m = tl.where(m == float("-inf"), 0.0, m)
-            denom = 0.0
-            acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-            for s in range(0, n):
-                row = (s * T + t) * N_HEADS + h
-                lse = tl.load(LSE_PART + row)
-                if lse > float("-inf"):
-                    w = tl.exp2(lse - m)
-                    denom += w
-                    acc += w * tl.load(OUT_PART + row * HEAD_DIM + d)
-            out = acc / tl.where(denom > 0.0, denom, 1.0)
+            den = 0.0
+            a = tl.zeros([HEAD_DIM], dtype=tl.float32)
+            for s in range(0, n_splits):
+                lo = s * SPLIT_TILES
+                at = (s * T + t) * N_HEADS + h
+                has_state = lo < tail_start
+                sm = tl.load(CH_M + at, mask=has_state, other=float("-inf"))
+                sl = tl.load(CH_L + at, mask=has_state, other=0.0)
+                sa = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(has_state, HEAD_DIM, 0), other=0.0)
+                for k in tl.static_range(SPLIT_TILES):
+                    j = lo + k
+                    use = (j >= tail_start) & (j < n_tiles)
+                    tile_at = ((j - tail_start) * T + t) * N_HEADS + h
+                    xm = tl.load(TL_M + tile_at, mask=use, other=float("-inf"))
+                    xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
+                    xa = tl.load(TL_A + tile_at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
+                    fm, c1, c2 = _fold_weights(sm, xm)
+                    sl = tl.where(use, sl * c1 + xl * c2, sl)
+                    sa = tl.where(use, sa * c1 + xa * c2, sa)
+                    sm = tl.where(use, fm, sm)
+                fm, c1, c2 = _fold_weights(m, sm)
+                den = den * c1 + sl * c2
+                a = a * c1 + sa * c2
+                m = fm
+            out = a / tl.where(den > 0.0, den, 1.0)
             tl.store(OUT + t * stride_ot + h * stride_oh + d, out.to(OUT.dtype.element_ty))
 
     @triton.jit
@@ -387,31 +445,39 @@ def paged_tree_attention_triton(
     # Grid and partials cover the longest row the cache can hold (shapes only: graph-safe);
     # programs past a row's length return at once.
     num_splits = -(-capacity // split_len)
-    out_part = torch.empty(num_splits, t, n_heads, head_dim, device=q.device, dtype=torch.float32)
-    lse_part = torch.empty(num_splits, t, n_heads, device=q.device, dtype=torch.float32)
-    # Tree-sized calls: per-token programs for the splits past the prefix (keys from the last
-    # prefix tile to prefix + T span at most T + 63 positions); a tile touches at most
-    # BLOCK_M / group + 1 tokens. Prefill chunks (T > MAX_SUB_T) and AR keep one program a split.
-    sub = -(-BLOCK_M // group) + 1 if 1 < t <= MAX_SUB_T else 1
-    per_token = (-(-(t + BLOCK_N - 1) // split_len) + 1) * sub if sub > 1 else 0
-    grid = (triton.cdiv(t * group, BLOCK_M), n_kv, num_splits + per_token)
-    _tree_attn_kernel[grid](
+    if t == 1:  # every tile of the row in parallel programs
+        mode, tile_slots, tile_programs = AR_MODE, -(-capacity // BLOCK_N), AR_TILE_PROGRAMS
+    elif keys.shared:  # rows share their keys: split programs fold every tile
+        mode, tile_slots, tile_programs = CHUNK_MODE, 0, 0
+    else:  # a tree: a program per token for the tiles past the prefix
+        mode, tile_slots, tile_programs = TREE_MODE, (t + BLOCK_N - 2) // BLOCK_N + 1, t
+    split_programs = 0 if mode == AR_MODE else num_splits * triton.cdiv(t * group, BLOCK_M)
+    states = 0 if mode == AR_MODE else num_splits
+
+    def f32(*shape):  # at least one element: a kernel argument must be a real pointer
+        return torch.empty(*shape, device=q.device, dtype=torch.float32) if shape[0] else q.new_empty(1, dtype=torch.float32)
+
+    ch_a, ch_m, ch_l = f32(states, t, n_heads, head_dim), f32(states, t, n_heads), f32(states, t, n_heads)
+    tl_a, tl_m, tl_l = f32(tile_slots, t, n_heads, head_dim), f32(tile_slots, t, n_heads), f32(tile_slots, t, n_heads)
+    _tree_attn_kernel[(n_kv, split_programs + tile_programs)](
         q, k_pool, v_pool, prefix if block_table is None else block_table,  # an unread stand-in
-        prefix, keys.order, keys.count, out, out_part, lse_part,
-        t, n_heads, split_len, num_splits, scale * LOG2E,
+        prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l,
+        t, n_heads, split_len, num_splits, AR_TILE_PROGRAMS if mode == AR_MODE else 1, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SUB=sub, AR=t == 1, PAGED=block_table is not None,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, MODE=mode, PAGED=block_table is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
-        num_warps=NUM_WARPS, num_stages=AR_NUM_STAGES if t == 1 else NUM_STAGES, **launch_args(q.device, t),
+        num_warps=NUM_WARPS, num_stages=AR_NUM_STAGES if t == 1 else NUM_STAGES, enable_fp_fusion=False,
+        **launch_args(q.device, t),
     )
-    if num_splits > 1:
-        _merge_splits_kernel[(t, n_heads)](
-            out_part, lse_part, out, prefix, keys.count, t, n_heads, split_len,
-            out.stride(0), out.stride(1), HEAD_DIM=head_dim, num_warps=1, **launch_args(q.device, t),
+    if mode != CHUNK_MODE or num_splits > 1:
+        _merge_kernel[(t, n_heads)](
+            out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, t, n_heads, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, SPLIT_TILES=split_len // BLOCK_N, MODE=mode,
+            num_warps=1, enable_fp_fusion=False, **launch_args(q.device, t),
         )
     return out
 

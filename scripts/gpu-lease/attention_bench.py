@@ -7,7 +7,7 @@ copy of that file (where the GPU machine has no .git: `git show main:kernels/tre
 topological order, a cache of `--capacity` positions laid out as the engine's (blocks in logical
 order): this tree's kernel reads it without a block table, the previous one through the identity
 table (older kernels need one). Both take their split length from the capacity (split_len_for:
-8448 gives 256).
+the engine's 33,792 gives 576, 8448 gives 256).
 
 Each case is timed twice, per call, between timing events inside one CUDA graph of REPEAT calls:
 "hot", the calls back to back (K/V, page table and q stay in L2), and "cold", each call after a
@@ -19,13 +19,15 @@ outputs; where the split structures differ the bits may too; a broken kernel sho
 the geometric mean of new/old, and prints the best value (the split length is
 max(256, capacity / MAX_SPLITS): at 8448, 576 / 320 / 256 / 256).
 
+--tile-sweep (alone) times the AR call at AR_TILE_PROGRAMS 8-64 (its programs per KV head).
+
 --split-sweep (alone) times this tree's kernel at split lengths 64-576 and 2-4 pipeline stages (the
 AR binary's AR_NUM_STAGES for T = 1, NUM_STAGES otherwise), cold, beside the previous kernel at
 the same split length.
 
 Runs from the repository root without installing the package.
 
-    python3 scripts/gpu-lease/attention_bench.py [--old main|FILE] [--capacity 8448] [--sweep | --split-sweep]
+    python3 scripts/gpu-lease/attention_bench.py [--old main|FILE] [--capacity 33792] [--sweep | --split-sweep | --tile-sweep]
         [--json-out FILE]
 """
 from __future__ import annotations
@@ -113,7 +115,7 @@ class Inputs:
         self.table = torch.arange(blocks, device="cuda", dtype=torch.int32)  # the previous kernel's identity table
         self.q = torch.randn(case.t, n_heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
         mask = tree_mask(case.t, case.mask, gen).cuda()
-        self.keys = visible_keys(mask)
+        self.keys = visible_keys(mask, shared=case.mask == "causal")  # as the engine passes them
         # The previous kernel's own mask form (its VisibleKeys class, or the older packed bits).
         self.old_keys = old.visible_keys(mask) if hasattr(old, "visible_keys") else old.pack_tree_mask(mask)
         self.prefix = torch.tensor([case.context], dtype=torch.int32, device="cuda")
@@ -261,13 +263,40 @@ def run_split_sweep(old, capacity: int, flush: Flush) -> list:
     return rows
 
 
+TILE_SWEEP = (8, 16, 32, 64)
+
+
+def run_tile_sweep(old, capacity: int, flush: Flush) -> list:
+    """The AR call's programs per KV head (AR_TILE_PROGRAMS, speed only), cold µs, beside the
+    previous kernel."""
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    print(f"\nAR_TILE_PROGRAMS sweep (capacity {capacity}): cold µs at {', '.join(map(str, TILE_SWEEP))}")
+    default = tree_attention.AR_TILE_PROGRAMS
+    for case in [Case(s, 1, c) for s in HEADS for c in (0, 512, 2048, 4096, 8192)]:
+        x = Inputs(case, capacity, old, gen)
+        new = {}
+        for programs in TILE_SWEEP:
+            tree_attention.AR_TILE_PROGRAMS = programs
+            new[programs] = per_call_us(x.new, flush)
+        tree_attention.AR_TILE_PROGRAMS = default
+        old_us = per_call_us(lambda: x.old(old), flush)
+        rows.append({**asdict(case), "new_cold_us": new, "old_cold_us": old_us})
+        print(f"{case.shape:>5} ctx={case.context:<5} " + " ".join(f"{p}: {u:.1f}" for p, u in new.items())
+              + f"  (old {old_us:.1f})", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", default="main", help="the previous kernel: a git revision, or its saved file (no .git)")
-    ap.add_argument("--capacity", type=int, default=8448, help="cache positions (the kernels' split length)")
+    ap.add_argument("--capacity", type=int, default=33792,
+                    help="cache positions (the kernels' split length; the engine's default cache: 576)")
     ap.add_argument("--sweep", action="store_true", help="also sweep MAX_SPLITS")
     ap.add_argument("--split-sweep", action="store_true",
                     help="only the split length x stages sweep (T = 1 and verify calls, cold)")
+    ap.add_argument("--tile-sweep", action="store_true",
+                    help="only the AR call at AR_TILE_PROGRAMS 8 / 16 / 32 / 64 (cold)")
     ap.add_argument("--json-out", default=os.path.join(os.environ.get("OUT", "."), "attention_bench.json"))
     args = ap.parse_args()
     old = load_old(args.old)
@@ -275,6 +304,10 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, previous kernel {args.old}, "
           f"capacity {args.capacity}, MAX_SPLITS {tree_attention.MAX_SPLITS}")
     rows: list = []
+    if args.tile_sweep:
+        rows = run_tile_sweep(old, args.capacity, flush)
+        Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "tile_sweep": rows}))
+        return
     if args.split_sweep:
         rows = run_split_sweep(old, args.capacity, flush)
         Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "split_sweep": rows}))

@@ -73,7 +73,9 @@ def check(t, prefix_len, n_heads, n_kv, head_dim, *, mask="tree", split_len=None
     q, k_pool, v_pool, block_table, tree_mask = make_inputs(
         t, prefix_len, n_heads, n_kv, head_dim, seed=seed, dtype=dtype, block_size=block_size, mask=mask)
     scale = head_dim ** -0.5
-    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale,
+    # Causal masks go in as the engine's prefill passes them: rows that share their keys.
+    keys = visible_keys(tree_mask, shared=mask == "causal")
+    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, keys, scale,
                                       split_len=split_len)
     ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
     assert out.dtype == q.dtype and out.shape == q.shape
@@ -114,6 +116,7 @@ CASES = [
     (1, 1, 8, 1, 16, "tree"),
     (1, 17, 4, 4, 64, "tree"),
     (1, 1000, 8, 1, 64, "tree"),    # long decode: split-K by default
+    (1, 2200, 4, 2, 16, "tree"),    # more tiles than AR programs: each program takes several
     (3, 0, 4, 4, 16, "causal"),
     (3, 17, 8, 1, 16, "tree"),
     (3, 200, 4, 2, 64, "tree"),
@@ -161,17 +164,30 @@ def test_no_block_table_is_the_identity_table(t, prefix_len, poisoned_alloc):
     assert torch.equal(plain, paged)
 
 
-def test_arbitrary_mask(poisoned_alloc):
-    """Any [T, T] mask, not only trees in topological order (later columns visible too)."""
+@pytest.mark.parametrize("shared", [False, True])
+def test_arbitrary_mask(shared, poisoned_alloc):
+    """Any [T, T] mask, not only trees in topological order (later columns visible too); also
+    when a caller wrongly calls its rows' keys shared (they then take a step per token)."""
     t, n_heads, n_kv, d = 70, 4, 2, 16
     q, k_pool, v_pool, block_table, _ = make_inputs(t, 50, n_heads, n_kv, d, seed=11)
     gen = torch.Generator().manual_seed(11)
     mask = (torch.rand(t, t, generator=gen) < 0.3) | torch.eye(t, dtype=torch.bool)
     mask[5] = False  # a row that sees no new token at all (only the prefix)
     mask = mask.to(DEVICE)
-    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, 50, mask, d ** -0.5, split_len=64)
+    keys = visible_keys(mask, shared=shared)
+    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, 50, keys, d ** -0.5, split_len=64)
     ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, 50, mask, d ** -0.5)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("t,prefix_len", [(9, 0), (40, 100), (70, 250)])
+def test_shared_keys_change_no_bit(t, prefix_len, poisoned_alloc, ordered_dot):
+    """A causal call folded in its split programs (shared) gives the bits of the same call run as a
+    tree (a program per token past the prefix): the mode is speed only."""
+    q, k_pool, v_pool, block_table, mask = make_inputs(t, prefix_len, 4, 2, 16, seed=t, mask="causal")
+    outs = [paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, visible_keys(mask, shared=s),
+                                        0.25, split_len=64) for s in (False, True)]
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_short_prefix_short_splits(poisoned_alloc):
@@ -260,7 +276,8 @@ def assert_batch_invariant(t, prefix_len, n_heads, n_kv, d, *, mask="tree", spli
     k_pool[torch.isnan(k_pool)] = 0.0
     v_pool[torch.isnan(v_pool)] = 0.0
     scale = d ** -0.5
-    tree = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, split_len=split_len)
+    keys = visible_keys(tree_mask, shared=mask == "causal")  # as the engine's prefill and verify pass them
+    tree = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, keys, scale, split_len=split_len)
     ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(tree.float(), ref.float(), rtol=tol, atol=tol)

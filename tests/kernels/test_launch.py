@@ -84,7 +84,7 @@ def test_sm90_pdl_only_adds_the_grid_dependency_instructions():
     # The AR step's attention binary multiplies with the same tensor-core instructions as the
     # verify's (a row's scores and P@V products are then the same numbers in both).
     mma = {kernel["kernel"]: kernel["mma"] for kernel in out}
-    assert mma["tree_attn AR"] == mma["tree_attn tree"] == mma["tree_attn prefill"] == mma["tree_attn tree paged"] != [], mma
+    assert mma["tree_attn AR"] == mma["tree_attn tree"] == mma["tree_attn chunk"] == mma["tree_attn tree paged"] != [], mma
     for kernel in out:
         name = kernel["kernel"]
         assert kernel["gdc"] == ["griddepcontrol.wait", "griddepcontrol.launch_dependents"], name
