@@ -16,17 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import (
-    Partials,
-    linear_gated_partials_triton,
-    linear_partials_triton,
-    linear_triton,
-    moe_block,
-    qk_norm_rope,
-    qkv_rope_write,
-    rms_norm,
-    silu_mul,
-)
+from ..kernels import Partials, linear_partials_triton, linear_triton, moe_block, qk_norm_rope, qkv_rope_write, rms_norm, silu_mul
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -169,12 +159,7 @@ class MLP(nn.Module):
 
     def forward_partials(self, x: torch.Tensor) -> torch.Tensor | Partials:
         """forward, for add_rms_norm: down's `Partials` where it splits (x: [T, hidden])."""
-        gate_up = self.gate_up_proj(x)
-        if gate_up.shape[0] == 1 and _batch_invariant(gate_up, self.down_proj.weight, self.down_proj.bias):
-            # One row (an AR step): the down GEMM forms silu(gate) * up as it loads its input,
-            # the same bits without the silu_mul launch (kernels/matmul.py).
-            return linear_gated_partials_triton(gate_up, self.down_proj.weight)
-        gate, up = self.gate_up_proj.split(gate_up)
+        gate, up = self.gate_up_proj.split(self.gate_up_proj(x))
         return self.down_proj.forward_partials(silu_mul(gate, up))
 
 

@@ -36,10 +36,6 @@ output element from its own row and column with the same instruction sequence.
 Under TRITON_INTERPRET=1 (CPU tests) the operands are upcast to fp32 before tl.dot: the
 interpreter's bf16 dot returns garbage (triton 3.9), and bf16/fp16 products are exact in fp32.
 
-A one-row x may come as its MLP's gate_up output (`linear_gated_partials_triton`): the kernel
-then forms x = silu(gate) * up as it loads it (`silu_mul_values`, the arithmetic of
-kernels/fused.py's silu_mul, so the same bf16 values), and the AR step runs no silu_mul launch.
-
 CUDA-graph safe: no host syncs; the grids and the partial buffer depend on shapes only.
 """
 from __future__ import annotations
@@ -54,11 +50,9 @@ from .launch import interpreting, launch_args, wait_for_previous
 try:  # triton is optional: CPU-only installs use F.linear.
     import triton
     import triton.language as tl
-    from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - exercised only without triton
     triton = None
     tl = None
-    libdevice = None
 
 BLOCK_M = 64  # rows per warpgroup, for every M: see the module docstring (wgmma on Hopper)
 WIDE_BLOCK_M = 128  # rows per program past BLOCK_M rows: two warpgroups (`block_m_for`)
@@ -201,29 +195,13 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
 
 # ----------------------------------------------------------------------------- triton kernels
 
-silu_mul_values = None  # a Triton function where triton is installed (below)
-
 if triton is not None:
-
-    @triton.jit
-    def silu_mul_values(gate, up, USE_LIBDEVICE: tl.constexpr):
-        """silu(gate) * up in gate's dtype, as torch computes it: gate / (1 + exp(-gate)) in fp32
-        (CUDA expf, IEEE division), rounded; times up in fp32, rounded. Elementwise, so the same
-        bits in fused.silu_mul's programs and in a GEMM's x load."""
-        g = gate.to(tl.float32)
-        if USE_LIBDEVICE:
-            e = libdevice.exp(-g)
-        else:
-            e = tl.exp(-g)
-        s = tl.math.div_rn(g, 1.0 + e).to(gate.dtype)
-        return (s.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
 
     @triton.jit(do_not_specialize=["M"])
     def _linear_kernel(
         X, W, B, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, group_blocks, k_blocks,
         UPCAST: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-        USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (M tiles, N tiles[, groups]). M tiles vary fastest, so the programs that share a
         weight tile (and K group) run together and it is read from HBM once."""
@@ -252,21 +230,12 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for kb in range(kb_start, kb_end):
-            k_left = K - kb * BLOCK_K
-            if GATED:
-                # One row (M = 1): X is its gate_up output, gate in columns [0, K), up in [K, 2K).
-                # x = silu(gate) * up, formed for that row alone and placed in the tile's row 0.
-                k_ok = offs_k < k_left
-                gate = tl.load(X + kb * BLOCK_K + offs_k, mask=k_ok, other=0.0)
-                up = tl.load(X + K + kb * BLOCK_K + offs_k, mask=k_ok, other=0.0)
-                x = tl.where(row_ok, silu_mul_values(gate, up, USE_LIBDEVICE)[None, :], 0.0).to(X.dtype.element_ty)
-            elif EVEN_K:
-                x = tl.load(x_ptrs, mask=row_ok, other=0.0)
-            else:
-                x = tl.load(x_ptrs, mask=row_ok & (offs_k[None, :] < k_left), other=0.0)
             if EVEN_K:
+                x = tl.load(x_ptrs, mask=row_ok, other=0.0)
                 w = tl.load(w_ptrs)
             else:
+                k_left = K - kb * BLOCK_K
+                x = tl.load(x_ptrs, mask=row_ok & (offs_k[None, :] < k_left), other=0.0)
                 w = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
             if UPCAST:
                 acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
@@ -368,29 +337,6 @@ def linear_partials_triton(
     return Partials(partials, bias, x.dtype)
 
 
-def linear_gated_partials_triton(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | Partials:
-    """`linear_partials_triton(silu_mul(gate, up), weight)` for one row, without the silu_mul
-    launch: gate_up is [1, 2K] (gate, then up, as the MLP's fused gate_up projection gives them)
-    and the GEMM forms silu(gate) * up as it loads x. The same bits (tests)."""
-    if triton is None:
-        raise RuntimeError("triton is not installed")
-    n, k = weight.shape
-    assert gate_up.shape == (1, 2 * k) and gate_up.dtype == weight.dtype, (
-        f"gate_up {tuple(gate_up.shape)} for weight {tuple(weight.shape)}")
-    assert weight.dtype in (torch.bfloat16, torch.float16), "bf16/fp16"
-    gate_up = gate_up if gate_up.stride(1) == 1 else gate_up.contiguous()
-    weight = weight if weight.stride(1) == 1 else weight.contiguous()
-    config = choose_config(n, k)
-    split = use_split(1, n, k, config)
-    if split:
-        partials = torch.empty(config.num_groups(k), 1, n, device=gate_up.device, dtype=torch.float32)
-        _launch_gemm(gate_up, weight, None, gate_up, partials, config=config, split=True, block_m=None, gated=True)
-        return Partials(partials, None, gate_up.dtype)
-    out = torch.empty(1, n, device=gate_up.device, dtype=gate_up.dtype)
-    _launch_gemm(gate_up, weight, None, out, out, config=config, split=False, block_m=None, gated=True)
-    return out
-
-
 def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T as its K-group sums, always: fp32 [G, M, N], G = choose_config's
     group count (1 for weights in one group). linear_triton(x, weight) is bitwise
@@ -443,11 +389,10 @@ def _launch(x, weight, bias, out, *, config, split, block_m) -> None:
         )
 
 
-def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, gated=False) -> None:
-    """_linear_kernel alone: into out [M, N] (fused launch) or partials [groups, M, N] (split).
-    gated: x is one row's gate_up output [1, 2K] (`linear_gated_partials_triton`)."""
-    m = x.shape[0]
-    n, k = weight.shape
+def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m) -> None:
+    """_linear_kernel alone: into out [M, N] (fused launch) or partials [groups, M, N] (split)."""
+    m, k = x.shape
+    n = weight.shape[0]
     if m == 0 or n == 0:
         return
     assert k > 0, "K = 0"
@@ -461,7 +406,7 @@ def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, gate
         config.group_blocks(k), _cdiv(k, config.block_k),
         UPCAST=interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        GATED=gated, USE_LIBDEVICE=x.is_cuda and not interpreting(), num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
+        num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
         **launch_args(x.device, m),
     )
 
@@ -474,7 +419,6 @@ __all__ = [
     "block_m_for",
     "choose_config",
     "groups_for",
-    "linear_gated_partials_triton",
     "linear_partials",
     "linear_partials_triton",
     "linear_ref",

@@ -25,8 +25,7 @@ from sm90 import resource_usage  # noqa: E402  (tests/kernels/sm90.py: the scrip
 from jetspec_chat.kernels import matmul  # noqa: E402
 
 INTS = ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "group_blocks", "k_blocks")
-FLAGS = ("UPCAST", "SPLIT", "ONE_GROUP", "HAS_BIAS", "EVEN_K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GATED", "USE_LIBDEVICE",
-         "PDL")
+FLAGS = ("UPCAST", "SPLIT", "ONE_GROUP", "HAS_BIAS", "EVEN_K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "PDL")
 
 
 def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_group: bool) -> dict:
@@ -34,8 +33,7 @@ def compile_variant(block_m: int, block_n: int, warps: int, split: bool, one_gro
     sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "P": "*fp32"}
     sig |= {name: "i32" for name in INTS} | {name: "constexpr" for name in FLAGS}
     consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=one_group, HAS_BIAS=False, EVEN_K=True,
-                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, GATED=False, USE_LIBDEVICE=True,
-                  PDL=True)  # as launched on sm_90
+                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, PDL=True)  # as launched on sm_90
     aligned = [list(sig).index(name) for name in ("X", "W", "B", "Y", "P", "stride_xm", "stride_wn", "stride_ym")]
     src = ASTSource(fn=matmul._linear_kernel, signature=sig, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})

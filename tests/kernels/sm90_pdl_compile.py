@@ -80,11 +80,10 @@ def kernels():
     ints = dict.fromkeys
     linear = dict(X=p16, W=p16, B=p16, Y=p16, P=p32) | ints(
         ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "group_blocks", "k_blocks"), i32)
-    for split, gated in ((True, False), (False, False), (True, True)):  # gated: the AR step's down_proj
-        consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=False, HAS_BIAS=not gated, EVEN_K=True,
-                      BLOCK_M=matmul.BLOCK_M, BLOCK_N=64, BLOCK_K=64, GATED=gated, USE_LIBDEVICE=True)
-        name = f"linear split={split}" + (" gated" if gated else "")
-        yield compare(name, matmul._linear_kernel, linear, consts, 4, 4)
+    for split in (True, False):
+        consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=False, HAS_BIAS=True, EVEN_K=True,
+                      BLOCK_M=matmul.BLOCK_M, BLOCK_N=64, BLOCK_K=64)
+        yield compare(f"linear split={split}", matmul._linear_kernel, linear, consts, 4, 4)
     yield compare("sum_groups", matmul._sum_groups_kernel,
                   dict(P=p32, B=p16, Y=p16, M=i32, N=i32, stride_ym=i32),
                   dict(GROUPS=8, HAS_BIAS=False, BLOCK=matmul.SUM_BLOCK), 2)

@@ -23,17 +23,14 @@ from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's 
 from sm90 import run_compile_script  # noqa: E402
 
 from jetspec_chat.engine.layers import FusedLinear, linear  # noqa: E402
-from jetspec_chat.kernels import linear_ref, linear_triton, silu_mul_triton  # noqa: E402
+from jetspec_chat.kernels import linear_ref, linear_triton  # noqa: E402
 from jetspec_chat.kernels.matmul import (  # noqa: E402
     BLOCK_M,
     WIDE_BLOCK_M,
     LinearConfig,
-    Partials,
     block_m_for,
     choose_config,
-    linear_gated_partials_triton,
     linear_partials,
-    linear_partials_triton,
     use_split,
 )
 
@@ -247,37 +244,7 @@ def test_linear_dispatch_cpu_unchanged():
     torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
-def assert_gated_is_silu_mul_then_linear(n: int, k: int, seed: int) -> None:
-    """One row's gate_up output through the gated GEMM gives the bits of silu_mul and then the
-    linear (the partials of a split launch, or the output of a fused one)."""
-    gate_up = randn(1, 2 * k, seed=seed, scale=2.0)
-    w = randn(n, k, seed=seed + 1, scale=k ** -0.5)
-    want = linear_partials_triton(silu_mul_triton(gate_up[:, :k], gate_up[:, k:]), w)
-    got = linear_gated_partials_triton(gate_up, w)
-    assert type(got) is type(want)
-    if isinstance(want, Partials):
-        assert torch.equal(got.groups, want.groups)
-    else:
-        assert torch.equal(got, want)
-
-
-@pytest.mark.parametrize("n,k", [(80, 200), (80, 512), (2048, 64)])
-def test_gated_linear_is_silu_mul_then_linear(n, k, request):
-    """Ragged K (a masked last block), a split launch over K groups, a fused one-group launch."""
-    if not CUDA:
-        request.getfixturevalue("rtne_bf16")
-    split = use_split(1, n, k, choose_config(n, k))
-    assert split == ((n, k) in ((80, 200), (80, 512))), (n, k, split)  # both launches are covered
-    assert_gated_is_silu_mul_then_linear(n, k, seed=n + k)
-
-
 # ----------------------------------------------------------------------------- GPU only
-
-
-@gpu_only
-@pytest.mark.parametrize("n,k", [(896, 4864), (1536, 8960), (4096, 12288)])  # 0.5B, 1.5B, 8B down
-def test_gpu_gated_linear_real_shapes(n, k):
-    assert_gated_is_silu_mul_then_linear(n, k, seed=7)
 
 
 @gpu_only
