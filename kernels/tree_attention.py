@@ -67,6 +67,14 @@ MIN_SPLIT_LEN = 256
 MAX_SPLITS = 64
 # Programs per KV head of an AR call; program p takes tiles p, p + 32, ... (speed only).
 AR_TILE_PROGRAMS = 32
+# A tree whose prefix has at most this many whole tiles stores each prefix tile's partial from a
+# program of its own (the merge folds them) instead of folding them in a chain (speed only).
+FLAT_TILES = 16
+# ... when its query tiles x KV heads (the chains it would run) are at most this many. H200, cold µs,
+# flat against chains at 512 keys: 1.5B T=16/64/128 (4/12/24 chains) 19.6/22.2/23.0 ->
+# 11.6/15.7/21.6, T=256 (48) 31.2 -> 35.2; 8B T=16 (8) 20.3 -> 14.4, T=64 (32) 26.4 -> 27.8, T=128 43 -> 48.
+# In the engine the 1.5B's verify(64) took 0.953x, its verify(128) 1.020x: hence 16, not 24.
+FLAT_MAX_CHAINS = 16
 
 
 class VisibleKeys(NamedTuple):
@@ -176,6 +184,17 @@ if triton is not None:
         m, c1, c2 = _fold_weights(m_i, m_t)
         return m, l_i * c1 + l_t * c2, acc * c1[:, None] + a_t * c2[:, None]
 
+    @triton.jit
+    def _query_rows(COUNT, prefix, query_tile, kv, T, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+        """A query tile's packed rows (row = token * GROUP + g, query head kv * GROUP + g): which are
+        real, their tokens, heads and key counts (padded rows have none, so they never widen a tile
+        or a loop)."""
+        rows = query_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_valid = rows < T * GROUP
+        tok = rows // GROUP
+        length = tl.where(row_valid, prefix + tl.load(COUNT + tok, mask=row_valid, other=0), 0)
+        return row_valid, tok, kv * GROUP + rows % GROUP, length
+
     # T is never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for every T.
     @triton.jit(do_not_specialize=["T"])
     def _tree_attn_kernel(
@@ -186,8 +205,8 @@ if triton is not None:
         stride_vb, stride_vs, stride_vh,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, PAGED: tl.constexpr,
-        PRECISION: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, FLAT_TILES: tl.constexpr,
+        PAGED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
         kv = tl.program_id(0)
@@ -199,23 +218,25 @@ if triton is not None:
         cols = tl.arange(0, BLOCK_N)
         n_query_tiles = tl.cdiv(T * GROUP, BLOCK_M)
         n_split_programs = 0 if MODE == AR_MODE else NUM_SPLITS * n_query_tiles
+        n_flat_programs = FLAT_TILES * n_query_tiles if MODE == TREE_MODE else 0
+        # TREE with a short prefix: its tiles' partials are stored one by one (flat programs, in
+        # parallel) rather than folded in a chain by the split programs; the merge knows (`flat`).
+        flat = prefix_tiles_end // BLOCK_N <= FLAT_TILES
 
         if pid < n_split_programs:
             # A split program: query tile pid % n, split pid // n (split 0's programs first). It
             # folds the split's tiles that all its rows share (TREE: those wholly inside the
-            # prefix; CHUNK: all) in order and stores the state, or, for a CHUNK row of one
-            # split, the output.
+            # prefix, unless `flat`; CHUNK: all) in order and stores the state, or, for a CHUNK
+            # row of one split, the output.
             split = pid // n_query_tiles
-            rows = (pid % n_query_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_valid = rows < T * GROUP
-            tok = rows // GROUP  # packed rows: row = token * GROUP + g, query head kv * GROUP + g
-            head = kv * GROUP + rows % GROUP
-            # Each row's key count; padded rows have none, so they never widen a tile or a loop.
-            length = tl.where(row_valid, prefix + tl.load(COUNT + tok, mask=row_valid, other=0), 0)
+            row_valid, tok, head, length = _query_rows(COUNT, prefix, pid % n_query_tiles, kv, T, GROUP, BLOCK_M)
             lo = split * SPLIT_LEN
             hi = tl.minimum(lo + SPLIT_LEN, tl.max(length, 0))
             shared_end = tl.minimum(hi, prefix_tiles_end)
-            end = hi if MODE == CHUNK_MODE else shared_end
+            if MODE == CHUNK_MODE:
+                end = hi
+            else:
+                end = tl.where(flat, lo, shared_end)
             if lo < end:
                 q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                             mask=row_valid[:, None], other=0.0)
@@ -270,24 +291,45 @@ if triton is not None:
                 tl.store(CH_M + at, m_i, mask=state)
                 tl.store(CH_L + at, l_i, mask=state)
                 tl.store(CH_A + at[:, None] * HEAD_DIM + d[None, :], acc, mask=state[:, None])
+        elif pid < n_split_programs + n_flat_programs:
+            # A flat program (TREE, `flat`): prefix tile j of query tile pid % n, its partial
+            # stored for the merge (tile slot j: with `flat` the slots start at tile 0).
+            j = (pid - n_split_programs) // n_query_tiles
+            if flat & (j < prefix_tiles_end // BLOCK_N):
+                row_valid, tok, head, length = _query_rows(COUNT, prefix, pid % n_query_tiles, kv, T, GROUP, BLOCK_M)
+                q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                            mask=row_valid[:, None], other=0.0)
+                pos = j * BLOCK_N + cols
+                kt, v = _load_kv_tile(K, V, BT, pos, pos < prefix, kv, d,
+                                      stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                      BLOCK_SIZE, False, PAGED)
+                visible = pos[None, :] < length[:, None]
+                m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
+                at = (j * T + tok) * N_HEADS + head  # [tile slots, T, N_HEADS]
+                tl.store(TL_M + at, m_t, mask=row_valid)
+                tl.store(TL_L + at, l_t, mask=row_valid)
+                tl.store(TL_A + at[:, None] * HEAD_DIM + d[None, :], a_t, mask=row_valid[:, None])
         else:
             # A tile program: one token's GROUP query heads (rows 0..GROUP-1 of the tile) and its
             # tiles from the first past the shared ones (AR: all), every TILE_STRIDE-th from its
             # own; each tile's partial is stored alone, for the merge to fold in order.
-            extra = pid - n_split_programs
+            extra = pid - n_split_programs - n_flat_programs
             tau = 0 if MODE == AR_MODE else extra
-            first = extra if MODE == AR_MODE else 0
-            tail_start = 0 if MODE == AR_MODE else prefix_tiles_end // BLOCK_N
+            first = extra if MODE == AR_MODE else prefix_tiles_end // BLOCK_N
+            if MODE == AR_MODE:
+                tail_start = 0
+            else:
+                tail_start = tl.where(flat, 0, prefix_tiles_end // BLOCK_N)
             rows = tl.arange(0, BLOCK_M)
             row_valid = rows < GROUP
             head = kv * GROUP + rows
             count = tl.load(COUNT + tau)
             length = tl.where(row_valid, prefix + count, 0)
             n_tiles = tl.cdiv(prefix + count, BLOCK_N)
-            if tail_start + first < n_tiles:
+            if first < n_tiles:
                 q = tl.load(Q + tau * stride_qt + head[:, None] * stride_qh + d[None, :],
                             mask=row_valid[:, None], other=0.0)
-                for j in range(tail_start + first, n_tiles, TILE_STRIDE):
+                for j in range(first, n_tiles, TILE_STRIDE):
                     pos = j * BLOCK_N + cols
                     valid = pos < prefix + count
                     if MODE == AR_MODE:
@@ -311,7 +353,7 @@ if triton is not None:
     def _merge_kernel(
         OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, PREFIX, COUNT, T, N_HEADS, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, MODE: tl.constexpr,
-        PDL: tl.constexpr,
+        FLAT_TILES: tl.constexpr, PDL: tl.constexpr,
     ):
         """out[t, h] = the fold, split by split in order, of each split's fold of its tiles in
         order: a split's state from its split program (the tiles it folded) then its tiles'
@@ -326,7 +368,7 @@ if triton is not None:
         if MODE == AR_MODE:
             tail_start = n_tiles * 0  # a tensor, as in the other modes
         elif MODE == TREE_MODE:
-            tail_start = prefix // BLOCK_N
+            tail_start = tl.where(prefix // BLOCK_N <= FLAT_TILES, 0, prefix // BLOCK_N)  # the kernel's `flat`
         else:
             tail_start = n_tiles
         if (MODE != CHUNK_MODE) | (n_splits > 1):
@@ -449,9 +491,13 @@ def paged_tree_attention_triton(
         mode, tile_slots, tile_programs = AR_MODE, -(-capacity // BLOCK_N), AR_TILE_PROGRAMS
     elif keys.shared:  # rows share their keys: split programs fold every tile
         mode, tile_slots, tile_programs = CHUNK_MODE, 0, 0
-    else:  # a tree: a program per token for the tiles past the prefix
-        mode, tile_slots, tile_programs = TREE_MODE, (t + BLOCK_N - 2) // BLOCK_N + 1, t
-    split_programs = 0 if mode == AR_MODE else num_splits * triton.cdiv(t * group, BLOCK_M)
+    else:  # a tree: a program per token for the tiles past the prefix, flat programs
+        mode, tile_slots, tile_programs = TREE_MODE, FLAT_TILES + (t + BLOCK_N - 2) // BLOCK_N + 1, t
+    query_tiles = triton.cdiv(t * group, BLOCK_M)
+    split_programs = 0 if mode == AR_MODE else num_splits * query_tiles
+    # Flat prefix programs where the chains would be few (0: none; the merge then finds no flat slots).
+    flat_tiles = FLAT_TILES if mode == TREE_MODE and query_tiles * n_kv <= FLAT_MAX_CHAINS else 0
+    flat_programs = flat_tiles * query_tiles
     states = 0 if mode == AR_MODE else num_splits
 
     def f32(*shape):  # at least one element: a kernel argument must be a real pointer
@@ -459,7 +505,7 @@ def paged_tree_attention_triton(
 
     ch_a, ch_m, ch_l = f32(states, t, n_heads, head_dim), f32(states, t, n_heads), f32(states, t, n_heads)
     tl_a, tl_m, tl_l = f32(tile_slots, t, n_heads, head_dim), f32(tile_slots, t, n_heads), f32(tile_slots, t, n_heads)
-    _tree_attn_kernel[(n_kv, split_programs + tile_programs)](
+    _tree_attn_kernel[(n_kv, split_programs + flat_programs + tile_programs)](
         q, k_pool, v_pool, prefix if block_table is None else block_table,  # an unread stand-in
         prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l,
         t, n_heads, split_len, num_splits, AR_TILE_PROGRAMS if mode == AR_MODE else 1, scale * LOG2E,
@@ -468,7 +514,7 @@ def paged_tree_attention_triton(
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, MODE=mode, PAGED=block_table is not None,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, MODE=mode, FLAT_TILES=flat_tiles, PAGED=block_table is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
         num_warps=NUM_WARPS, num_stages=AR_NUM_STAGES if t == 1 else NUM_STAGES, enable_fp_fusion=False,
         **launch_args(q.device, t),
@@ -476,7 +522,7 @@ def paged_tree_attention_triton(
     if mode != CHUNK_MODE or num_splits > 1:
         _merge_kernel[(t, n_heads)](
             out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, t, n_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, SPLIT_TILES=split_len // BLOCK_N, MODE=mode,
+            HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, SPLIT_TILES=split_len // BLOCK_N, MODE=mode, FLAT_TILES=flat_tiles,
             num_warps=1, enable_fp_fusion=False, **launch_args(q.device, t),
         )
     return out

@@ -111,13 +111,15 @@ def kernels():
     for name, mode, paged in (("AR", modes[0], False), ("chunk", modes[2], False), ("tree", modes[1], False),
                               ("tree paged", modes[1], True)):
         consts = dict(GROUP=6, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=tree_attention.BLOCK_M,
-                      BLOCK_N=tree_attention.BLOCK_N, MODE=mode, PAGED=paged, PRECISION="tf32")
+                      BLOCK_N=tree_attention.BLOCK_N, MODE=mode, FLAT_TILES=tree_attention.FLAT_TILES, PAGED=paged,
+                      PRECISION="tf32")
         yield compare(f"tree_attn {name}", tree_attention._tree_attn_kernel, attn, consts, tree_attention.NUM_WARPS,
                       tree_attention.AR_NUM_STAGES if mode == modes[0] else tree_attention.NUM_STAGES)  # as launched
     yield compare("merge", tree_attention._merge_kernel,
                   dict(OUT=p16, CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, PREFIX="*i32",
                        COUNT="*i32", T=i32, N_HEADS=i32, stride_ot=i32, stride_oh=i32),
-                  dict(HEAD_DIM=128, BLOCK_N=tree_attention.BLOCK_N, SPLIT_TILES=9, MODE=modes[1]), 1)
+                  dict(HEAD_DIM=128, BLOCK_N=tree_attention.BLOCK_N, SPLIT_TILES=9, MODE=modes[1],
+                       FLAT_TILES=tree_attention.FLAT_TILES), 1)
     groups = {"BLOCK_EXPERT": "*i32", "BLOCK_ROWS": "*i32", "ROW_ASSIGN": "*i32"}
     tile = moe.TILE
     yield compare("moe gate_up", moe._gate_up_kernel, {"X": p16, "WGU": p16, "INTER": p16} | groups | ints(

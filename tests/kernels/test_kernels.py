@@ -285,7 +285,8 @@ def assert_batch_invariant(t, prefix_len, n_heads, n_kv, d, *, mask="tree", spli
     assert torch.equal(tree, ar), f"{int((tree != ar).any(-1).any(-1).sum())} of {t} rows differ from their AR step"
 
 
-@pytest.mark.parametrize("t,prefix_len,mask", [(12, 57, "tree"), (20, 120, "tree"), (9, 0, "causal"), (70, 3, "tree")])
+@pytest.mark.parametrize("t,prefix_len,mask", [(12, 57, "tree"), (20, 120, "tree"), (9, 0, "causal"), (70, 3, "tree"),
+                                                 (6, 1100, "tree")])  # past FLAT_TILES: the prefix in a chain
 def test_rows_equal_their_ar_step(t, prefix_len, mask, ordered_dot):
     """(The previous kernel, which reduced a node's keys in tree order, fails this.) Bitwise: a verified node's output is the AR step's for the same token and keys, also when
     the prefix ends inside a tile, rows cross split bounds (splits of 64) and siblings share tiles.
