@@ -29,6 +29,8 @@ its bits, so the work can be cut as suits each call:
     the prefix (each token's own keys, its ancestors; in parallel rather than stepped one token
     after another in one program), in AR mode (T = 1) every tile of the row, spread over
     AR_TILE_PROGRAMS programs per KV head (an AR step was one program walking up to 9 tiles).
+  * Flat programs (TREE, small trees with a short prefix: FLAT_TILES, FLAT_MAX_CHAINS) store each
+    prefix tile's partial for a query tile's rows, in place of the split programs' chain.
   * `_merge_kernel` folds, per row, each split's state then its tiles' partials, split by split.
     A CHUNK row of one split is written by its split program directly.
 fp32 scores, softmax and accumulation (exp2 with the scale folded in); output in q's dtype.
