@@ -187,6 +187,24 @@ if triton is not None:
         return m, l_i * c1 + l_t * c2, acc * c1[:, None] + a_t * c2[:, None]
 
     @triton.jit
+    def _tile_slots_start(prefix, MODE: tl.constexpr, FLAT_TILES: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The first tile whose partial is stored alone (its slot 0) in an AR or TREE call: AR, tile
+        0; TREE, the first past the whole prefix tiles, or tile 0 where the prefix's tiles went to
+        flat programs (at most FLAT_TILES of them). The attention and the merge both ask here."""
+        prefix_tiles = prefix // BLOCK_N
+        if MODE == AR_MODE:
+            return prefix_tiles * 0  # a tensor, as in the other mode
+        else:
+            return tl.where(prefix_tiles <= FLAT_TILES, 0, prefix_tiles)
+
+    @triton.jit
+    def _store_partial(TL_M, TL_L, TL_A, at, m, l, a, mask, d, HEAD_DIM: tl.constexpr):
+        """A tile's partial (m, l, a) of the rows at `at` (slot, token, head), where `mask`."""
+        tl.store(TL_M + at, m, mask=mask)
+        tl.store(TL_L + at, l, mask=mask)
+        tl.store(TL_A + at[:, None] * HEAD_DIM + d[None, :], a, mask=mask[:, None])
+
+    @triton.jit
     def _query_rows(COUNT, prefix, query_tile, kv, T, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
         """A query tile's packed rows (row = token * GROUP + g, query head kv * GROUP + g): which are
         real, their tokens, heads and key counts (padded rows have none, so they never widen a tile
@@ -222,7 +240,7 @@ if triton is not None:
         n_split_programs = 0 if MODE == AR_MODE else NUM_SPLITS * n_query_tiles
         n_flat_programs = FLAT_TILES * n_query_tiles if MODE == TREE_MODE else 0
         # TREE with a short prefix: its tiles' partials are stored one by one (flat programs, in
-        # parallel) rather than folded in a chain by the split programs; the merge knows (`flat`).
+        # parallel) rather than folded in a chain by the split programs (`_tile_slots_start`).
         flat = prefix_tiles_end // BLOCK_N <= FLAT_TILES
 
         if pid < n_split_programs:
@@ -307,10 +325,7 @@ if triton is not None:
                                       BLOCK_SIZE, False, PAGED)
                 visible = pos[None, :] < length[:, None]
                 m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
-                at = (j * T + tok) * N_HEADS + head  # [tile slots, T, N_HEADS]
-                tl.store(TL_M + at, m_t, mask=row_valid)
-                tl.store(TL_L + at, l_t, mask=row_valid)
-                tl.store(TL_A + at[:, None] * HEAD_DIM + d[None, :], a_t, mask=row_valid[:, None])
+                _store_partial(TL_M, TL_L, TL_A, (j * T + tok) * N_HEADS + head, m_t, l_t, a_t, row_valid, d, HEAD_DIM)
         else:
             # A tile program: one token's GROUP query heads (rows 0..GROUP-1 of the tile) and its
             # tiles from the first past the shared ones (AR: all), every TILE_STRIDE-th from its
@@ -318,10 +333,7 @@ if triton is not None:
             extra = pid - n_split_programs - n_flat_programs
             tau = 0 if MODE == AR_MODE else extra
             first = extra if MODE == AR_MODE else prefix_tiles_end // BLOCK_N
-            if MODE == AR_MODE:
-                tail_start = 0
-            else:
-                tail_start = tl.where(flat, 0, prefix_tiles_end // BLOCK_N)
+            tail_start = _tile_slots_start(prefix, MODE, FLAT_TILES, BLOCK_N)
             rows = tl.arange(0, BLOCK_M)
             row_valid = rows < GROUP
             head = kv * GROUP + rows
@@ -347,9 +359,7 @@ if triton is not None:
                     visible = pos[None, :] < length[:, None]
                     m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
                     at = ((j - tail_start) * T + tau) * N_HEADS + head  # [tile slots, T, N_HEADS]
-                    tl.store(TL_M + at, m_t, mask=row_valid)
-                    tl.store(TL_L + at, l_t, mask=row_valid)
-                    tl.store(TL_A + at[:, None] * HEAD_DIM + d[None, :], a_t, mask=row_valid[:, None])
+                    _store_partial(TL_M, TL_L, TL_A, at, m_t, l_t, a_t, row_valid, d, HEAD_DIM)
 
     @triton.jit(do_not_specialize=["T"])
     def _merge_kernel(
@@ -367,12 +377,10 @@ if triton is not None:
         length = prefix + tl.load(COUNT + t)
         n_tiles = tl.cdiv(length, BLOCK_N)
         n_splits = tl.cdiv(n_tiles, SPLIT_TILES)
-        if MODE == AR_MODE:
-            tail_start = n_tiles * 0  # a tensor, as in the other modes
-        elif MODE == TREE_MODE:
-            tail_start = tl.where(prefix // BLOCK_N <= FLAT_TILES, 0, prefix // BLOCK_N)  # the kernel's `flat`
+        if MODE == CHUNK_MODE:
+            tail_start = n_tiles  # every tile in the split programs' states
         else:
-            tail_start = n_tiles
+            tail_start = _tile_slots_start(prefix, MODE, FLAT_TILES, BLOCK_N)
         if (MODE != CHUNK_MODE) | (n_splits > 1):
             d = tl.arange(0, HEAD_DIM)
             m = float("-inf")
@@ -493,13 +501,14 @@ def paged_tree_attention_triton(
         mode, tile_slots, tile_programs = AR_MODE, -(-capacity // BLOCK_N), AR_TILE_PROGRAMS
     elif keys.shared:  # rows share their keys: split programs fold every tile
         mode, tile_slots, tile_programs = CHUNK_MODE, 0, 0
-    else:  # a tree: a program per token for the tiles past the prefix, flat programs
-        mode, tile_slots, tile_programs = TREE_MODE, FLAT_TILES + (t + BLOCK_N - 2) // BLOCK_N + 1, t
+    else:  # a tree: a program per token for the tiles past the prefix
+        mode, tile_slots, tile_programs = TREE_MODE, (t + BLOCK_N - 2) // BLOCK_N + 1, t
     query_tiles = triton.cdiv(t * group, BLOCK_M)
     split_programs = 0 if mode == AR_MODE else num_splits * query_tiles
     # Flat prefix programs where the chains would be few (0: none; the merge then finds no flat slots).
     flat_tiles = FLAT_TILES if mode == TREE_MODE and query_tiles * n_kv <= FLAT_MAX_CHAINS else 0
     flat_programs = flat_tiles * query_tiles
+    tile_slots += flat_tiles  # the prefix tiles' slots, before the tail's
     states = 0 if mode == AR_MODE else num_splits
 
     def f32(*shape):  # at least one element: a kernel argument must be a real pointer
