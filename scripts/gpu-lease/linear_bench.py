@@ -1,5 +1,5 @@
-"""The batch-invariant linear (kernels/matmul.py) against F.linear (cuBLAS) at Qwen2.5-1.5B and
-Qwen3-8B shapes, bf16, M = 1, 16, 64, 128, 256.
+"""The batch-invariant linear (kernels/matmul.py) against F.linear (cuBLAS) at Qwen2.5-0.5B / 1.5B,
+Qwen3-8B and Qwen3-30B-A3B (its dense linears) shapes, bf16, M = 1, 16, 64, 128, 256.
 
 Timing: µs per call inside a CUDA graph that calls the linear once on each of C copies of the
 weight (C x weight >= 128 MB, so every call streams its weight from HBM as a decode step does,
@@ -16,12 +16,15 @@ PERF_NOTES.)
 --sweep also times, per shape, a handful of candidate configs (block_n, block_k, K groups,
 warps, stages) at every M, each with both launches (split over K groups, groups summed in-kernel, and
 fused) where it has more than one group, and checks each candidate's M-invariance and whether
-it gives the table config's bits (`=tbl`: expected where block_k and the groups match); it prints
+it gives the table config's bits (`=tbl`: expected where block_k and the groups match); a split
+launch is timed without its group-sum pass where the engine's consumer adds the groups as it
+loads (all but the lm_head); it prints
 per shape the best launch per (candidate, M) and a pick (lowest sum over M of time / best time).
 The tables alone: under a minute on an H200 (estimated, mostly compiles); with --sweep about
 2 min more (split it with --models if it runs long).
 
-    python3 scripts/gpu-lease/linear_bench.py [--sweep] [--ms 1,16,64,128,256] [--models 1.5B,8B]
+    python3 scripts/gpu-lease/linear_bench.py [--sweep [--jobs 12] [--no-table]] [--ms 1,16,64,128,256]
+        [--models 1.5B,8B] [--names qkv,o_proj,gate_up,down,lm_head]
 
 Runs from the repository root without installing the package (engine/ and kernels/ are mapped
 into jetspec_chat.* here, as setuptools maps them). JSON goes to $OUT/linear_bench.json when
@@ -30,6 +33,7 @@ $OUT is set (or to --json-out).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -55,11 +59,17 @@ from jetspec_chat.kernels.matmul import (  # noqa: E402
     block_m_for,
     choose_config,
     groups_for,
+    linear_partials_triton,
     linear_triton,
     use_split,
 )
 
 SHAPES = [  # (model, projection, N, K, bias)
+    ("0.5B", "qkv", 1152, 896, True),
+    ("0.5B", "o_proj", 896, 896, False),
+    ("0.5B", "gate_up", 9728, 896, False),
+    ("0.5B", "down", 896, 4864, False),
+    ("0.5B", "lm_head", 151936, 896, False),
     ("1.5B", "qkv", 2048, 1536, True),
     ("1.5B", "o_proj", 1536, 1536, False),
     ("1.5B", "gate_up", 17920, 1536, False),
@@ -70,6 +80,9 @@ SHAPES = [  # (model, projection, N, K, bias)
     ("8B", "gate_up", 24576, 4096, False),
     ("8B", "down", 4096, 12288, False),
     ("8B", "lm_head", 151936, 4096, False),
+    ("30B-A3B", "qkv", 5120, 2048, False),  # Qwen3-30B-A3B's dense linears (its experts: moe_kernel_bench.py)
+    ("30B-A3B", "o_proj", 2048, 4096, False),
+    ("30B-A3B", "lm_head", 151936, 2048, False),
 ]
 FLUSH_BYTES = 128 << 20
 MAX_ROWS = 256
@@ -81,11 +94,11 @@ def graphed_us(fn, weights, reps: int) -> float:
     return statistics.median(graphed_ms(lambda: [fn(w) for w in weights], reps)) * 1e3 / len(weights)
 
 
-def make_weights(n: int, k: int, bias: bool, seed: int):
+def make_weights(n: int, k: int, bias: bool, seed: int, copies: int | None = None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(DTYPE)
     b = torch.randn(n, device="cuda", generator=gen).to(DTYPE) if bias else None
-    copies = max(1, min(32, -(-FLUSH_BYTES // w.nbytes)))
+    copies = copies or max(1, min(32, -(-FLUSH_BYTES // w.nbytes)))
     return [w] + [w.clone() for _ in range(copies - 1)], b
 
 
@@ -141,21 +154,76 @@ def main_table(ms, reps: int) -> list[dict]:
 
 
 def candidates(n: int, k: int) -> list[LinearConfig]:
-    """The table's config and a few neighbours: more / fewer K groups, no groups (narrow tiles
-    instead: one launch at M=1), other tile widths and depths, 8 warps."""
+    """The table's config and its neighbourhood: 64 / 128-wide tiles, 64 / 128-deep K blocks, the
+    rule's K groups, half and twice as many, one group, and 2 or 4 groups for weights whose N tiles
+    alone fill a wave (gate_up, lm_head: at M=1 their one-group launch ends on a partial wave); the
+    table's config at 3 and 6 stages. One group is left out where the N tiles fill under half the
+    SMs (a handful of programs at M=1)."""
     base = choose_config(n, k)
-
-    def cfg(bn, bk, warps=4, stages=4, target=matmul.TARGET_PROGRAMS):
-        return LinearConfig(bn, bk, groups_for(n, k, bn, bk, target), warps, stages)
-
-    out = [base, cfg(128, 64, target=2 * matmul.TARGET_PROGRAMS), cfg(128, 64, target=matmul.TARGET_PROGRAMS // 2),
-           cfg(64, 64, target=1), cfg(64, 64), cfg(256, 64, warps=8, stages=3), cfg(128, 128, stages=3)]
+    out = [base]
+    for bk in (64, 128):
+        k_blocks = -(-k // bk)
+        for bn in (64, 128):
+            tiles = -(-n // bn)
+            rule = groups_for(n, k, bn, bk)
+            gs = {1, rule, 2 * rule, max(1, rule // 2)} | ({2, 4} if tiles >= matmul.SMS else set())
+            for g in sorted(gs):
+                if (g == 1 and tiles < matmul.SMS // 2) or (g > 1 and g * matmul.MIN_GROUP_BLOCKS > k_blocks):
+                    continue
+                out.append(LinearConfig(bn, bk, g, 4, 4 if bk == 64 else 3))
+    out += [dataclasses.replace(base, num_stages=s) for s in (3, 6)]
     seen, unique = set(), []
     for c in out:
         if c not in seen:
             seen.add(c)
             unique.append(c)
     return unique
+
+
+# The engine's consumers add a split launch's group sums as they load (add_rms_norm after o_proj
+# and down, qkv_rope_write after qkv, silu_mul after gate_up): there the sweep times the split
+# launch alone. The lm_head's logits go to an argmax that does not, so it keeps the sum pass.
+SUMMED_BY_CONSUMER = {"qkv", "o_proj", "gate_up", "down"}
+
+
+def run_linear(name: str, x, w, b, config: LinearConfig, split: bool):
+    if split and name in SUMMED_BY_CONSUMER:
+        return linear_partials_triton(x, w, b, config=config, split=True)
+    return linear_triton(x, w, b, config=config, split=split)
+
+
+_WARM_WEIGHTS: dict = {}
+
+
+def _warm_one(task) -> None:
+    """Compile one sweep launch in a worker process (Triton's disk cache is shared)."""
+    name, n, k, bias, config, split, m = task
+    if (n, k, bias) not in _WARM_WEIGHTS:
+        _WARM_WEIGHTS.clear()
+        _WARM_WEIGHTS[(n, k, bias)] = make_weights(n, k, bias, seed=0, copies=1)
+    (w,), b = _WARM_WEIGHTS[(n, k, bias)]
+    x = torch.randn(m, k, device="cuda").to(DTYPE)
+    run_linear(name, x, w, b, LinearConfig(**config), split)
+    torch.cuda.synchronize()
+
+
+def warm_compiles(ms, jobs: int) -> None:
+    """Every sweep launch compiled first in `jobs` processes, so that the timed pass finds them in
+    the cache (one compile is ~1 s of CPU; a sweep has ~250)."""
+    import concurrent.futures
+    import multiprocessing
+
+    tasks = []
+    for model, name, n, k, bias in SHAPES:
+        for c in candidates(n, k):
+            for sp in ((True, False) if c.num_groups(k) > 1 else (False,)):
+                for m in sorted({min(ms), max(ms)}):  # PDL up to 64 rows, 128-row programs beyond
+                    tasks.append((name, n, k, bias, c.__dict__, sp, m))
+    t0 = time.time()
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        failed = sum(1 for f in [pool.submit(_warm_one, t) for t in tasks] if f.exception() is not None)
+    print(f"compiled {len(tasks)} launches in {time.time() - t0:.0f} s with {jobs} processes ({failed} failed)")
 
 
 def label(c: LinearConfig, k: int) -> str:
@@ -181,7 +249,7 @@ def sweep(ms, reps: int) -> list[dict]:
                     x = x_all[:m]
                     launches = (True, False) if c.num_groups(k) > 1 else (False,)
                     entry["times"][m] = {("split" if sp else "fused"): graphed_us(
-                        lambda ww, sp=sp: linear_triton(x, ww, b, config=c, split=sp), weights, reps) for sp in launches}
+                        lambda ww, sp=sp: run_linear(name, x, ww, b, c, sp), weights, reps) for sp in launches}
                 w = weights[0]
                 entry["same_bits_as_table"] = torch.equal(linear_triton(x_all, w, b, config=c), table_y)
                 entry["invariant"] = all(
@@ -224,12 +292,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--ms", default="1,16,64,128,256")
-    ap.add_argument("--models", default="1.5B,8B", help="which SHAPES to run (comma-separated)")
+    ap.add_argument("--models", default="1.5B,8B", help="which SHAPES to run (comma-separated: 0.5B,1.5B,8B,30B-A3B)")
+    ap.add_argument("--names", default=None, help="which projections (comma-separated, e.g. gate_up,down)")
+    ap.add_argument("--jobs", type=int, default=12, help="processes compiling the sweep's launches first (0: none)")
+    ap.add_argument("--no-table", action="store_true", help="the sweep alone")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     models = set(args.models.split(","))
-    SHAPES[:] = [s for s in SHAPES if s[0] in models]
+    names = set(args.names.split(",")) if args.names else None
+    SHAPES[:] = [s for s in SHAPES if s[0] in models and (names is None or s[1] in names)]
     assert max(ms) <= MAX_ROWS
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)
@@ -239,8 +311,10 @@ def main() -> None:
     print("µs per call in a CUDA graph, weights streamed from HBM; median of 25 replays")
     report = dict(device=props.name, sms=props.multi_processor_count, copy_gbps=bw / 1e9,
                   timing="CUDA graph, one call per weight copy (>= 128 MB of copies), median of replays",
-                  table=main_table(ms, reps=25))
+                  table=[] if args.no_table else main_table(ms, reps=25))
     if args.sweep:
+        if args.jobs:
+            warm_compiles(ms, args.jobs)
         report["sweep"] = sweep(ms, reps=15)
     report["seconds"] = time.time() - t0
     print(f"\n{report['seconds']:.0f} s")

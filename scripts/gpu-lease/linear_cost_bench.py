@@ -1,0 +1,133 @@
+"""What the linears' configs buy, and what bit-identity costs: the decoder stack at the Qwen2.5-0.5B
+/ 1.5B and Qwen3-8B shapes (random weights, bf16, a 512-token prefix, the engine's KV capacity),
+µs per layer at T new tokens, with its linears run three ways:
+
+  tuned:  the engine as it is (kernels/matmul.py: TUNED configs where measured, else the rule);
+  rule:   TUNED emptied, every weight on `rule_config`;
+  cublas: F.linear (cuBLAS) for every linear: faster or slower, but a row's bits then depend on
+          how many rows share the GEMM, so bf16 speculation no longer equals bf16 AR (issue 13).
+
+One CUDA graph of TargetModel.forward per variant (the lm_head is not in it), replayed --reps times
+(median), the variants alternating for --rounds rounds (median of the rounds). Prints new/`tuned`
+ratios. (Session 19's L2-prefetch probe, scripts/gpu-lease/prefetch_probe.py in c567824, measured
+a side-stream weight prefetch in the same way; PERF_NOTES "Session 19".)
+
+    python3 scripts/gpu-lease/linear_cost_bench.py [--models 0.5B,1.5B,8B] [--ts 1,64,128] [--reps 40]
+
+Runs from the repository root without installing the package. JSON to $OUT/linear_cost_bench.json.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+import jetspec_chat  # noqa: E402
+
+if str(REPO) not in jetspec_chat.__path__:
+    jetspec_chat.__path__.append(str(REPO))
+
+import torch  # noqa: E402
+
+from jetspec_chat.engine import layers  # noqa: E402
+from jetspec_chat.engine.bench.timing import graphed_ms  # noqa: E402
+from jetspec_chat.engine.kv_cache import PagedKVCache  # noqa: E402
+from jetspec_chat.engine.model import ForwardBatch, build_target  # noqa: E402
+from jetspec_chat.engine.model_config import ModelConfig  # noqa: E402
+from jetspec_chat.kernels import matmul  # noqa: E402
+
+VOCAB = 4096
+PREFIX = 512
+CAPACITY = 33792
+HF = {
+    "0.5B": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True),
+    "1.5B": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                 num_attention_heads=12, num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True),
+    "8B": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+               num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6),
+}
+VARIANTS = ("tuned", "rule", "cublas")
+
+
+@contextlib.contextmanager
+def linears(variant: str):
+    """Run the model's linears as `variant` says (module docstring), then restore the engine's."""
+    tuned = dict(matmul.TUNED)
+    batch_invariant = layers._batch_invariant
+    try:
+        if variant == "rule":
+            matmul.TUNED.clear()
+        if variant == "cublas":
+            layers._batch_invariant = lambda *_: False
+        matmul.choose_config.cache_clear()
+        yield
+    finally:
+        matmul.TUNED.clear()
+        matmul.TUNED.update(tuned)
+        matmul.choose_config.cache_clear()
+        layers._batch_invariant = batch_invariant
+
+
+def make_batch(t: int, device) -> ForwardBatch:
+    gen = torch.Generator(device=device).manual_seed(t)
+    return ForwardBatch(
+        input_ids=torch.randint(0, VOCAB, (t,), device=device, generator=gen),
+        positions=PREFIX + torch.arange(t, device=device),
+        tree_mask=torch.ones(t, t, dtype=torch.bool, device=device).tril(),
+        prefix_len=torch.tensor(PREFIX, device=device),
+    )
+
+
+def bench(name: str, ts, reps: int, rounds: int) -> list[dict]:
+    device = torch.device("cuda")
+    cfg = ModelConfig.from_hf(HF[name] | {"vocab_size": VOCAB})
+    model = build_target(cfg, device, torch.bfloat16)
+    model.init_random(seed=0)
+    kv = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, CAPACITY, device, torch.bfloat16)
+    kv.pool.normal_(generator=torch.Generator(device=device).manual_seed(1))
+    kv.length = PREFIX
+    rows = []
+    with torch.no_grad():
+        for t in ts:
+            batch = make_batch(t, device)
+            us = {v: [] for v in VARIANTS}
+            for _ in range(rounds):
+                for variant in VARIANTS:
+                    with linears(variant):
+                        samples = graphed_ms(lambda: model(batch, kv)[0], reps, warmup=2)
+                    us[variant].append(statistics.median(samples) * 1e3 / cfg.num_layers)
+            ref = statistics.median(us["tuned"])
+            for variant in VARIANTS:
+                m = statistics.median(us[variant])
+                rows.append(dict(model=name, t=t, variant=variant, us_per_layer=m, ratio=m / ref, runs=us[variant]))
+                print(f"{name:>5} T={t:<4} {variant:<7} {m:8.2f} µs/layer  {m / ref:6.3f}  "
+                      f"{m * cfg.num_layers / 1e3:.3f} ms a forward", flush=True)
+    del model, kv
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="0.5B,1.5B,8B")
+    ap.add_argument("--ts", default="1,64,128")
+    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    rows = []
+    for name in args.models.split(","):
+        rows += bench(name, [int(v) for v in args.ts.split(",")], args.reps, args.rounds)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "linear_cost_bench.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
