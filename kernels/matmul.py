@@ -134,25 +134,46 @@ def groups_for(n: int, k: int, block_n: int, block_k: int, target_programs: int 
     return max(1, min(_cdiv(k, block_k) // MIN_GROUP_BLOCKS, _cdiv(target_programs, tiles)))
 
 
-# Measured overrides of the rule below, by (N, K): paste the lines `linear_bench.py --sweep`
-# prints where its pick beats the rule's config. Shapes not listed (other models) use the rule.
-TUNED: dict[tuple[int, int], LinearConfig] = {}
+# Measured overrides of the rule below, by (N, K): the picks of `linear_bench.py --sweep` (H200,
+# session 19, µs at M = 1 / 64 / 128, rule -> tuned, split launches timed without the group-sum
+# pass their consumer does) that also won inside the decoder stack (`linear_cost_bench.py`: the
+# 1.5B's forward 3.4% / 4.3% / 1.6% faster at T = 1 / 64 / 128). Shapes not listed (other models)
+# use the rule. An entry changes the order of the sum for that weight at every M alike: a row
+# stays the same in AR and in verify. Left out: the 8B's picks (o_proj and down in 128x128 tiles
+# over 4 groups: 2-3% faster verifies, but the AR forward 1.9% slower in the stack, 147 KB of
+# shared memory a program) and the 0.5B's other picks (< 0.5 µs a call).
+TUNED: dict[tuple[int, int], LinearConfig] = {
+    # Qwen2.5-1.5B. qkv: 6 stages, 4.8 / 5.5 / 7.2 -> 4.2 / 4.9 / 7.2.
+    (2048, 1536): LinearConfig(block_n=64, block_k=64, groups=8, num_stages=6),
+    # o_proj: 5 K groups of 5 blocks, 3.9 / 4.6 / 6.6 -> 3.7 / 4.3 / 6.4.
+    (1536, 1536): LinearConfig(block_n=64, block_k=64, groups=5),
+    # gate_up: 64-wide tiles (280 programs, up to 3 an SM), 19.1 / 20.0 / 26.3 -> 18.3 / 19.4 / 26.4.
+    (17920, 1536): LinearConfig(block_n=64, block_k=64, groups=1),
+    # down: 6 stages, 11.0 / 12.3 / 14.9 -> 10.4 / 11.8 / 15.2.
+    (1536, 8960): LinearConfig(block_n=64, block_k=64, groups=11, num_stages=6),
+    # lm_head: 3 stages, 118.9 / 129.0 / 149.1 -> 117.1 / 126.8 / 149.7.
+    (151936, 1536): LinearConfig(block_n=128, block_k=64, groups=1, num_stages=3),
+    # Qwen2.5-0.5B. lm_head: 3 stages, 73.0 / 81.2 / 96.7 -> 68.6 / 77.1 / 94.2.
+    (151936, 896): LinearConfig(block_n=128, block_k=64, groups=1, num_stages=3),
+}
 
 
 @functools.lru_cache(maxsize=None)
 def choose_config(n: int, k: int) -> LinearConfig:
-    """The one config for an [N, K] weight (bf16/fp16; both are 2-byte types, same rule).
+    """The one config for an [N, K] weight (bf16/fp16; both are 2-byte types): TUNED if listed,
+    else `rule_config`."""
+    return TUNED.get((n, k)) or rule_config(n, k)
 
-    TUNED if listed, else 64x64 tiles (x 128 when N alone fills a wave of SMs), 4 warps, 4
-    stages, and `groups_for` K groups. Measured on an H200 (linear_variants.py): for the weights
+
+def rule_config(n: int, k: int) -> LinearConfig:
+    """The config of a weight not in TUNED: 64x64 tiles (x 128 when N alone fills a wave of SMs),
+    4 warps, 4 stages, and `groups_for` K groups. Measured on an H200 (linear_variants.py): for the weights
     that need K groups, 64-wide tiles were as fast at M=1 and 1.1-1.5x faster at M=128-256 than
     128-wide ones (1.5B qkv M=256 fused 9.7 vs 13.9 us). Qwen2.5-1.5B: qkv 2048x1536 -> 8 groups,
     o_proj -> 8, gate_up 17920x1536 -> 1 (128 wide), down 1536x8960 -> 11, lm_head -> 1 (128
     wide). Qwen3-8B: qkv 6144x4096 -> 3, o -> 5, gate_up -> 1, down 4096x12288 -> 5, lm_head -> 1.
     Re-tune with  python3 scripts/gpu-lease/linear_bench.py --sweep
     """
-    if (n, k) in TUNED:
-        return TUNED[(n, k)]
     block_k = 64
     block_n = 128 if _cdiv(n, 128) >= SMS else 64
     return LinearConfig(block_n=block_n, block_k=block_k, groups=groups_for(n, k, block_n, block_k))
@@ -423,5 +444,6 @@ __all__ = [
     "linear_partials_triton",
     "linear_ref",
     "linear_triton",
+    "rule_config",
     "use_split",
 ]

@@ -26,11 +26,13 @@ from jetspec_chat.engine.layers import FusedLinear, linear  # noqa: E402
 from jetspec_chat.kernels import linear_ref, linear_triton  # noqa: E402
 from jetspec_chat.kernels.matmul import (  # noqa: E402
     BLOCK_M,
+    TUNED,
     WIDE_BLOCK_M,
     LinearConfig,
     block_m_for,
     choose_config,
     linear_partials,
+    rule_config,
     use_split,
 )
 
@@ -169,11 +171,15 @@ def test_sm90_wide_tile_runs_the_same_wgmma():
     """Offline sm_90 compiles (no GPU): the 128-row, 8-warp program lays its warps out as two
     warpgroups stacked on M ([8, 1]) with the 64-row program's MMA instruction shape, and its PTX
     issues the same wgmma instructions, for the 64- and 128-wide tiles, one or several K groups,
-    and split; no local-memory spills. (Equal bits on the device are the GPU
-    tests' to show; this pins what the compiler emits.)"""
+    and split, with the rule's 64-deep K blocks and every TUNED config's blocks and stages; no
+    local-memory spills. (Equal bits on the device are the GPU tests' to show; this pins what the
+    compiler emits.)"""
     pytest.importorskip("triton.backends.nvidia")
-    variants = ((128, 0, 1), (64, 0, 0), (64, 1, 0))
-    args = [f"{bm},{bn},{warps},{split},{one}" for bn, split, one in variants
+    variants = {(128, 64, 4, 0, 1), (64, 64, 4, 0, 0), (64, 64, 4, 1, 0)}
+    for (n, k), c in TUNED.items():
+        one = c.num_groups(k) == 1
+        variants.add((c.block_n, c.block_k, c.num_stages, int(not one), int(one)))
+    args = [f"{bm},{bn},{bk},{stages},{warps},{split},{one}" for bn, bk, stages, split, one in sorted(variants)
             for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
     out = run_compile_script("sm90_linear_compile.py", args)
     assert len(out) == len(args)
@@ -216,26 +222,40 @@ def test_strided_weight_view_and_out(poisoned_alloc):
         assert not dest[:, :10].any() and not dest[:, 90:].any()
 
 
-def test_choose_config_rule():
-    """The documented group counts (choose_config's docstring) and whole, non-empty groups."""
+def test_rule_config():
+    """The documented group counts (rule_config's docstring) and whole, non-empty groups."""
     documented = {(2048, 1536): 8, (1536, 1536): 8, (17920, 1536): 1, (1536, 8960): 11, (151936, 1536): 1,
                   (6144, 4096): 3, (4096, 4096): 5, (24576, 4096): 1, (4096, 12288): 5, (151936, 4096): 1}
     for (n, k), groups in documented.items():
-        c = choose_config(n, k)
+        c = rule_config(n, k)
         k_blocks = -(-k // c.block_k)
         assert c.num_groups(k) == groups, (n, k, c)
         assert (c.num_groups(k) - 1) * c.group_blocks(k) < k_blocks <= c.num_groups(k) * c.group_blocks(k)
     # AR splits the narrow projections over K; 256-row verifies of o_proj and lm_head never split
     # (the partials would cost more than the idle SMs; lm_head has one group).
     for m in (1, 16):
-        assert use_split(m, 1536, 8960, choose_config(1536, 8960))
-        assert use_split(m, 1536, 1536, choose_config(1536, 1536))
-    assert not use_split(256, 1536, 1536, choose_config(1536, 1536))
-    assert not use_split(1, 151936, 1536, choose_config(151936, 1536))
+        assert use_split(m, 1536, 8960, rule_config(1536, 8960))
+        assert use_split(m, 1536, 1536, rule_config(1536, 1536))
+    assert not use_split(256, 1536, 1536, rule_config(1536, 1536))
+    assert not use_split(1, 151936, 1536, rule_config(151936, 1536))
     # The fused launch weighed is a 64-row one: 8B qkv fuses from 128 rows (192 programs), 8B
     # o_proj splits at 128 (128 programs) and fuses at 256.
-    assert not use_split(128, 6144, 4096, choose_config(6144, 4096))
-    assert use_split(128, 4096, 4096, choose_config(4096, 4096)) and not use_split(256, 4096, 4096, choose_config(4096, 4096))
+    assert not use_split(128, 6144, 4096, rule_config(6144, 4096))
+    assert use_split(128, 4096, 4096, rule_config(4096, 4096)) and not use_split(256, 4096, 4096, rule_config(4096, 4096))
+
+
+def test_tuned_configs():
+    """choose_config returns the measured TUNED entries, else the rule; each entry has whole,
+    non-empty K groups, a tile width the 64-row warpgroup covers, and (where it has groups) a
+    split launch at M=1, as the engine's consumers expect of a weight they read partials from."""
+    assert choose_config(17920, 1536) == TUNED[(17920, 1536)] != rule_config(17920, 1536)
+    assert choose_config(4096, 12288) == rule_config(4096, 12288)
+    for (n, k), c in TUNED.items():
+        k_blocks = -(-k // c.block_k)
+        assert c.block_n in (64, 128) and c.block_k in (64, 128) and c.num_warps == 4, (n, k, c)
+        assert (c.num_groups(k) - 1) * c.group_blocks(k) < k_blocks <= c.num_groups(k) * c.group_blocks(k)
+        if c.num_groups(k) > 1:
+            assert use_split(1, n, k, c), (n, k, c)
 
 
 def test_linear_dispatch_cpu_unchanged():
