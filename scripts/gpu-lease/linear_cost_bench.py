@@ -26,33 +26,15 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-import jetspec_chat  # noqa: E402
-
-if str(REPO) not in jetspec_chat.__path__:
-    jetspec_chat.__path__.append(str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # decoder_stack.py, also when loaded by path
+from decoder_stack import build_stack, make_batch  # noqa: E402  (also puts the repo's package on the path)
 
 import torch  # noqa: E402
 
 from jetspec_chat.engine import layers  # noqa: E402
 from jetspec_chat.engine.bench.timing import graphed_ms  # noqa: E402
-from jetspec_chat.engine.kv_cache import PagedKVCache  # noqa: E402
-from jetspec_chat.engine.model import ForwardBatch, build_target  # noqa: E402
-from jetspec_chat.engine.model_config import ModelConfig  # noqa: E402
 from jetspec_chat.kernels import matmul  # noqa: E402
 
-VOCAB = 4096
-PREFIX = 512
-CAPACITY = 33792
-HF = {
-    "0.5B": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True),
-    "1.5B": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                 num_attention_heads=12, num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True),
-    "8B": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6),
-}
 VARIANTS = ("tuned", "rule", "cublas")
 
 
@@ -75,28 +57,12 @@ def linears(variant: str):
         layers._batch_invariant = batch_invariant
 
 
-def make_batch(t: int, device) -> ForwardBatch:
-    gen = torch.Generator(device=device).manual_seed(t)
-    return ForwardBatch(
-        input_ids=torch.randint(0, VOCAB, (t,), device=device, generator=gen),
-        positions=PREFIX + torch.arange(t, device=device),
-        tree_mask=torch.ones(t, t, dtype=torch.bool, device=device).tril(),
-        prefix_len=torch.tensor(PREFIX, device=device),
-    )
-
-
 def bench(name: str, ts, reps: int, rounds: int) -> list[dict]:
-    device = torch.device("cuda")
-    cfg = ModelConfig.from_hf(HF[name] | {"vocab_size": VOCAB})
-    model = build_target(cfg, device, torch.bfloat16)
-    model.init_random(seed=0)
-    kv = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, CAPACITY, device, torch.bfloat16)
-    kv.pool.normal_(generator=torch.Generator(device=device).manual_seed(1))
-    kv.length = PREFIX
+    cfg, model, kv = build_stack(name)
     rows = []
     with torch.no_grad():
         for t in ts:
-            batch = make_batch(t, device)
+            batch = make_batch(t)
             us = {v: [] for v in VARIANTS}
             for _ in range(rounds):
                 for variant in VARIANTS:

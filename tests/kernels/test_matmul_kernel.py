@@ -58,7 +58,8 @@ QWEN3_8B = {
     "down": (4096, 12288, False),
     "lm_head": (151936, 4096, False),
 }
-REAL_SHAPES = {f"1.5B-{k}": v for k, v in QWEN25_1_5B.items()} | {f"8B-{k}": v for k, v in QWEN3_8B.items()}
+REAL_SHAPES = ({f"1.5B-{k}": v for k, v in QWEN25_1_5B.items()} | {f"8B-{k}": v for k, v in QWEN3_8B.items()}
+               | {"0.5B-lm_head": (151936, 896, False)})  # the TUNED shapes among them
 # Row counts on both sides of the 64 -> 128-row switch (block_m_for), for the GPU invariance tests
 GPU_MS = (1, 7, 64, 65, 128, 200, 256)
 LAUNCHES = [(split, bm) for split in (False, True) for bm in (BLOCK_M, WIDE_BLOCK_M)]
