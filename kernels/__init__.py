@@ -12,7 +12,7 @@ from .fused import (
     silu_mul,
     silu_mul_triton,
 )
-from .matmul import Partials, gated_applies, linear_partials_triton, linear_ref, linear_silu_mul_triton, linear_triton
+from .matmul import Partials, linear_partials_triton, linear_ref, linear_triton
 from .moe import moe_block, moe_block_triton, moe_route_triton
 from .reference import (
     accum_tree_ref,
@@ -55,10 +55,8 @@ __all__ = [
     "distill_rows",
     "distill_rows_ref",
     "distill_rows_triton",
-    "gated_applies",
     "linear_partials_triton",
     "linear_ref",
-    "linear_silu_mul_triton",
     "linear_triton",
     "logical_to_slots",
     "moe_block",

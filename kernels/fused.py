@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import torch
 
-from .activation import silu_times_up
 from .launch import interpreting, launch_args, wait_for_previous
 from .matmul import Partials
 from .reference import add_rms_norm_ref, qk_norm_rope_ref, qkv_rope_write_ref, rms_norm_ref, silu_mul_ref
@@ -42,9 +41,11 @@ from .reference import add_rms_norm_ref, qk_norm_rope_ref, qkv_rope_write_ref, r
 try:  # triton is optional: CPU-only installs use the torch references.
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - exercised only without triton
     triton = None
     tl = None
+    libdevice = None
 
 # A row of up to this many elements is held in registers (one read of x); longer rows loop over
 # chunks of CHUNK_LOOP elements and read x twice (sum of squares, then normalise).
@@ -145,9 +146,15 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < n_cols
-        g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0)
+        g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0)
-        out = silu_times_up(g, u, USE_LIBDEVICE)
+        # torch: x / (1 + exp(-x)) in fp32 (CUDA expf, IEEE division), rounded to the dtype.
+        if USE_LIBDEVICE:
+            e = libdevice.exp(-g)
+        else:
+            e = tl.exp(-g)
+        s = tl.math.div_rn(g, 1.0 + e).to(G.dtype.element_ty)
+        out = s.to(tl.float32) * u.to(tl.float32)
         tl.store(O + row * stride_o + cols, out.to(O.dtype.element_ty), mask=mask)
 
     @triton.jit

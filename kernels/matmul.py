@@ -45,7 +45,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .activation import silu_times_up
 from .launch import interpreting, launch_args, wait_for_previous
 
 try:  # triton is optional: CPU-only installs use F.linear.
@@ -223,13 +222,10 @@ if triton is not None:
     def _linear_kernel(
         X, W, B, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, group_blocks, k_blocks,
         UPCAST: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-        USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (M tiles, N tiles[, groups]). M tiles vary fastest, so the programs that share a
-        weight tile (and K group) run together and it is read from HBM once. GATED (one group,
-        fused launch, no bias): W holds 2N rows, gate rows then up rows; a program accumulates
-        its gate tile and the matching up tile alike and stores silu(gate) * up (N columns)."""
+        weight tile (and K group) run together and it is read from HBM once."""
         wait_for_previous(PDL)
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -252,9 +248,7 @@ if triton is not None:
         k0 = kb_start * BLOCK_K
         x_ptrs = X + rows[:, None].to(tl.int64) * stride_xm + (k0 + offs_k)[None, :]
         w_ptrs = W + offs_n[None, :].to(tl.int64) * stride_wn + (k0 + offs_k)[:, None]  # [BK, BN]
-        up_ptrs = w_ptrs + N.to(tl.int64) * stride_wn  # GATED: the up rows, N below the gate rows
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for kb in range(kb_start, kb_end):
             if EVEN_K:
@@ -264,14 +258,10 @@ if triton is not None:
                 k_left = K - kb * BLOCK_K
                 x = tl.load(x_ptrs, mask=row_ok & (offs_k[None, :] < k_left), other=0.0)
                 w = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            acc = _dot(x, w, acc, UPCAST)
-            if GATED:
-                if EVEN_K:
-                    w_up = tl.load(up_ptrs)
-                else:
-                    w_up = tl.load(up_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-                acc_up = _dot(x, w_up, acc_up, UPCAST)
-                up_ptrs += BLOCK_K
+            if UPCAST:
+                acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, w, acc)
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
             if not SPLIT and not ONE_GROUP:
@@ -289,20 +279,7 @@ if triton is not None:
             if HAS_BIAS:
                 total += tl.load(B + offs_n).to(tl.float32)[None, :]
             y_ptrs = Y + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
-            if GATED:
-                # The ungated GEMM's gate and up outputs (0 + the one group's sum, one cast),
-                # then silu_mul's arithmetic on them: the bits of the two launches.
-                gate = total.to(Y.dtype.element_ty)
-                up = (tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32) + acc_up).to(Y.dtype.element_ty)
-                tl.store(y_ptrs, silu_times_up(gate, up, USE_LIBDEVICE).to(Y.dtype.element_ty), mask=mask)
-            else:
-                tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def _dot(x, w, acc, UPCAST: tl.constexpr):
-        if UPCAST:
-            return tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-        return tl.dot(x, w, acc)
+            tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["M"])
     def _sum_groups_kernel(P, B, Y, M, N, stride_ym, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
@@ -397,33 +374,6 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return partials
 
 
-def gated_applies(n: int, k: int) -> bool:
-    """Whether a [2I, K] gate/up weight (gate rows, then up rows) runs `linear_silu_mul_triton`:
-    one K group (the epilogue adds no groups) and at least a wave of I-column tiles at M=1. A
-    program streams a gate and an up tile, so the gated launch has half the ungated one's
-    programs: with fewer than a wave it streamed slower than the two launches it replaces
-    (session 8: 70 programs of 2 x 128 columns, 1.5B gate_up 33.2 vs 22.7 us at M=1)."""
-    config = choose_config(n, k)
-    return n % 2 == 0 and config.num_groups(k) == 1 and _cdiv(n // 2, config.block_n) >= SMS
-
-
-def linear_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor, *, config: LinearConfig | None = None,
-                           block_m: int | None = None) -> torch.Tensor:
-    """silu(x @ gate.T) * (x @ up.T) for weight = [gate; up] ([2I, K]): one launch, bitwise
-    silu_mul of linear_triton(x, weight)'s two halves (the same dots, one cast each, then
-    silu_mul's arithmetic: kernels/activation.py). config (one K group) overrides
-    choose_config(2I, K) (tests); the caller checks `gated_applies` for the default."""
-    x, weight, _ = _operands(x, weight, None)
-    m, k = x.shape
-    assert weight.shape[0] % 2 == 0, "weight: [2I, K], gate rows then up rows"
-    config = config or choose_config(weight.shape[0], k)
-    assert config.num_groups(k) == 1, "the gated launch sums one K group"
-    out = torch.empty(m, weight.shape[0] // 2, device=x.device, dtype=x.dtype)
-    # Never read without HAS_BIAS and SPLIT: out stands in for the bias and the partials.
-    _launch_gemm(x, weight, None, out, out, config=config, split=False, block_m=block_m, gated=True)
-    return out
-
-
 def _operands(x, weight, bias):
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -460,11 +410,10 @@ def _launch(x, weight, bias, out, *, config, split, block_m) -> None:
         )
 
 
-def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, gated=False) -> None:
-    """_linear_kernel alone: into out [M, N] (fused launch) or partials [groups, M, N] (split);
-    gated: silu(gate) * up into out [M, N / 2] (`linear_silu_mul_triton`)."""
+def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m) -> None:
+    """_linear_kernel alone: into out [M, N] (fused launch) or partials [groups, M, N] (split)."""
     m, k = x.shape
-    n = weight.shape[0] // 2 if gated else weight.shape[0]
+    n = weight.shape[0]
     if m == 0 or n == 0:
         return
     assert k > 0, "K = 0"
@@ -477,8 +426,7 @@ def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, gate
         x, weight, b, out, partials, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         config.group_blocks(k), _cdiv(k, config.block_k),
         UPCAST=interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GATED=gated,
-        USE_LIBDEVICE=gated and not interpreting(),
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
         **launch_args(x.device, m),
     )
@@ -494,9 +442,7 @@ __all__ = [
     "groups_for",
     "linear_partials",
     "linear_partials_triton",
-    "gated_applies",
     "linear_ref",
-    "linear_silu_mul_triton",
     "linear_triton",
     "rule_config",
     "use_split",

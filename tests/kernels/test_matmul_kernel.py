@@ -22,8 +22,8 @@ triton = pytest.importorskip("triton")
 from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
 from sm90 import run_compile_script  # noqa: E402
 
-from jetspec_chat.engine.layers import MLP, FusedLinear, linear  # noqa: E402
-from jetspec_chat.kernels import gated_applies, linear_ref, linear_silu_mul_triton, linear_triton, silu_mul_triton  # noqa: E402
+from jetspec_chat.engine.layers import FusedLinear, linear  # noqa: E402
+from jetspec_chat.kernels import linear_ref, linear_triton  # noqa: E402
 from jetspec_chat.kernels.matmul import (  # noqa: E402
     BLOCK_M,
     TUNED,
@@ -172,17 +172,16 @@ def test_sm90_wide_tile_runs_the_same_wgmma():
     """Offline sm_90 compiles (no GPU): the 128-row, 8-warp program lays its warps out as two
     warpgroups stacked on M ([8, 1]) with the 64-row program's MMA instruction shape, and its PTX
     issues the same wgmma instructions, for the 64- and 128-wide tiles, one or several K groups,
-    and split, with the rule's 64-deep K blocks and every TUNED config's blocks and stages, and
-    the gated launch (two accumulators, SiLU * up in the epilogue); no local-memory spills. (Equal
-    bits on the device are the GPU tests' to show; this pins what the compiler emits.)"""
+    and split, with the rule's 64-deep K blocks and every TUNED config's blocks and stages; no
+    local-memory spills. (Equal bits on the device are the GPU tests' to show; this pins what the
+    compiler emits.)"""
     pytest.importorskip("triton.backends.nvidia")
     variants = {(128, 64, 4, 0, 1), (64, 64, 4, 0, 0), (64, 64, 4, 1, 0)}
     for (n, k), c in TUNED.items():
         one = c.num_groups(k) == 1
         variants.add((c.block_n, c.block_k, c.num_stages, int(not one), int(one)))
-    variants.add((64, 64, 4, 0, 1, 1))  # the gated launch (SiLU * up in the epilogue) of the 1.5B's gate_up
-    args = [",".join(str(v) for v in (bm, bn, bk, stages, warps, split, one, *gated))
-            for bn, bk, stages, split, one, *gated in sorted(variants) for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
+    args = [f"{bm},{bn},{bk},{stages},{warps},{split},{one}" for bn, bk, stages, split, one in sorted(variants)
+            for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
     out = run_compile_script("sm90_linear_compile.py", args)
     assert len(out) == len(args)
     for narrow, wide in zip(out[::2], out[1::2]):
@@ -222,38 +221,6 @@ def test_strided_weight_view_and_out(poisoned_alloc):
         assert got.data_ptr() == dest[:, 10:90].data_ptr()
         assert torch.equal(got, expect)
         assert not dest[:, :10].any() and not dest[:, 90:].any()
-
-
-def two_step_gated(x, w, config=None):
-    """The gate/up GEMM, then silu_mul on its two halves (what the gated launch replaces)."""
-    y = linear_triton(x, w, config=config, split=False)
-    return silu_mul_triton(y[:, : w.shape[0] // 2], y[:, w.shape[0] // 2 :])
-
-
-def gated(x, w, b=None, config=None):
-    return linear_silu_mul_triton(x, w, config=config)
-
-
-@pytest.mark.parametrize("k", [192, 200])  # whole K blocks, and a ragged last one
-def test_gated_equals_linear_then_silu_mul(k, rtne_bf16):
-    """SiLU * up in the GEMM's epilogue == silu_mul of the ungated GEMM's halves, bitwise, at
-    M = 1 ... 130 (64- and 128-row programs, both forced at M = 70), rows M-invariant and alone."""
-    one = LinearConfig(block_n=32, block_k=32, groups=1)
-    x = randn(130, k, seed=21, scale=2.0)
-    w = randn(160, k, seed=22, scale=k**-0.5)  # I = 80: a ragged last 32-column tile
-    full = assert_rows_invariant(x, w, None, config=one, ms=(1, 7, 64, 65, 70), op=gated)
-    for m in (1, 7, 70, 130):
-        assert torch.equal(two_step_gated(x[:m], w, one), full[:m]), f"M={m}"
-    for bm in (BLOCK_M, WIDE_BLOCK_M):
-        assert torch.equal(linear_silu_mul_triton(x[:70], w, config=one, block_m=bm), full[:70])
-
-
-def test_gated_applies():
-    """The gated launch only where its I-column tiles fill a wave at M=1 and K is one group."""
-    assert gated_applies(17920, 1536)  # Qwen2.5-1.5B: 140 tiles of 64 gate columns (TUNED)
-    assert not gated_applies(24576, 4096)  # Qwen3-8B: 96 tiles of 128
-    assert not gated_applies(9728, 896)  # Qwen2.5-0.5B: 76 tiles of 64
-    assert not gated_applies(2 * 4096, 4096)  # K groups: the epilogue sums one
 
 
 def test_rule_config():
@@ -318,22 +285,6 @@ def test_gpu_m_invariant_real_shapes(name):
     torch.testing.assert_close(full.float(), ref.float(), rtol=2e-2, atol=2e-2)
     exact = linear_ref(x, w, b).float()
     assert (full.float() - exact).norm() <= 1.05 * (ref.float() - exact).norm()  # as accurate as cuBLAS
-
-
-@gpu_only
-def test_gpu_gated_real_shape():
-    """The 1.5B's gate/up GEMM with SiLU * up in its epilogue (libdevice's expf, as silu_mul):
-    bitwise silu_mul of the ungated GEMM at M = 1 ... 256, every row alone = its row at M=256, and
-    MLP.activation takes it."""
-    n, k, _ = QWEN25_1_5B["gate_up"]
-    assert gated_applies(n, k)
-    x, w, _ = problem(256, n, k, False, seed=23)
-    full = assert_rows_invariant(x, w, None, ms=GPU_MS, op=gated, alone="all")
-    for m in GPU_MS:
-        assert torch.equal(two_step_gated(x[:m], w), full[:m]), f"M={m}"
-    mlp = MLP(k, n // 2).to(DEVICE, torch.bfloat16).requires_grad_(False)
-    mlp.gate_up_proj.weight.copy_(w)
-    assert torch.equal(mlp.activation(x[None])[0], full)
 
 
 @gpu_only
