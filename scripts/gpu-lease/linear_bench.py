@@ -18,7 +18,7 @@ warps, stages) at every M, each with both launches (split over K groups, groups 
 fused) where it has more than one group, and checks each candidate's M-invariance and whether
 it gives the table config's bits (`=tbl`: expected where block_k and the groups match); a split
 launch is timed without its group-sum pass where the engine's consumer adds the groups as it
-loads (all but the lm_head); it prints
+loads (qkv, o_proj, down); it prints
 per shape the best launch per (candidate, M) and a pick (lowest sum over M of time / best time).
 The tables alone: under a minute on an H200 (estimated, mostly compiles); with --sweep about
 2 min more (split it with --models if it runs long).
@@ -180,10 +180,10 @@ def candidates(n: int, k: int) -> list[LinearConfig]:
     return unique
 
 
-# The engine's consumers add a split launch's group sums as they load (add_rms_norm after o_proj
-# and down, qkv_rope_write after qkv, silu_mul after gate_up): there the sweep times the split
-# launch alone. The lm_head's logits go to an argmax that does not, so it keeps the sum pass.
-SUMMED_BY_CONSUMER = {"qkv", "o_proj", "gate_up", "down"}
+# The engine's consumers that add a split launch's group sums as they load: add_rms_norm after
+# o_proj and down, qkv_rope_write after qkv (engine/model.py). There the sweep times the split
+# launch alone. gate_up (silu_mul) and the lm_head (argmax) take the output, so they keep the pass.
+SUMMED_BY_CONSUMER = {"qkv", "o_proj", "down"}
 
 
 def run_linear(name: str, x, w, b, config: LinearConfig, split: bool):
