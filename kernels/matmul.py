@@ -167,9 +167,9 @@ def choose_config(n: int, k: int) -> LinearConfig:
 
 def rule_config(n: int, k: int) -> LinearConfig:
     """The config of a weight not in TUNED: 64x64 tiles (x 128 when N alone fills a wave of SMs),
-    4 warps, 4 stages, and `groups_for` K groups. Measured on an H200 (linear_variants.py): for the weights
-    that need K groups, 64-wide tiles were as fast at M=1 and 1.1-1.5x faster at M=128-256 than
-    128-wide ones (1.5B qkv M=256 fused 9.7 vs 13.9 us). Qwen2.5-1.5B: qkv 2048x1536 -> 8 groups,
+    4 warps, 4 stages, and `groups_for` K groups. Measured on an H200 (linear_variants.py): for
+    the weights that need K groups, 64-wide tiles were as fast at M=1 and 1.1-1.5x faster at
+    M=128-256 than 128-wide ones (1.5B qkv M=256 fused 9.7 vs 13.9 us). Qwen2.5-1.5B: qkv 2048x1536 -> 8 groups,
     o_proj -> 8, gate_up 17920x1536 -> 1 (128 wide), down 1536x8960 -> 11, lm_head -> 1 (128
     wide). Qwen3-8B: qkv 6144x4096 -> 3, o -> 5, gate_up -> 1, down 4096x12288 -> 5, lm_head -> 1.
     Re-tune with  python3 scripts/gpu-lease/linear_bench.py --sweep

@@ -223,15 +223,20 @@ def test_strided_weight_view_and_out(poisoned_alloc):
         assert not dest[:, :10].any() and not dest[:, 90:].any()
 
 
+def assert_whole_groups(c: LinearConfig, k: int) -> None:
+    """K's blocks fill c's groups with none empty (the last may be shorter)."""
+    k_blocks = -(-k // c.block_k)
+    assert (c.num_groups(k) - 1) * c.group_blocks(k) < k_blocks <= c.num_groups(k) * c.group_blocks(k), (k, c)
+
+
 def test_rule_config():
     """The documented group counts (rule_config's docstring) and whole, non-empty groups."""
     documented = {(2048, 1536): 8, (1536, 1536): 8, (17920, 1536): 1, (1536, 8960): 11, (151936, 1536): 1,
                   (6144, 4096): 3, (4096, 4096): 5, (24576, 4096): 1, (4096, 12288): 5, (151936, 4096): 1}
     for (n, k), groups in documented.items():
         c = rule_config(n, k)
-        k_blocks = -(-k // c.block_k)
         assert c.num_groups(k) == groups, (n, k, c)
-        assert (c.num_groups(k) - 1) * c.group_blocks(k) < k_blocks <= c.num_groups(k) * c.group_blocks(k)
+        assert_whole_groups(c, k)
     # AR splits the narrow projections over K; 256-row verifies of o_proj and lm_head never split
     # (the partials would cost more than the idle SMs; lm_head has one group).
     for m in (1, 16):
@@ -252,9 +257,8 @@ def test_tuned_configs():
     assert choose_config(17920, 1536) == TUNED[(17920, 1536)] != rule_config(17920, 1536)
     assert choose_config(4096, 12288) == rule_config(4096, 12288)
     for (n, k), c in TUNED.items():
-        k_blocks = -(-k // c.block_k)
         assert c.block_n in (64, 128) and c.block_k in (64, 128) and c.num_warps == 4, (n, k, c)
-        assert (c.num_groups(k) - 1) * c.group_blocks(k) < k_blocks <= c.num_groups(k) * c.group_blocks(k)
+        assert_whole_groups(c, k)
         if c.num_groups(k) > 1:
             assert use_split(1, n, k, c), (n, k, c)
 
