@@ -319,9 +319,9 @@ class DraftHead(nn.Module):
             # the cache's blocks are in logical order: no block table
             o = paged_tree_attention(q, k_pool, v_pool, None, prefix, mask, attn.head_dim**-0.5, keys)
             # Residual adds fused with the following norm, as in the target model.
-            x, h = attn.o_proj.forward_add_rms_norm(o.reshape(b, -1), h, layer.post_attention_layernorm.weight, eps)
+            x, h = add_rms_norm(attn.o_proj.forward_partials(o.reshape(b, -1)), h, layer.post_attention_layernorm.weight, eps)
             next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            x, h = layer.mlp.forward_add_rms_norm(x, h, next_norm.weight, eps)
+            x, h = add_rms_norm(layer.mlp.forward_partials(x), h, next_norm.weight, eps)
         return linear(x[1 : depth + 1], lm_head_weight).float()  # x is the final-normed block
 
     # -- weights ---------------------------------------------------------------------------

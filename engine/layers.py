@@ -18,9 +18,6 @@ from torch import nn
 
 from ..kernels import (
     Partials,
-    add_rms_norm,
-    folds_norm,
-    linear_add_rms_norm_triton,
     linear_partials_triton,
     linear_silu_triton,
     linear_triton,
@@ -63,19 +60,6 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return linear(x, weight, bias)
 
 
-def linear_add_rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The residual add and norm after o_proj and down: h = residual + x @ weight.T, returned as
-    (rms_norm(h), h). One launch where the GEMM folds the norm in (an AR step on the
-    batch-invariant path: `folds_norm`); elsewhere `linear_partials`, then add_rms_norm. The same
-    bits either way (kernels/matmul.py, `linear_add_rms_norm_triton`)."""
-    if (x.dim() == 2 and _batch_invariant(x, weight, None) and norm_weight.dtype == x.dtype
-            and folds_norm(x.shape[0], *weight.shape)):
-        return linear_add_rms_norm_triton(x, weight, None, residual, norm_weight, eps)
-    return add_rms_norm(linear_partials(x, weight), residual, norm_weight, eps)
-
-
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The MLP's activation input: silu(x @ gate.T) * (x @ up.T) for a gate/up weight [2I, in]
     (the gate's rows, then the up's). On the batch-invariant path one Triton launch, the SiLU * up
@@ -110,13 +94,6 @@ class Linear(nn.Linear):
     def forward_partials(self, x: torch.Tensor) -> torch.Tensor | Partials:
         """x [T, in] -> the output, or its `Partials` (`linear_partials`)."""
         return linear_partials(x, self.weight, self.bias)
-
-    def forward_add_rms_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, in] -> (rms_norm(residual + self(x)), residual + self(x)) (`linear_add_rms_norm`)."""
-        assert self.bias is None, "a projection that feeds a residual add has no bias"
-        return linear_add_rms_norm(x, self.weight, residual, norm_weight, eps)
 
 
 class FusedLinear(Linear):
@@ -200,12 +177,9 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(gate_up_silu(x, self.gate_up_proj.weight))
 
-    def forward_add_rms_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rms_norm(residual + self(x)), residual + self(x)) for x [T, hidden]: down's GEMM and
-        the add and norm after it in one launch where it folds (`linear_add_rms_norm`)."""
-        return self.down_proj.forward_add_rms_norm(gate_up_silu(x, self.gate_up_proj.weight), residual, norm_weight, eps)
+    def forward_partials(self, x: torch.Tensor) -> torch.Tensor | Partials:
+        """forward, for add_rms_norm: down's `Partials` where it splits (x: [T, hidden])."""
+        return self.down_proj.forward_partials(gate_up_silu(x, self.gate_up_proj.weight))
 
 
 class MoEExperts(nn.Module):
@@ -244,12 +218,9 @@ class SparseMoeBlock(nn.Module):
         out = moe_block(rows, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k, self.norm_topk_prob)
         return out.view(x.shape)
 
-    def forward_add_rms_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """MLP.forward_add_rms_norm's counterpart: the block (its combine kernel sums the experts),
-        then add_rms_norm."""
-        return add_rms_norm(self(x), residual, norm_weight, eps)
+    def forward_partials(self, x: torch.Tensor) -> torch.Tensor:
+        """MLP.forward_partials' counterpart: the output itself (the combine kernel sums it)."""
+        return self(x)
 
 
 class AttentionWeights(nn.Module):

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..kernels import paged_tree_attention, prefix_tensor, visible_keys
+from ..kernels import add_rms_norm, paged_tree_attention, prefix_tensor, visible_keys
 from .kv_cache import PagedKVCache
 from .layers import (
     MLP,
@@ -151,11 +151,11 @@ class TargetModel(nn.Module):
             q = attn.qkv_rope_write(x, cos, sin, k_pool, v_pool, slots)
             o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, prefix, batch.tree_mask, self.scale, keys)
             # Residual add fused with the next norm: h += o_proj(o); x = norm(h) (same for the MLP,
-            # whose add also applies the next layer's input norm, or the final norm). At one row
-            # the projection's GEMM does the add and norm itself (`linear_add_rms_norm`).
-            x, h = attn.o_proj.forward_add_rms_norm(o.reshape(t, -1), h, layer.post_attention_layernorm.weight, eps)
+            # whose add also applies the next layer's input norm, or the final norm). The
+            # projections hand over their K-group sums where they split (forward_partials).
+            x, h = add_rms_norm(attn.o_proj.forward_partials(o.reshape(t, -1)), h, layer.post_attention_layernorm.weight, eps)
             next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
-            x, h = layer.mlp.forward_add_rms_norm(x, h, next_norm.weight, eps)
+            x, h = add_rms_norm(layer.mlp.forward_partials(x), h, next_norm.weight, eps)
             if i in tap_layers:
                 taps[i] = h
         tapped = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None

@@ -10,15 +10,7 @@ from .fused import (
     rms_norm,
     rms_norm_triton,
 )
-from .matmul import (
-    Partials,
-    folds_norm,
-    linear_add_rms_norm_triton,
-    linear_partials_triton,
-    linear_ref,
-    linear_silu_triton,
-    linear_triton,
-)
+from .matmul import Partials, linear_partials_triton, linear_ref, linear_silu_triton, linear_triton
 from .moe import moe_block, moe_block_triton, moe_route_triton
 from .reference import (
     accum_tree_ref,
@@ -61,8 +53,6 @@ __all__ = [
     "distill_rows",
     "distill_rows_ref",
     "distill_rows_triton",
-    "folds_norm",
-    "linear_add_rms_norm_triton",
     "linear_partials_triton",
     "linear_ref",
     "linear_silu_triton",

@@ -5,8 +5,8 @@ in its gate/up GEMM's epilogue: kernels/matmul.py, `linear_silu_triton`.)
 
 add_rms_norm and qkv_rope_write read a linear's output, or, where the batch-invariant GEMM
 splits over K groups (kernels/matmul.py), its fp32 group sums (`Partials`), which they add as
-they load with the group-sum pass's arithmetic (`load_input`, kernels/row_norm.py): that pass's
-launch is saved and the bits are the same (tests/kernels/test_launch_fusion.py).
+they load with the group-sum pass's arithmetic (`_load_input`): that pass's launch is saved and
+the bits are the same (tests/kernels/test_launch_fusion.py).
 
 Numerics follow the eager code in engine/layers.py (and transformers) step by step, including
 its intermediate roundings to the input dtype, so that swapping a kernel in changes as little
@@ -34,7 +34,6 @@ import torch
 from .launch import launch_args, wait_for_previous
 from .matmul import Partials
 from .reference import add_rms_norm_ref, qk_norm_rope_ref, qkv_rope_write_ref, rms_norm_ref
-from .row_norm import load_input, norm_launch, rms_norm_row
 
 try:  # triton is optional: CPU-only installs use the torch references.
     import triton
@@ -43,9 +42,42 @@ except ImportError:  # pragma: no cover - exercised only without triton
     triton = None
     tl = None
 
+# A row of up to this many elements is held in registers (one read of x); longer rows loop over
+# chunks of CHUNK_LOOP elements and read x twice (sum of squares, then normalise).
+MAX_SINGLE_BLOCK = 8192
+CHUNK_LOOP = 4096
+
+
 # ----------------------------------------------------------------------------- triton kernels
 
 if triton is not None:
+
+    @triton.jit
+    def _load_input(X, B, row, n_rows, n_cols, row_x, cols, mask, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+        """Elements `cols` of row `row` of a linear's output, in DT. GROUPS == 0: X is that output.
+        GROUPS > 0: X is its split launch's group sums [GROUPS, n_rows, n_cols] fp32 (`Partials`),
+        summed here with `_sum_groups_kernel`'s arithmetic: in group order onto a zero fp32
+        total, the bias (B) added, one cast."""
+        if GROUPS == 0:
+            x = tl.load(X + row_x + cols, mask=mask, other=0.0)
+        else:
+            x = tl.zeros(cols.shape, dtype=tl.float32)
+            for g in tl.static_range(GROUPS):
+                x += tl.load(X + (g * n_rows + row) * n_cols + cols, mask=mask, other=0.0)
+            if HAS_BIAS:
+                x += tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+            x = x.to(DT)
+        return x
+
+    @triton.jit
+    def _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cols, mask,
+                  HAS_RES: tl.constexpr, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+        """x (or x + residual, rounded to DT as torch's add is) in DT; x as `_load_input`."""
+        x = _load_input(X, B, row, n_rows, n_cols, row_x, cols, mask, GROUPS, HAS_BIAS, DT)
+        if HAS_RES:
+            r = tl.load(R + row_r + cols, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(DT)
+        return x
 
     @triton.jit(do_not_specialize=["n_rows"])
     def _rms_norm_kernel(
@@ -54,15 +86,50 @@ if triton is not None:
         HAS_RES: tl.constexpr, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr,
         BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, PDL: tl.constexpr,
     ):
-        """One row per program (`rms_norm_row`). HAS_RES: h = x + r is written to H and normalised.
-        GROUPS > 0: x is summed from a split linear's group sums as it loads (`load_input`); the
-        code after the load is the same, so the result is that of the linear's own output."""
+        """One row per program. HAS_RES: h = x + r is written to H and normalised. GROUPS > 0:
+        x is summed from a split linear's group sums as it loads (`_load_input`); the code after
+        the load is the same, so the result is that of the linear's own output."""
         wait_for_previous(PDL)
         DT: tl.constexpr = H.dtype.element_ty  # x's dtype (the wrapper passes X as H without a residual)
         row = tl.program_id(0).to(tl.int64)
-        rms_norm_row(X, R, B, W, Y, H, row, n_rows, n_cols, inv_n, eps,
-                     row * stride_x, row * stride_r, row * stride_y, row * stride_h,
-                     HAS_RES, GROUPS, HAS_BIAS, DT, BLOCK, NUM_CHUNKS, "")
+        row_x = row * stride_x
+        row_r = row * stride_r
+        row_y = row * stride_y
+        row_h = row * stride_h
+        cols = tl.arange(0, BLOCK)
+        if NUM_CHUNKS == 1:
+            mask = cols < n_cols
+            x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cols, mask, HAS_RES, GROUPS, HAS_BIAS, DT)
+            if HAS_RES:
+                tl.store(H + row_h + cols, x, mask=mask)
+            xf = x.to(tl.float32)
+            ss = tl.sum(xf * xf, 0)
+            scale = tl.math.rsqrt(ss * inv_n + eps)
+            y = (xf * scale).to(DT)
+            w = tl.load(W + cols, mask=mask, other=0.0)
+            out = y.to(tl.float32) * w.to(tl.float32)
+            tl.store(Y + row_y + cols, out.to(Y.dtype.element_ty), mask=mask)
+        else:
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for c in range(NUM_CHUNKS):
+                cc = c * BLOCK + cols
+                mask = cc < n_cols
+                x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cc, mask, HAS_RES, GROUPS, HAS_BIAS, DT)
+                if HAS_RES:
+                    tl.store(H + row_h + cc, x, mask=mask)
+                xf = x.to(tl.float32)
+                acc += xf * xf
+            ss = tl.sum(acc, 0)
+            scale = tl.math.rsqrt(ss * inv_n + eps)
+            # Second pass re-reads the inputs (not H: no cross-thread read-after-write).
+            for c in range(NUM_CHUNKS):
+                cc = c * BLOCK + cols
+                mask = cc < n_cols
+                x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cc, mask, HAS_RES, GROUPS, HAS_BIAS, DT)
+                y = (x.to(tl.float32) * scale).to(DT)
+                w = tl.load(W + cc, mask=mask, other=0.0)
+                out = y.to(tl.float32) * w.to(tl.float32)
+                tl.store(Y + row_y + cc, out.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _norm_rope(x1, x2, W, C, S, t, inv_d, eps, stride_ct, stride_st, HAS_NORM: tl.constexpr, HALF: tl.constexpr):
@@ -114,7 +181,7 @@ if triton is not None:
         HALF: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (T, n_q + n_kv): one head of token t's qkv row [q heads | k heads | v heads] per
-        program (`load_input`: the linear's output, or its group sums added here). A q head is
+        program (`_load_input`: the linear's output, or its group sums added here). A q head is
         normed, RoPE'd and stored to QO; program n_q + j takes k head j (normed, RoPE'd) and v
         head j and stores both at physical slot SLOTS[t] of the pools (write_kv's stores)."""
         wait_for_previous(PDL)
@@ -125,8 +192,8 @@ if triton is not None:
         row = t * stride_qkv
         col = h * (2 * HALF) + d
         every = col < n_cols  # all true: the loads keep the masked form of the other kernels
-        x1 = load_input(QKV, B, t, n_rows, n_cols, row, col, every, GROUPS, HAS_BIAS, dt, "").to(tl.float32)
-        x2 = load_input(QKV, B, t, n_rows, n_cols, row, col + HALF, every, GROUPS, HAS_BIAS, dt, "").to(tl.float32)
+        x1 = _load_input(QKV, B, t, n_rows, n_cols, row, col, every, GROUPS, HAS_BIAS, dt).to(tl.float32)
+        x2 = _load_input(QKV, B, t, n_rows, n_cols, row, col + HALF, every, GROUPS, HAS_BIAS, dt).to(tl.float32)
         if h < n_q:
             o1, o2 = _norm_rope(x1, x2, QW, C, S, t, inv_d, eps, stride_ct, stride_st, HAS_QNORM, HALF)
             q_dst = QO + t * stride_qot + h * stride_qoh + d
@@ -139,8 +206,8 @@ if triton is not None:
             tl.store(K_POOL + off, o1.to(dt).to(K_POOL.dtype.element_ty))
             tl.store(K_POOL + off + HALF, o2.to(dt).to(K_POOL.dtype.element_ty))
             vcol = col + (n_cols - n_q * 2 * HALF) // 2  # the same head's v columns
-            v1 = load_input(QKV, B, t, n_rows, n_cols, row, vcol, every, GROUPS, HAS_BIAS, dt, "")
-            v2 = load_input(QKV, B, t, n_rows, n_cols, row, vcol + HALF, every, GROUPS, HAS_BIAS, dt, "")
+            v1 = _load_input(QKV, B, t, n_rows, n_cols, row, vcol, every, GROUPS, HAS_BIAS, dt)
+            v2 = _load_input(QKV, B, t, n_rows, n_cols, row, vcol + HALF, every, GROUPS, HAS_BIAS, dt)
             tl.store(V_POOL + off, v1.to(V_POOL.dtype.element_ty))
             tl.store(V_POOL + off + HALF, v2.to(V_POOL.dtype.element_ty))
 
@@ -179,6 +246,15 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 or x2.shape[-1] == 1 else x2.contiguous()
 
 
+def _norm_launch(n_cols: int, block: int | None) -> tuple[int, int, int]:
+    """(BLOCK, NUM_CHUNKS, num_warps) for a row of n_cols elements."""
+    if block is None:
+        block = triton.next_power_of_2(n_cols)
+        block = block if block <= MAX_SINGLE_BLOCK else CHUNK_LOOP
+    chunks = triton.cdiv(n_cols, block)
+    return block, chunks, max(1, min(8, block // 512))
+
+
 def _rms_norm_launch(x, residual, weight, eps, block):
     _check_triton()
     shape, n = x.shape, x.shape[-1]
@@ -200,7 +276,7 @@ def _rms_norm_launch(x, residual, weight, eps, block):
         r2, h = x2, x2  # unused (HAS_RES=False); h's dtype is x's (the kernel's rounding dtype)
     if rows > 0:
         weight = weight.contiguous()
-        block, chunks, warps = norm_launch(n, block)
+        block, chunks, warps = _norm_launch(n, block)
         _rms_norm_kernel[(rows,)](
             x2, r2, bias if bias is not None else weight, weight, y, h, rows, n, 1.0 / n, eps,
             x2.stride(-2), r2.stride(0), y.stride(0), h.stride(-2),

@@ -45,8 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .launch import arrival_counters, interpreting, launch_args, wait_for_previous
-from .row_norm import norm_launch, rms_norm_row
+from .launch import interpreting, launch_args, wait_for_previous
 
 try:  # triton is optional: CPU-only installs use F.linear.
     import triton
@@ -61,10 +60,6 @@ BLOCK_M = 64  # rows per warpgroup, for every M: see the module docstring (wgmma
 WIDE_BLOCK_M = 128  # rows per program past BLOCK_M rows: two warpgroups (`block_m_for`)
 WIDE_NUM_STAGES = 3  # `stages_for`
 SUM_BLOCK = 256  # columns per program of the group-sum pass
-# The most rows a split launch's last program normalises itself (`folds_norm`): one row, an AR
-# step. More rows would be normalised one after another in that one program; a launch of the norm
-# kernel spreads them over programs.
-FOLD_MAX_ROWS = 1
 
 # The GPU the rules are written for: an H100/H200 has 132 SMs. A constant, not the device's
 # count, so that the numerics (the group count) are the same on every GPU.
@@ -241,20 +236,14 @@ if triton is not None:
     @triton.jit(do_not_specialize=["M"])
     def _linear_kernel(
         X, W, B, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, group_blocks, k_blocks,
-        R, NW, H, ARRIVED, inv_n, eps,
         UPCAST: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-        SILU: tl.constexpr, NORM_GROUPS: tl.constexpr, NORM_BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
+        SILU: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (M tiles, N tiles[, groups]). M tiles vary fastest, so the programs that share a
         weight tile (and K group) run together and it is read from HBM once.
         SILU (fused launch only): W is a gate/up weight [2I, K] (I = N // 2: gate rows, then up
-        rows) and Y [M, I] receives silu(x @ gate.T) * (x @ up.T) (`linear_silu_triton`).
-        NORM_GROUPS > 0 (split launch only, NORM_GROUPS = its groups): the residual add and RMSNorm
-        folded in (`linear_add_rms_norm_triton`): the last program of an M tile to store its
-        group sum (an arrival count in ARRIVED) normalises the tile's rows with the norm
-        kernel's code (`rms_norm_row`): h = y + R into H, rms_norm(h) * NW into Y.
-        R, NW, H, ARRIVED, inv_n, eps: unread otherwise."""
+        rows) and Y [M, I] receives silu(x @ gate.T) * (x @ up.T) (`linear_silu_triton`)."""
         wait_for_previous(PDL)
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -317,17 +306,6 @@ if triton is not None:
             # The group sum, for _sum_groups_kernel. P: [groups, M, N] fp32, contiguous.
             p_ptrs = P + (tl.program_id(2).to(tl.int64) * M + rows[:, None]) * N + cols[None, :]
             tl.store(p_ptrs, acc, mask=row_ok & (cols < N)[None, :])
-            if NORM_GROUPS > 0:
-                # The barrier puts every thread's stores before the release of the arrival; the
-                # last arriver reads the group sums from L2 (".cg") and leaves the count at zero.
-                tl.debug_barrier()
-                arrived = tl.atomic_add(ARRIVED + pid_m, 1, sem="acq_rel", scope="gpu")
-                if arrived == tl.num_programs(1) * tl.num_programs(2) - 1:
-                    tl.store(ARRIVED + pid_m, 0)
-                    for row in range(pid_m * BLOCK_M, tl.minimum(M, pid_m * BLOCK_M + BLOCK_M)):
-                        rms_norm_row(P, R, B, NW, Y, H, row, M, N, inv_n, eps, row * N, row * N, row * stride_ym,
-                                     row * stride_ym, True, NORM_GROUPS, HAS_BIAS, Y.dtype.element_ty, NORM_BLOCK, 1,
-                                     ".cg")
         else:
             total += acc
             if HAS_BIAS:
@@ -436,46 +414,6 @@ def linear_partials_triton(
     return Partials(partials, bias, x.dtype)
 
 
-def folds_norm(m: int, n: int, k: int) -> bool:
-    """Whether `linear_add_rms_norm_triton` runs as one launch for M rows of an [N, K] weight: the
-    split launch (`use_split`) at up to FOLD_MAX_ROWS rows, and a row the norm kernel reads in one
-    chunk with as many warps as the GEMM program has (`norm_launch`): then the folded norm reduces
-    the sum of squares in the norm kernel's register layout, hence in its order, and a row's bits
-    are those of the two-launch path (tests/kernels/sm90_fused_compile.py compares the layouts).
-    Speed only otherwise: the other path computes the same."""
-    config = choose_config(n, k)
-    _, chunks, warps = norm_launch(n)
-    return m <= FOLD_MAX_ROWS and use_split(m, n, k, config) and chunks == 1 and warps == warps_for(BLOCK_M, config)
-
-
-def linear_add_rms_norm_triton(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x @ weight.T (+ bias) + residual and y = rms_norm(h) * norm_weight, as (y, h) ([M, N]
-    each, x's dtype), in ONE launch where `folds_norm` (an AR step's o_proj and down): the split
-    GEMM's last program adds the group sums, the residual and normalises, with the norm kernel's
-    code. Bitwise add_rms_norm of linear_partials_triton's output (kernels/fused.py does that
-    where the fold does not apply)."""
-    x, weight, bias = _operands(x, weight, bias)
-    m, k = x.shape
-    n = weight.shape[0]
-    assert folds_norm(m, n, k), f"no folded norm for {m} rows of a {n}x{k} weight"
-    assert residual.shape == (m, n) and residual.dtype == x.dtype and norm_weight.shape == (n,)
-    assert norm_weight.dtype == x.dtype, "the norm weight in x's dtype (the output's)"
-    config = choose_config(n, k)
-    partials = torch.empty(config.num_groups(k), m, n, device=x.device, dtype=torch.float32)
-    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    h = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    _launch_gemm(x, weight, bias, y, partials, config=config, split=True, block_m=None,
-                 norm=(residual.contiguous(), norm_weight.contiguous(), h, eps))
-    return y, h
-
-
 def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T as its K-group sums, always: fp32 [G, M, N], G = choose_config's
     group count (1 for weights in one group). linear_triton(x, weight) is bitwise
@@ -528,11 +466,9 @@ def _launch(x, weight, bias, out, *, config, split, block_m) -> None:
         )
 
 
-def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, silu=False, norm=None) -> None:
+def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, silu=False) -> None:
     """_linear_kernel alone: into out [M, N] (fused launch), partials [groups, M, N] (split), or
-    with `silu` out [M, N / 2] (`linear_silu_triton`). norm: (residual, norm weight, h, eps) for
-    a split launch whose last program also adds and normalises (`linear_add_rms_norm_triton`):
-    h = linear + residual, out = rms_norm(h)."""
+    with `silu` out [M, N / 2] (`linear_silu_triton`)."""
     m, k = x.shape
     n = weight.shape[0]
     if m == 0 or n == 0:
@@ -543,19 +479,11 @@ def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, silu
     assert block_m in (BLOCK_M, WIDE_BLOCK_M), f"block_m {block_m}"
     b = bias if bias is not None else out  # unused without HAS_BIAS
     grid = (_cdiv(m, block_m), _cdiv(n, config.block_n)) + ((groups,) if split else ())
-    if norm is None:  # unread stand-ins
-        residual, norm_weight, h, arrived, eps, norm_block = out, out, out, partials, 0.0, 1
-    else:
-        assert split, "the norm folds into split launches only"
-        residual, norm_weight, h, eps = norm
-        arrived = arrival_counters(x.device, grid[0])
-        norm_block = norm_launch(n)[0]
     _linear_kernel[grid](
         x, weight, b, out, partials, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        config.group_blocks(k), _cdiv(k, config.block_k), residual, norm_weight, h, arrived, 1.0 / n, eps,
+        config.group_blocks(k), _cdiv(k, config.block_k),
         UPCAST=interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
-        SILU=silu, NORM_GROUPS=0 if norm is None else groups, NORM_BLOCK=norm_block,
-        USE_LIBDEVICE=x.is_cuda and not interpreting(), BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SILU=silu, USE_LIBDEVICE=x.is_cuda and not interpreting(), BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
         **launch_args(x.device, m),
     )
@@ -568,9 +496,7 @@ __all__ = [
     "Partials",
     "block_m_for",
     "choose_config",
-    "folds_norm",
     "groups_for",
-    "linear_add_rms_norm_triton",
     "linear_partials",
     "linear_partials_triton",
     "linear_ref",

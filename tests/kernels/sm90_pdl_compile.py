@@ -25,7 +25,6 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from jetspec_chat.kernels import fused, matmul, moe, tree_attention  # noqa: E402
-from jetspec_chat.kernels.row_norm import norm_launch  # noqa: E402
 
 GDC = "griddepcontrol"
 MEMORY = re.compile(r"^\s*(?:@%p\d+\s+)?(?:ld|st|atom|red|cp\.async)\.(?:global|shared::cluster)")
@@ -80,22 +79,20 @@ def kernels():
     p16, p32, i32 = "*bf16", "*fp32", "i32"
     ints = dict.fromkeys
     linear = dict(X=p16, W=p16, B=p16, Y=p16, P=p32) | ints(
-        ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "group_blocks", "k_blocks"), i32) | dict(
-        R=p16, NW=p16, H=p16, ARRIVED="*i32", inv_n="fp32", eps="fp32")
-    gemm = dict(UPCAST=False, ONE_GROUP=False, HAS_BIAS=True, EVEN_K=True, SILU=False, NORM_GROUPS=0, NORM_BLOCK=1,
-                USE_LIBDEVICE=True, BLOCK_M=matmul.BLOCK_M, BLOCK_N=64, BLOCK_K=64)
+        ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "group_blocks", "k_blocks"), i32)
     for split in (True, False):
-        yield compare(f"linear split={split}", matmul._linear_kernel, linear, gemm | dict(SPLIT=split), 4, 4)
-    yield compare("linear + silu", matmul._linear_kernel, linear,
-                  gemm | dict(SPLIT=False, ONE_GROUP=True, HAS_BIAS=False, SILU=True), 4, 4)
-    yield compare("linear + add_rms_norm", matmul._linear_kernel, linear,
-                  gemm | dict(SPLIT=True, HAS_BIAS=False, NORM_GROUPS=5, NORM_BLOCK=2048), 4, 4)
+        consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=False, HAS_BIAS=True, EVEN_K=True, SILU=False,
+                      USE_LIBDEVICE=True, BLOCK_M=matmul.BLOCK_M, BLOCK_N=64, BLOCK_K=64)
+        yield compare(f"linear split={split}", matmul._linear_kernel, linear, consts, 4, 4)
+    consts = dict(UPCAST=False, SPLIT=False, ONE_GROUP=True, HAS_BIAS=False, EVEN_K=True, SILU=True,
+                  USE_LIBDEVICE=True, BLOCK_M=matmul.BLOCK_M, BLOCK_N=64, BLOCK_K=64)
+    yield compare("linear + silu", matmul._linear_kernel, linear, consts, 4, 4)
     yield compare("sum_groups", matmul._sum_groups_kernel,
                   dict(P=p32, B=p16, Y=p16, M=i32, N=i32, stride_ym=i32),
                   dict(GROUPS=8, HAS_BIAS=False, BLOCK=matmul.SUM_BLOCK), 2)
     norm = dict(X=p32, R=p16, B=p16, W=p16, Y=p16, H=p16, n_rows=i32, n_cols=i32, inv_n="fp32", eps="fp32",
                 stride_x=i32, stride_r=i32, stride_y=i32, stride_h=i32)
-    block, chunks, warps = norm_launch(1536)
+    block, chunks, warps = fused._norm_launch(1536, None)
     yield compare("add_rms_norm (partials)", fused._rms_norm_kernel, norm,
                   dict(HAS_RES=True, GROUPS=8, HAS_BIAS=False, BLOCK=block, NUM_CHUNKS=chunks), warps)
     rope = dict(QKV=p32, B=p16, QO=p16, K_POOL=p16, V_POOL=p16, SLOTS="*i64", QW=p16, KW=p16, C=p16, S=p16,
@@ -105,8 +102,7 @@ def kernels():
                   dict(GROUPS=3, HAS_BIAS=True, HAS_QNORM=False, HAS_KNORM=False, HALF=64), 1)
     attn = dict(Q=p16, K=p16, V=p16, BT="*i32", PREFIX="*i32", ORDER="*i32", COUNT="*i32", OUT=p16,
                 CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, ARRIVED="*i32", T=i32, N_HEADS=i32,
-                SPLIT_LEN=i32,
-                NUM_SPLITS=i32, TILE_STRIDE=i32, qk_scale="fp32") | ints(
+                SPLIT_LEN=i32, NUM_SPLITS=i32, TILE_STRIDE=i32, qk_scale="fp32") | ints(
         ("stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
          "stride_ot", "stride_oh"), i32)
     # AR, a prefill chunk (shared keys), and a tree (1.5B: GQA group 6) on the engine's caches (no

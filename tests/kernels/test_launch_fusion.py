@@ -27,8 +27,6 @@ from jetspec_chat.kernels import (  # noqa: E402
     add_rms_norm,
     add_rms_norm_ref,
     add_rms_norm_triton,
-    folds_norm,
-    linear_add_rms_norm_triton,
     linear_partials_triton,
     linear_ref,
     linear_triton,
@@ -230,35 +228,6 @@ def test_partials_consumers_keep_the_group_order():
     assert (q == -0.25).all() and (kp[0, 3] == -0.25).all() and (vp[0, 3] == -0.25).all()
 
 
-def test_folds_norm_where_the_layouts_agree():
-    """The GEMM folds the add + norm in at one row of a split launch whose program has the norm
-    kernel's warps: the 1.5B's o_proj and down (hidden 1536: 4 warps both); not at two rows, not
-    where the norm runs another warp count (0.5B hidden 896: 2; 8B hidden 4096: 8), not without
-    a split (a weight in one K group)."""
-    assert folds_norm(1, 1536, 1536) and folds_norm(1, 1536, 8960)
-    assert not folds_norm(2, 1536, 1536) and not folds_norm(64, 1536, 8960)
-    assert not folds_norm(1, 896, 896) and not folds_norm(1, 4096, 4096) and not folds_norm(1, 4096, 12288)
-    assert not folds_norm(1, 1536, 128)  # two K blocks: one group, no split launch
-
-
-def test_linear_add_rms_norm_folded_bitwise(poisoned_alloc):
-    """One launch (the split GEMM's last program adds the group sums and the residual and
-    normalises) == linear_partials_triton then add_rms_norm, both outputs, bitwise; and the
-    arrival count is back at zero (a second call, other inputs, is right too)."""
-    n, k = 1536, 256  # the rule: 64x64 tiles, 2 K groups; a 1536-wide row: the norm's 4 warps
-    assert folds_norm(1, n, k)
-    w, nw = randn(n, k, seed=60, scale=k**-0.5), norm_weight(n, seed=61)
-    for seed in (62, 64):
-        x, resid = randn(1, k, seed=seed), randn(1, n, seed=seed + 1, scale=3.0)
-        y, h = linear_add_rms_norm_triton(x, w, None, resid, nw, EPS)
-        y2, h2 = add_rms_norm_triton(linear_partials_triton(x, w), resid, nw, EPS)
-        assert torch.equal(y, y2) and torch.equal(h, h2), seed
-        y3, h3 = two_step_add_rms_norm(x, w, None, resid, nw)
-        assert torch.equal(y, y3) and torch.equal(h, h3), seed
-    with pytest.raises(AssertionError, match="no folded norm"):
-        linear_add_rms_norm_triton(randn(2, k, seed=66), w, None, randn(2, n, seed=67), nw, EPS)
-
-
 def test_sm90_partials_reduce_in_the_same_layout():
     """Offline sm_90 compiles (no GPU): the norms' reductions of the partials variants run in the
     register layout of the plain ones (so the same threads add the same elements in the same
@@ -269,14 +238,10 @@ def test_sm90_partials_reduce_in_the_same_layout():
     for o in out:
         by_kernel.setdefault(o["case"], []).append(o)
     assert set(by_kernel) == {"norm-1536", "norm-4096", "rope-128"}
-    # The GEMM whose last program normalises (folds_norm: the 1.5B's o_proj and down at one row)
-    # reduces in the norm kernel's layout too.
-    assert {v["variant"] for v in by_kernel["norm-1536"]} == {"output", "partials", "gemm o_proj", "gemm down"}
     for case, variants in by_kernel.items():
         assert all(v["reduce_layouts"] for v in variants), case
         assert all(v["reduce_layouts"] == variants[0]["reduce_layouts"] for v in variants), (case, variants)
-        norms = [v for v in variants if not v["variant"].startswith("gemm")]
-        assert all(v["converts"] == 0 for v in norms), (case, variants)
+        assert all(v["converts"] == 0 for v in variants), (case, variants)
 
 
 # ----------------------------------------------------------------------------- GPU only: real shapes
@@ -314,11 +279,6 @@ def test_gpu_add_rms_norm_partials_real_shapes(model, proj):
         for split in (False, True):
             y, h = add_rms_norm(linear_partials_triton(x[:m], w, split=split), resid[:m], nw, EPS)
             assert torch.equal(y, full_y[:m]) and torch.equal(h, full_h[:m]), (m, split)
-    if folds_norm(1, hidden, k):  # the 1.5B: the GEMM's last program normalises an AR row itself
-        for i in ALONE:
-            for _ in range(2):  # the arrival count is back at zero after each call
-                y, h = linear_add_rms_norm_triton(x[i : i + 1], w, None, resid[i : i + 1], nw, EPS)
-                assert torch.equal(y[0], full_y[i]) and torch.equal(h[0], full_h[i]), f"row {i} folded"
 
 
 @gpu_only

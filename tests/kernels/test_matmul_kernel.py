@@ -31,7 +31,6 @@ from jetspec_chat.kernels.matmul import (  # noqa: E402
     LinearConfig,
     block_m_for,
     choose_config,
-    folds_norm,
     linear_partials,
     rule_config,
     use_split,
@@ -173,20 +172,19 @@ def test_sm90_wide_tile_runs_the_same_wgmma():
     """Offline sm_90 compiles (no GPU): the 128-row, 8-warp program lays its warps out as two
     warpgroups stacked on M ([8, 1]) with the 64-row program's MMA instruction shape, and its PTX
     issues the same wgmma instructions, for the 64- and 128-wide tiles, one or several K groups,
-    split, with SiLU * up in the epilogue, and split with the folded add + norm, with the rule's
-    64-deep K blocks and every TUNED config's blocks and stages; no
+    split, and with SiLU * up in the epilogue, with the rule's 64-deep K blocks and every TUNED
+    config's blocks and stages; no
     local-memory spills. (Equal bits on the device are the GPU tests' to show; this pins what the
     compiler emits.)"""
     pytest.importorskip("triton.backends.nvidia")
-    # (block_n, block_k, stages, split, one group, SiLU epilogue, folded norm): the rule's, the 1.5B's
-    # and 8B's gate/up GEMMs with SiLU * up, and the split GEMMs whose last program normalises
-    variants = {(128, 64, 4, 0, 1, 0, 0), (64, 64, 4, 0, 0, 0, 0), (64, 64, 4, 1, 0, 0, 0), (64, 64, 4, 0, 1, 1, 0),
-                (128, 64, 4, 0, 1, 1, 0), (64, 64, 4, 1, 0, 0, 1)}
+    # (block_n, block_k, stages, split, one group, SiLU epilogue): the rule's, and the 1.5B's and
+    # 8B's gate/up GEMMs with SiLU * up
+    variants = {(128, 64, 4, 0, 1, 0), (64, 64, 4, 0, 0, 0), (64, 64, 4, 1, 0, 0), (64, 64, 4, 0, 1, 1), (128, 64, 4, 0, 1, 1)}
     for (n, k), c in TUNED.items():
         one = c.num_groups(k) == 1
-        variants.add((c.block_n, c.block_k, c.num_stages, int(not one), int(one), 0, int(folds_norm(1, n, k))))
-    args = [f"{bm},{bn},{bk},{stages},{warps},{split},{one},{silu},{norm}"
-            for bn, bk, stages, split, one, silu, norm in sorted(variants) for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
+        variants.add((c.block_n, c.block_k, c.num_stages, int(not one), int(one), 0))
+    args = [f"{bm},{bn},{bk},{stages},{warps},{split},{one},{silu}" for bn, bk, stages, split, one, silu in sorted(variants)
+            for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
     out = run_compile_script("sm90_linear_compile.py", args)
     assert len(out) == len(args)
     for narrow, wide in zip(out[::2], out[1::2]):
