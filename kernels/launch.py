@@ -71,26 +71,6 @@ def launch_args(device: torch.device, rows: int) -> dict:
     return dict(PDL=on, launch_pdl=on)
 
 
-_ARRIVALS: dict[torch.device, torch.Tensor] = {}
-
-
-def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Arrival counters (int32, zero between calls) for kernels whose last program to finish does
-    a closing step itself, one launch fewer (the AR attention's merge, the split GEMM's folded
-    norm): each program adds 1 after its stores, the one that reads count - 1 goes on and puts
-    the counter back to zero. One buffer per device, shared: calls on a device never overlap (one
-    stream, and under PDL no program touches memory before the previous kernel has finished).
-    Allocated by the first call, which must not be inside a CUDA-graph capture (capture warms up
-    first, so it never is): a buffer zeroed inside a capture would hold garbage until the graph's
-    first replay."""
-    buf = _ARRIVALS.get(device)
-    if buf is None or buf.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the first call of a kernel with arrival counters must run before CUDA-graph capture")
-        buf = _ARRIVALS[device] = torch.zeros(max(n, 64), dtype=torch.int32, device=device)
-    return buf
-
-
 if triton is not None:
 
     @triton.jit
@@ -102,4 +82,4 @@ if triton is not None:
             gdc_launch_dependents()
 
 
-__all__ = ["PDL_MAX_ROWS", "arrival_counters", "interpreting", "launch_args", "pdl_enabled", "wait_for_previous"]
+__all__ = ["PDL_MAX_ROWS", "interpreting", "launch_args", "pdl_enabled", "wait_for_previous"]

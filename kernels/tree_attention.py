@@ -32,9 +32,7 @@ its bits, so the work can be cut as suits each call:
   * Flat programs (TREE, small trees with a short prefix: FLAT_TILES, FLAT_MAX_CHAINS) store each
     prefix tile's partial for a query tile's rows, in place of the split programs' chain.
   * `_merge_kernel` folds, per row, each split's state then its tiles' partials, split by split.
-    A CHUNK row of one split is written by its split program directly. An AR call has no merge
-    launch: the last of a KV head's tile programs to finish (an atomic arrival count) folds the
-    group's partials itself, with the merge's code (`_fold_row`).
+    A CHUNK row of one split is written by its split program directly.
 fp32 scores, softmax and accumulation (exp2 with the scale folded in); output in q's dtype.
 fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless.
 """
@@ -44,7 +42,7 @@ from typing import NamedTuple
 
 import torch
 
-from .launch import arrival_counters, launch_args, wait_for_previous
+from .launch import launch_args, wait_for_previous
 from .reference import logical_to_slots, paged_tree_attention_ref, write_kv_ref
 
 try:  # triton is optional: CPU-only installs use the torch references.
@@ -220,7 +218,7 @@ if triton is not None:
     # T is never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for every T.
     @triton.jit(do_not_specialize=["T"])
     def _tree_attn_kernel(
-        Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, ARRIVED,
+        Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L,
         T, N_HEADS, SPLIT_LEN, NUM_SPLITS, TILE_STRIDE, qk_scale,
         stride_qt, stride_qh,
         stride_kb, stride_ks, stride_kh,
@@ -228,7 +226,6 @@ if triton is not None:
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, FLAT_TILES: tl.constexpr,
-        SPLIT_TILES: tl.constexpr, GROUP_PAD: tl.constexpr,
         PAGED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
@@ -363,65 +360,6 @@ if triton is not None:
                     m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
                     at = ((j - tail_start) * T + tau) * N_HEADS + head  # [tile slots, T, N_HEADS]
                     _store_partial(TL_M, TL_L, TL_A, at, m_t, l_t, a_t, row_valid, d, HEAD_DIM)
-            if MODE == AR_MODE:
-                # The last of the KV head's TILE_STRIDE programs to finish folds their partials
-                # into the output, in the merge's order with its arithmetic (`_fold_row`): the
-                # merge launch is saved and the bits are the same. The barrier puts every
-                # thread's partial stores before the release of the arrival; the counter is
-                # left at zero for the next call.
-                tl.debug_barrier()
-                arrived = tl.atomic_add(ARRIVED + kv, 1, sem="acq_rel", scope="gpu")
-                if arrived == TILE_STRIDE - 1:
-                    tl.store(ARRIVED + kv, 0)
-                    g = tl.arange(0, GROUP_PAD)
-                    heads = kv * GROUP + g
-                    out = _fold_row(TL_A, TL_M, TL_L, CH_A, CH_M, CH_L, heads, g < GROUP, 0, 1, N_HEADS,
-                                    tl.cdiv(prefix + count, BLOCK_N), tail_start, d, SPLIT_TILES, ".cg")
-                    o_ptr = OUT + heads[:, None] * stride_oh + d[None, :]
-                    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(g < GROUP)[:, None])
-
-    @triton.jit
-    def _fold_row(TL_A, TL_M, TL_L, CH_A, CH_M, CH_L, heads, head_ok, t, T, N_HEADS, n_tiles, tail_start, d,
-                  SPLIT_TILES: tl.constexpr, CACHE: tl.constexpr):
-        """Token t's attention output for the query heads `heads` ([H] where head_ok; [H, HEAD_DIM],
-        fp32): split by split in order, the split's state from its split program (the tiles before
-        tail_start) folded with its tiles' own partials in order, then the splits' states folded.
-        Elementwise only, so a head's bits do not depend on how many heads one call folds: the
-        merge folds one head a program, the AR step's last attention program its KV head's group.
-        CACHE: the loads' cache modifier: ".cg" (L2 only) where other programs of the same grid
-        stored the partials."""
-        m = tl.full(heads.shape, float("-inf"), dtype=tl.float32)
-        den = tl.zeros(heads.shape, dtype=tl.float32)
-        a = tl.zeros([heads.shape[0], d.shape[0]], dtype=tl.float32)
-        head_dim = d.shape[0]
-        n_splits = tl.cdiv(n_tiles, SPLIT_TILES)
-        zero = heads * 0  # (the comparisons below as [H] vectors: the interpreter's & of a vector
-        # and a compared scalar is not a boolean)
-        for s in range(0, n_splits):
-            lo = s * SPLIT_TILES
-            at = (s * T + t) * N_HEADS + heads
-            has_state = head_ok & (zero + lo < tail_start)
-            sm = tl.load(CH_M + at, mask=has_state, other=float("-inf"), cache_modifier=CACHE)
-            sl = tl.load(CH_L + at, mask=has_state, other=0.0, cache_modifier=CACHE)
-            sa = tl.load(CH_A + at[:, None] * head_dim + d[None, :], mask=has_state[:, None], other=0.0,
-                         cache_modifier=CACHE)
-            for k in tl.static_range(SPLIT_TILES):
-                j = lo + k
-                use = (zero + j >= tail_start) & (zero + j < n_tiles)
-                tile_at = ((j - tail_start) * T + t) * N_HEADS + heads
-                xm = tl.load(TL_M + tile_at, mask=head_ok & use, other=float("-inf"), cache_modifier=CACHE)
-                xl = tl.load(TL_L + tile_at, mask=head_ok & use, other=0.0, cache_modifier=CACHE)
-                xa = tl.load(TL_A + tile_at[:, None] * head_dim + d[None, :], mask=(head_ok & use)[:, None],
-                             other=0.0, cache_modifier=CACHE)
-                fm, c1, c2 = _fold_weights(sm, xm)
-                sl = tl.where(use, sl * c1 + xl * c2, sl)
-                sa = tl.where(use[:, None], sa * c1[:, None] + xa * c2[:, None], sa)
-                sm = tl.where(use, fm, sm)
-            fm, c1, c2 = _fold_weights(m, sm)
-            den = den * c1 + sl * c2
-            a = a * c1[:, None] + sa * c2[:, None]
-            m = fm
-        return a / tl.where(den > 0.0, den, 1.0)[:, None]
 
     @triton.jit(do_not_specialize=["T"])
     def _merge_kernel(
@@ -445,10 +383,33 @@ if triton is not None:
             tail_start = _tile_slots_start(prefix, MODE, FLAT_TILES, BLOCK_N)
         if (MODE != CHUNK_MODE) | (n_splits > 1):
             d = tl.arange(0, HEAD_DIM)
-            heads = h + tl.arange(0, 1)
-            out = _fold_row(TL_A, TL_M, TL_L, CH_A, CH_M, CH_L, heads, heads >= 0, t, T, N_HEADS, n_tiles,
-                            tail_start, d, SPLIT_TILES, "")
-            tl.store(OUT + t * stride_ot + heads[:, None] * stride_oh + d[None, :], out.to(OUT.dtype.element_ty))
+            m = float("-inf")
+            den = 0.0
+            a = tl.zeros([HEAD_DIM], dtype=tl.float32)
+            for s in range(0, n_splits):
+                lo = s * SPLIT_TILES
+                at = (s * T + t) * N_HEADS + h
+                has_state = lo < tail_start
+                sm = tl.load(CH_M + at, mask=has_state, other=float("-inf"))
+                sl = tl.load(CH_L + at, mask=has_state, other=0.0)
+                sa = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(has_state, HEAD_DIM, 0), other=0.0)
+                for k in tl.static_range(SPLIT_TILES):
+                    j = lo + k
+                    use = (j >= tail_start) & (j < n_tiles)
+                    tile_at = ((j - tail_start) * T + t) * N_HEADS + h
+                    xm = tl.load(TL_M + tile_at, mask=use, other=float("-inf"))
+                    xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
+                    xa = tl.load(TL_A + tile_at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
+                    fm, c1, c2 = _fold_weights(sm, xm)
+                    sl = tl.where(use, sl * c1 + xl * c2, sl)
+                    sa = tl.where(use, sa * c1 + xa * c2, sa)
+                    sm = tl.where(use, fm, sm)
+                fm, c1, c2 = _fold_weights(m, sm)
+                den = den * c1 + sl * c2
+                a = a * c1 + sa * c2
+                m = fm
+            out = a / tl.where(den > 0.0, den, 1.0)
+            tl.store(OUT + t * stride_ot + h * stride_oh + d, out.to(OUT.dtype.element_ty))
 
     @triton.jit
     def _write_kv_kernel(
@@ -555,10 +516,9 @@ def paged_tree_attention_triton(
 
     ch_a, ch_m, ch_l = f32(states, t, n_heads, head_dim), f32(states, t, n_heads), f32(states, t, n_heads)
     tl_a, tl_m, tl_l = f32(tile_slots, t, n_heads, head_dim), f32(tile_slots, t, n_heads), f32(tile_slots, t, n_heads)
-    arrived = arrival_counters(q.device, n_kv) if mode == AR_MODE else prefix  # an unread stand-in
     _tree_attn_kernel[(n_kv, split_programs + flat_programs + tile_programs)](
         q, k_pool, v_pool, prefix if block_table is None else block_table,  # an unread stand-in
-        prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, arrived,
+        prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l,
         t, n_heads, split_len, num_splits, AR_TILE_PROGRAMS if mode == AR_MODE else 1, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
@@ -566,12 +526,11 @@ def paged_tree_attention_triton(
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, MODE=mode, FLAT_TILES=flat_tiles, PAGED=block_table is not None,
-        SPLIT_TILES=split_len // BLOCK_N, GROUP_PAD=triton.next_power_of_2(group),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
         num_warps=NUM_WARPS, num_stages=AR_NUM_STAGES if t == 1 else NUM_STAGES, enable_fp_fusion=False,
         **launch_args(q.device, t),
     )
-    if mode == TREE_MODE or (mode == CHUNK_MODE and num_splits > 1):  # AR: folded by the attention
+    if mode != CHUNK_MODE or num_splits > 1:
         _merge_kernel[(t, n_heads)](
             out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, t, n_heads, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, SPLIT_TILES=split_len // BLOCK_N, MODE=mode, FLAT_TILES=flat_tiles,

@@ -101,8 +101,8 @@ def kernels():
     yield compare("qkv_rope_write (partials)", fused._qkv_rope_write_kernel, rope,
                   dict(GROUPS=3, HAS_BIAS=True, HAS_QNORM=False, HAS_KNORM=False, HALF=64), 1)
     attn = dict(Q=p16, K=p16, V=p16, BT="*i32", PREFIX="*i32", ORDER="*i32", COUNT="*i32", OUT=p16,
-                CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, ARRIVED="*i32", T=i32, N_HEADS=i32,
-                SPLIT_LEN=i32, NUM_SPLITS=i32, TILE_STRIDE=i32, qk_scale="fp32") | ints(
+                CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, T=i32, N_HEADS=i32, SPLIT_LEN=i32,
+                NUM_SPLITS=i32, TILE_STRIDE=i32, qk_scale="fp32") | ints(
         ("stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
          "stride_ot", "stride_oh"), i32)
     # AR, a prefill chunk (shared keys), and a tree (1.5B: GQA group 6) on the engine's caches (no
@@ -111,8 +111,8 @@ def kernels():
     for name, mode, paged in (("AR", modes[0], False), ("chunk", modes[2], False), ("tree", modes[1], False),
                               ("tree paged", modes[1], True)):
         consts = dict(GROUP=6, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=tree_attention.BLOCK_M,
-                      BLOCK_N=tree_attention.BLOCK_N, MODE=mode, FLAT_TILES=tree_attention.FLAT_TILES, SPLIT_TILES=9,
-                      GROUP_PAD=8, PAGED=paged, PRECISION="tf32")
+                      BLOCK_N=tree_attention.BLOCK_N, MODE=mode, FLAT_TILES=tree_attention.FLAT_TILES, PAGED=paged,
+                      PRECISION="tf32")
         yield compare(f"tree_attn {name}", tree_attention._tree_attn_kernel, attn, consts, tree_attention.NUM_WARPS,
                       tree_attention.AR_NUM_STAGES if mode == modes[0] else tree_attention.NUM_STAGES)  # as launched
     yield compare("merge", tree_attention._merge_kernel,
