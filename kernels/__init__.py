@@ -9,8 +9,10 @@ from .fused import (
     qkv_rope_write_triton,
     rms_norm,
     rms_norm_triton,
+    silu_mul,
+    silu_mul_triton,
 )
-from .matmul import Partials, linear_partials_triton, linear_ref, linear_silu_triton, linear_triton
+from .matmul import Partials, linear_partials_triton, linear_ref, linear_triton
 from .moe import moe_block, moe_block_triton, moe_route_triton
 from .reference import (
     accum_tree_ref,
@@ -55,7 +57,6 @@ __all__ = [
     "distill_rows_triton",
     "linear_partials_triton",
     "linear_ref",
-    "linear_silu_triton",
     "linear_triton",
     "logical_to_slots",
     "moe_block",
@@ -78,7 +79,9 @@ __all__ = [
     "rms_norm_ref",
     "rms_norm_triton",
     "rope_ref",
+    "silu_mul",
     "silu_mul_ref",
+    "silu_mul_triton",
     "split_len_for",
     "visible_keys",
     "write_kv",

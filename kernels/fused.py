@@ -1,7 +1,6 @@
-"""Fused elementwise kernels for the decoder layer: RMSNorm, residual add + RMSNorm, and per-head
-q/k RMSNorm + RoPE (alone, or with the K/V cache write: `qkv_rope_write`). One launch each
-instead of the ~6-8 small kernels eager torch runs for the same step. (The MLP's SiLU * up runs
-in its gate/up GEMM's epilogue: kernels/matmul.py, `linear_silu_triton`.)
+"""Fused elementwise kernels for the decoder layer: RMSNorm, residual add + RMSNorm, SiLU*mul,
+and per-head q/k RMSNorm + RoPE (alone, or with the K/V cache write: `qkv_rope_write`). One
+launch each instead of the ~6-8 small kernels eager torch runs for the same step.
 
 add_rms_norm and qkv_rope_write read a linear's output, or, where the batch-invariant GEMM
 splits over K groups (kernels/matmul.py), its fp32 group sums (`Partials`), which they add as
@@ -14,6 +13,7 @@ as possible:
 
   rms_norm:      y = weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype)
   add_rms_norm:  h = x + residual (rounded to x's dtype); y = rms_norm(h)
+  silu_mul:      (g / (1 + exp(-g))) computed in fp32, rounded to the input dtype, then * up
   qk_norm_rope:  per head: optional rms_norm (rounded as above), then x*cos + rotate_half(x)*sin
                  with each product rounded to the input dtype before the add (as torch does)
 
@@ -21,8 +21,11 @@ Every kernel is launched with `enable_fp_fusion=False`: no mul+add contraction i
 product is rounded exactly as torch's separate elementwise kernels round it. What still differs
 from torch in fp32 is the order of the sum of squares inside the mean (a parallel reduction
 either way), i.e. about 1 ulp in the norm's scale factor. Everything else (the adds, the
-products, the bf16 roundings, rsqrt and division on the GPU through the same CUDA math as
+products, the bf16 roundings, rsqrt / exp / division on the GPU through the same CUDA math as
 torch's kernels) is the same operation.
+
+Under TRITON_INTERPRET=1 (CPU tests) the kernels run in numpy; exp then comes from numpy instead
+of libdevice (a ~1 ulp difference, no semantic one).
 
 All kernels write fresh, out-of-place outputs, need no host sync and have grids that depend
 on shapes only, so they can be captured in CUDA graphs.
@@ -31,21 +34,24 @@ from __future__ import annotations
 
 import torch
 
-from .launch import launch_args, wait_for_previous
+from .launch import interpreting, launch_args, wait_for_previous
 from .matmul import Partials
-from .reference import add_rms_norm_ref, qk_norm_rope_ref, qkv_rope_write_ref, rms_norm_ref
+from .reference import add_rms_norm_ref, qk_norm_rope_ref, qkv_rope_write_ref, rms_norm_ref, silu_mul_ref
 
 try:  # triton is optional: CPU-only installs use the torch references.
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - exercised only without triton
     triton = None
     tl = None
+    libdevice = None
 
 # A row of up to this many elements is held in registers (one read of x); longer rows loop over
 # chunks of CHUNK_LOOP elements and read x twice (sum of squares, then normalise).
 MAX_SINGLE_BLOCK = 8192
 CHUNK_LOOP = 4096
+SILU_BLOCK = 1024
 
 
 # ----------------------------------------------------------------------------- triton kernels
@@ -130,6 +136,26 @@ if triton is not None:
                 w = tl.load(W + cc, mask=mask, other=0.0)
                 out = y.to(tl.float32) * w.to(tl.float32)
                 tl.store(Y + row_y + cc, out.to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _silu_mul_kernel(
+        G, U, O, n_cols, stride_g, stride_u, stride_o,
+        BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        wait_for_previous(PDL)
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0)
+        # torch: x / (1 + exp(-x)) in fp32 (CUDA expf, IEEE division), rounded to the dtype.
+        if USE_LIBDEVICE:
+            e = libdevice.exp(-g)
+        else:
+            e = tl.exp(-g)
+        s = tl.math.div_rn(g, 1.0 + e).to(G.dtype.element_ty)
+        out = s.to(tl.float32) * u.to(tl.float32)
+        tl.store(O + row * stride_o + cols, out.to(O.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _norm_rope(x1, x2, W, C, S, t, inv_d, eps, stride_ct, stride_st, HAS_NORM: tl.constexpr, HALF: tl.constexpr):
@@ -303,6 +329,26 @@ def add_rms_norm_triton(
     return _rms_norm_launch(x, residual, weight, eps, block)
 
 
+def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor, *, block: int = SILU_BLOCK) -> torch.Tensor:
+    """Triton `silu_mul_ref`: silu(gate) * up. gate, up: [..., I] with the same shape and dtype;
+    rows may be strided (e.g. the two halves of a fused gate_up projection)."""
+    _check_triton()
+    assert gate.shape == up.shape and gate.dtype == up.dtype, "gate and up must match"
+    shape, n = gate.shape, gate.shape[-1]
+    g2, u2 = _rows(gate), _rows(up)
+    rows = g2.shape[0]
+    out = torch.empty(rows, n, device=gate.device, dtype=gate.dtype)
+    if rows > 0 and n > 0:
+        block = min(block, triton.next_power_of_2(n))
+        _silu_mul_kernel[(rows, triton.cdiv(n, block))](
+            g2, u2, out, n, g2.stride(0), u2.stride(0), out.stride(0),
+            BLOCK=block, USE_LIBDEVICE=gate.is_cuda and not interpreting(),
+            num_warps=max(1, min(4, block // 256)), enable_fp_fusion=False,
+            **launch_args(gate.device, rows),
+        )
+    return out.view(shape)
+
+
 def _heads_view(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -448,6 +494,11 @@ def add_rms_norm(
     return add_rms_norm_ref(x.sum() if isinstance(x, Partials) else x, residual, weight, eps)
 
 
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up: Triton on CUDA tensors, the torch reference elsewhere."""
+    return silu_mul_triton(gate, up) if _use_triton(gate, up) else silu_mul_ref(gate, up)
+
+
 def qk_norm_rope(
     q: torch.Tensor | None,
     k: torch.Tensor | None,
@@ -495,4 +546,6 @@ __all__ = [
     "qkv_rope_write_triton",
     "rms_norm",
     "rms_norm_triton",
+    "silu_mul",
+    "silu_mul_triton",
 ]

@@ -50,11 +50,9 @@ from .launch import interpreting, launch_args, wait_for_previous
 try:  # triton is optional: CPU-only installs use F.linear.
     import triton
     import triton.language as tl
-    from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - exercised only without triton
     triton = None
     tl = None
-    libdevice = None
 
 BLOCK_M = 64  # rows per warpgroup, for every M: see the module docstring (wgmma on Hopper)
 WIDE_BLOCK_M = 128  # rows per program past BLOCK_M rows: two warpgroups (`block_m_for`)
@@ -220,30 +218,14 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
 
 if triton is not None:
 
-    @triton.jit
-    def _silu_times(gate, up, USE_LIBDEVICE: tl.constexpr):
-        """silu_mul_ref's arithmetic on gate and up (16-bit values): torch's silu, g / (1 + exp(-g))
-        in fp32 (CUDA expf, IEEE division) rounded to the dtype, then times up in fp32, returned
-        in fp32 for the caller's cast."""
-        g = gate.to(tl.float32)
-        if USE_LIBDEVICE:
-            e = libdevice.exp(-g)
-        else:  # the interpreter: numpy's exp (~1 ulp from expf)
-            e = tl.exp(-g)
-        s = tl.math.div_rn(g, 1.0 + e).to(gate.dtype)
-        return s.to(tl.float32) * up.to(tl.float32)
-
     @triton.jit(do_not_specialize=["M"])
     def _linear_kernel(
         X, W, B, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, group_blocks, k_blocks,
         UPCAST: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-        SILU: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (M tiles, N tiles[, groups]). M tiles vary fastest, so the programs that share a
-        weight tile (and K group) run together and it is read from HBM once.
-        SILU (fused launch only): W is a gate/up weight [2I, K] (I = N // 2: gate rows, then up
-        rows) and Y [M, I] receives silu(x @ gate.T) * (x @ up.T) (`linear_silu_triton`)."""
+        weight tile (and K group) run together and it is read from HBM once."""
         wait_for_previous(PDL)
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -255,13 +237,7 @@ if triton is not None:
         # Out-of-range columns wrap onto valid weight rows (only the last N tile has any). Neither
         # reaches a stored result: the MMA computes each element from its own row and column.
         row_ok = (rows < M)[:, None]
-        if SILU:
-            # Tile column c holds output column cols // 2: its gate row (c even) or its up row
-            # (c odd), so each program has whole (gate, up) pairs and the whole grid streams
-            # the weight as the plain GEMM's does.
-            offs_n = (cols % 2) * (N // 2) + (cols // 2) % (N // 2)
-        else:
-            offs_n = cols % N
+        offs_n = cols % N
         offs_k = tl.arange(0, BLOCK_K)
         if SPLIT:
             kb_start = tl.program_id(2) * group_blocks
@@ -293,25 +269,17 @@ if triton is not None:
                 if ((kb + 1) % group_blocks == 0) & (kb + 1 < kb_end):
                     total += acc
                     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if SILU:  # (fused launch: SPLIT is False)
-            # Each element rounded to Y's dtype first, as the GEMM's output would be, then
-            # `_silu_times`: bitwise the plain GEMM followed by silu_mul_ref (the GPU tests check).
-            total += acc
-            gate, up = tl.split(tl.reshape(total.to(Y.dtype.element_ty), [BLOCK_M, BLOCK_N // 2, 2]))
-            out_cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-            y_ptrs = Y + rows[:, None].to(tl.int64) * stride_ym + out_cols[None, :]
-            out = _silu_times(gate, up, USE_LIBDEVICE)
-            tl.store(y_ptrs, out.to(Y.dtype.element_ty), mask=row_ok & (out_cols < N // 2)[None, :])
-        elif SPLIT:
+        mask = row_ok & (cols < N)[None, :]
+        if SPLIT:
             # The group sum, for _sum_groups_kernel. P: [groups, M, N] fp32, contiguous.
             p_ptrs = P + (tl.program_id(2).to(tl.int64) * M + rows[:, None]) * N + cols[None, :]
-            tl.store(p_ptrs, acc, mask=row_ok & (cols < N)[None, :])
+            tl.store(p_ptrs, acc, mask=mask)
         else:
             total += acc
             if HAS_BIAS:
                 total += tl.load(B + offs_n).to(tl.float32)[None, :]
             y_ptrs = Y + rows[:, None].to(tl.int64) * stride_ym + cols[None, :]
-            tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=row_ok & (cols < N)[None, :])
+            tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["M"])
     def _sum_groups_kernel(P, B, Y, M, N, stride_ym, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
@@ -362,30 +330,6 @@ def linear_triton(
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1, "out: [M, N], x's dtype"
     _launch(x, weight, bias, out, config=config, split=split, block_m=block_m)
-    return out
-
-
-def linear_silu_triton(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    config: LinearConfig | None = None,
-    block_m: int | None = None,
-) -> torch.Tensor:
-    """The MLP's gate/up GEMM and activation in one launch: x [M, K] and weight [2I, K] (the
-    gate's I rows, then the up's) -> silu(x @ gate.T) * (x @ up.T), [M, I] in x's dtype. Bitwise
-    `silu_mul_ref` of linear_triton(x, weight)'s two halves: the same config as that GEMM
-    (`choose_config(2I, K)`), each program's columns paired gate/up so that it finishes whole
-    outputs (`_linear_kernel`, SILU). Always the fused launch (every real gate/up weight is one K
-    group). config / block_m: as in linear_triton."""
-    x, weight, _ = _operands(x, weight, None)
-    m, k = x.shape
-    n = weight.shape[0]
-    assert n % 2 == 0, f"a gate/up weight has an even number of rows, not {n}"
-    out = torch.empty(m, n // 2, device=x.device, dtype=x.dtype)
-    config = config or choose_config(n, k)
-    assert config.block_n % 2 == 0
-    _launch_gemm(x, weight, None, out, out, config=config, split=False, block_m=block_m, silu=True)
     return out
 
 
@@ -466,9 +410,8 @@ def _launch(x, weight, bias, out, *, config, split, block_m) -> None:
         )
 
 
-def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, silu=False) -> None:
-    """_linear_kernel alone: into out [M, N] (fused launch), partials [groups, M, N] (split), or
-    with `silu` out [M, N / 2] (`linear_silu_triton`)."""
+def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m) -> None:
+    """_linear_kernel alone: into out [M, N] (fused launch) or partials [groups, M, N] (split)."""
     m, k = x.shape
     n = weight.shape[0]
     if m == 0 or n == 0:
@@ -483,7 +426,7 @@ def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, silu
         x, weight, b, out, partials, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         config.group_blocks(k), _cdiv(k, config.block_k),
         UPCAST=interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
-        SILU=silu, USE_LIBDEVICE=x.is_cuda and not interpreting(), BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
         **launch_args(x.device, m),
     )
@@ -500,7 +443,6 @@ __all__ = [
     "linear_partials",
     "linear_partials_triton",
     "linear_ref",
-    "linear_silu_triton",
     "linear_triton",
     "rule_config",
     "use_split",

@@ -8,7 +8,7 @@ times are read.
   full:        TargetModel.forward's loop
   -attention:  o = q (no attention, no merge)
   -rope:       q is the qkv GEMM's q rows (no norm / RoPE / KV write; the GEMM's output summed)
-  -silu:       the plain gate/up GEMM (no SiLU * up epilogue); down reads its gate half
+  -silu:       down reads the gate half (no silu_mul)
   gemms:       only the four GEMMs a layer, each on the previous one's output (no norms either)
 
     python3 scripts/gpu-lease/layer_ablation.py [--models 1.5B,8B] [--reps 40] [--rounds 3]
@@ -28,8 +28,8 @@ from decoder_stack import build_stack, make_batch  # noqa: E402  (also puts the 
 import torch  # noqa: E402
 
 from jetspec_chat.engine.bench.timing import graphed_ms  # noqa: E402
-from jetspec_chat.engine.layers import gate_up_silu, linear  # noqa: E402
-from jetspec_chat.kernels import add_rms_norm, paged_tree_attention, prefix_tensor, visible_keys  # noqa: E402
+from jetspec_chat.engine.layers import linear  # noqa: E402
+from jetspec_chat.kernels import add_rms_norm, paged_tree_attention, prefix_tensor, silu_mul, visible_keys  # noqa: E402
 
 VARIANTS = ("full", "-attention", "-rope", "-silu", "gemms")
 
@@ -62,10 +62,8 @@ def forward(model, batch, kv, variant: str) -> torch.Tensor:
         else:
             o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, prefix, batch.tree_mask, model.scale, keys)
         x, h = add_rms_norm(attn.o_proj.forward_partials(o.reshape(t, -1)), h, layer.post_attention_layernorm.weight, eps)
-        if variant == "-silu":
-            act = mlp.gate_up_proj(x)[:, : mlp.down_proj.weight.shape[1]]
-        else:
-            act = gate_up_silu(x, mlp.gate_up_proj.weight)
+        gate, up = mlp.gate_up_proj.split(mlp.gate_up_proj(x))
+        act = gate.contiguous() if variant == "-silu" else silu_mul(gate, up)
         next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.model.norm
         x, h = add_rms_norm(mlp.down_proj.forward_partials(act), h, next_norm.weight, eps)
     return x

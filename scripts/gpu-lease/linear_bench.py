@@ -10,8 +10,8 @@ the first m rows of ours(x[:256]) for every m, and single rows 0, 100, 255 alone
 for cuBLAS is shown beside it. `err`: |y - exact| / |exact| (Frobenius, exact = fp32 arithmetic)
 for ours and for cuBLAS. `64-row µs` (M > 64, where `block_m_for` picks 128-row programs): the
 same GEMM with 64-row programs, the faster of its split and fused launches (session 7's kernel).
-The table times gate_up as a plain GEMM; the sweep times it as the engine runs it, with SiLU * up
-in its epilogue (`linear_silu_triton`).
+(Session 8 also timed a gate_up GEMM with SiLU*up in its epilogue here: slower at every M, dropped;
+PERF_NOTES.)
 
 --sweep also times, per shape, a handful of candidate configs (block_n, block_k, K groups,
 warps, stages) at every M, each with both launches (split over K groups, groups summed in-kernel, and
@@ -60,7 +60,6 @@ from jetspec_chat.kernels.matmul import (  # noqa: E402
     choose_config,
     groups_for,
     linear_partials_triton,
-    linear_silu_triton,
     linear_triton,
     use_split,
 )
@@ -155,7 +154,7 @@ def main_table(ms, reps: int) -> list[dict]:
 
 
 def candidates(n: int, k: int) -> list[LinearConfig]:
-    """The table's config and its neighbourhood: 32 / 64 / 128-wide tiles, 64 / 128-deep K blocks, the
+    """The table's config and its neighbourhood: 64 / 128-wide tiles, 64 / 128-deep K blocks, the
     rule's K groups, half and twice as many, one group, and 2 or 4 groups for weights whose N tiles
     alone fill a wave (gate_up, lm_head: at M=1 their one-group launch ends on a partial wave); the
     table's config at 3 and 6 stages. One group is left out where the N tiles fill under half the
@@ -164,7 +163,7 @@ def candidates(n: int, k: int) -> list[LinearConfig]:
     out = [base]
     for bk in (64, 128):
         k_blocks = -(-k // bk)
-        for bn in (32, 64, 128):
+        for bn in (64, 128):
             tiles = -(-n // bn)
             rule = groups_for(n, k, bn, bk)
             gs = {1, rule, 2 * rule, max(1, rule // 2)} | ({2, 4} if tiles >= matmul.SMS else set())
@@ -183,22 +182,14 @@ def candidates(n: int, k: int) -> list[LinearConfig]:
 
 # The engine's consumers that add a split launch's group sums as they load: add_rms_norm after
 # o_proj and down, qkv_rope_write after qkv (engine/model.py). There the sweep times the split
-# launch alone. The lm_head (argmax) takes the output, so it keeps the pass. gate_up runs as the
-# engine runs it, with SiLU * up in its epilogue (`linear_silu_triton`, fused launch only).
+# launch alone. gate_up (silu_mul) and the lm_head (argmax) take the output, so they keep the pass.
 SUMMED_BY_CONSUMER = {"qkv", "o_proj", "down"}
 
 
 def run_linear(name: str, x, w, b, config: LinearConfig, split: bool):
-    if name == "gate_up":
-        return linear_silu_triton(x, w, config=config)
     if split and name in SUMMED_BY_CONSUMER:
         return linear_partials_triton(x, w, b, config=config, split=True)
     return linear_triton(x, w, b, config=config, split=split)
-
-
-def launches(name: str, c: LinearConfig, k: int) -> tuple[bool, ...]:
-    """The launches (split?) a candidate is timed with: both where it has K groups, except gate_up's."""
-    return (True, False) if c.num_groups(k) > 1 and name != "gate_up" else (False,)
 
 
 _WARM_WEIGHTS: dict = {}
@@ -225,7 +216,7 @@ def warm_compiles(ms, jobs: int) -> None:
     tasks = []
     for model, name, n, k, bias in SHAPES:
         for c in candidates(n, k):
-            for sp in launches(name, c, k):
+            for sp in ((True, False) if c.num_groups(k) > 1 else (False,)):
                 for m in sorted({min(ms), max(ms)}):  # PDL up to 64 rows, 128-row programs beyond
                     tasks.append((name, n, k, bias, c.__dict__, sp, m))
     t0 = time.time()
@@ -256,8 +247,9 @@ def sweep(ms, reps: int) -> list[dict]:
             try:
                 for m in ms:
                     x = x_all[:m]
+                    launches = (True, False) if c.num_groups(k) > 1 else (False,)
                     entry["times"][m] = {("split" if sp else "fused"): graphed_us(
-                        lambda ww, sp=sp: run_linear(name, x, ww, b, c, sp), weights, reps) for sp in launches(name, c, k)}
+                        lambda ww, sp=sp: run_linear(name, x, ww, b, c, sp), weights, reps) for sp in launches}
                 w = weights[0]
                 entry["same_bits_as_table"] = torch.equal(linear_triton(x_all, w, b, config=c), table_y)
                 entry["invariant"] = all(

@@ -81,12 +81,9 @@ def kernels():
     linear = dict(X=p16, W=p16, B=p16, Y=p16, P=p32) | ints(
         ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "group_blocks", "k_blocks"), i32)
     for split in (True, False):
-        consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=False, HAS_BIAS=True, EVEN_K=True, SILU=False,
-                      USE_LIBDEVICE=True, BLOCK_M=matmul.BLOCK_M, BLOCK_N=64, BLOCK_K=64)
+        consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=False, HAS_BIAS=True, EVEN_K=True,
+                      BLOCK_M=matmul.BLOCK_M, BLOCK_N=64, BLOCK_K=64)
         yield compare(f"linear split={split}", matmul._linear_kernel, linear, consts, 4, 4)
-    consts = dict(UPCAST=False, SPLIT=False, ONE_GROUP=True, HAS_BIAS=False, EVEN_K=True, SILU=True,
-                  USE_LIBDEVICE=True, BLOCK_M=matmul.BLOCK_M, BLOCK_N=64, BLOCK_K=64)
-    yield compare("linear + silu", matmul._linear_kernel, linear, consts, 4, 4)
     yield compare("sum_groups", matmul._sum_groups_kernel,
                   dict(P=p32, B=p16, Y=p16, M=i32, N=i32, stride_ym=i32),
                   dict(GROUPS=8, HAS_BIAS=False, BLOCK=matmul.SUM_BLOCK), 2)
@@ -95,6 +92,9 @@ def kernels():
     block, chunks, warps = fused._norm_launch(1536, None)
     yield compare("add_rms_norm (partials)", fused._rms_norm_kernel, norm,
                   dict(HAS_RES=True, GROUPS=8, HAS_BIAS=False, BLOCK=block, NUM_CHUNKS=chunks), warps)
+    yield compare("silu_mul", fused._silu_mul_kernel,
+                  dict(G=p16, U=p16, O=p16, n_cols=i32, stride_g=i32, stride_u=i32, stride_o=i32),
+                  dict(BLOCK=fused.SILU_BLOCK, USE_LIBDEVICE=True), 4)
     rope = dict(QKV=p32, B=p16, QO=p16, K_POOL=p16, V_POOL=p16, SLOTS="*i64", QW=p16, KW=p16, C=p16, S=p16,
                 n_rows=i32, n_cols=i32, n_q=i32, inv_d="fp32", eps="fp32") | ints(
         ("stride_qkv", "stride_qot", "stride_qoh", "stride_ps", "stride_ph", "stride_ct", "stride_st"), i32)

@@ -27,7 +27,9 @@ from jetspec_chat.kernels import (  # noqa: E402
     rms_norm_ref,
     rms_norm_triton,
     rope_ref,
+    silu_mul,
     silu_mul_ref,
+    silu_mul_triton,
 )
 
 CUDA = torch.cuda.is_available()
@@ -128,8 +130,9 @@ def test_silu_mul_ref_is_engine_mlp(dtype):
     torch.manual_seed(0)
     mlp = MLP(64, 160).to(dtype)
     x = randn(7, 64, seed=4, dtype=dtype, device="cpu")
-    gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)  # the fused projection's halves
+    gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)  # strided halves, as MLP.forward passes them
     assert torch.equal(mlp.down_proj(silu_mul_ref(gate, up)), mlp(x))
+    assert torch.equal(silu_mul(gate, up), silu_mul_ref(gate, up))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -224,6 +227,38 @@ def test_norms_empty_rows():
     assert y.shape == h.shape == (0, 64)
 
 
+# ----------------------------------------------------------------------------- silu_mul (fp32)
+
+
+def gate_values(t, i, seed):
+    """Wide-ranging gates, incl. exp over/underflow territory and exact zeros."""
+    g = randn(t, i, seed=seed, scale=6.0)
+    flat = g.view(-1)
+    extremes = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 20.0, -20.0, 87.0, -87.0, 95.0, -95.0, -200.0, 200.0])
+    n = min(flat.numel(), extremes.numel())
+    flat[:n] = extremes[:n].to(flat.device)
+    return g
+
+
+@pytest.mark.parametrize("t,i", [(1, 4864), (3, 1000), (17, 896), (64, 72)])
+def test_silu_mul_triton(t, i, poisoned_alloc):
+    gate = gate_values(t, i, seed=t + i)
+    up = randn(t, i, seed=t + i + 1)
+    out = silu_mul_triton(gate, up)
+    assert out.shape == gate.shape and out.dtype == gate.dtype
+    torch.testing.assert_close(out, silu_mul_ref(gate, up), rtol=1e-6, atol=1e-37)
+
+
+def test_silu_mul_strided_fused_gate_up(poisoned_alloc):
+    """gate/up as the two halves of a fused [T, 2I] projection (row stride 2I)."""
+    t, i = 5, 1000
+    gu = randn(t, 2 * i, seed=21, scale=4.0)
+    gate, up = gu[:, :i], gu[:, i:]
+    out = silu_mul_triton(gate, up, block=256)
+    torch.testing.assert_close(out, silu_mul_ref(gate, up), rtol=1e-6, atol=1e-37)
+    assert silu_mul_triton(torch.empty(0, 8, device=DEVICE), torch.empty(0, 8, device=DEVICE)).shape == (0, 8)
+
+
 # ----------------------------------------------------------------------------- qk_norm_rope (fp32)
 
 # (T, Hq, Hk, D, heads_per_program): Qwen2.5-0.5B (14/2 x 64), 1.5B (12/2 x 64),
@@ -305,6 +340,8 @@ def test_bf16_interpreter_with_rtne(rtne_bf16, poisoned_alloc):
         y_ref, resid_ref = add_rms_norm_ref(x, resid, w, EPS)
         assert torch.equal(new_resid, resid_ref)
         bf16_close(y, y_ref)
+    gate, up = gate_values(17, 1000, seed=5).to(bf), randn(17, 1000, seed=6, dtype=bf)
+    assert torch.equal(silu_mul_triton(gate, up), silu_mul_ref(gate, up))
     t, hq, hk, d = 17, 14, 2, 64
     q, k = qk_inputs(t, hq, hk, d, seed=7, dtype=bf, fused=True)
     qw, kw = norm_weight(d, seed=8, dtype=bf), norm_weight(d, seed=9, dtype=bf)
@@ -325,8 +362,8 @@ def test_bf16_interpreter_with_rtne(rtne_bf16, poisoned_alloc):
 @pytest.mark.parametrize("t", [1, 3, 64, 1024])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_qwen3_8b_shapes(t, dtype, poisoned_alloc):
-    """Qwen3-8B: hidden 4096, 32 / 8 heads x 128; the dispatchers take Triton."""
-    h, hq, hk, d = 4096, 32, 8, 128
+    """Qwen3-8B: hidden 4096, intermediate 12288, 32 / 8 heads x 128; the dispatchers take Triton."""
+    h, inter, hq, hk, d = 4096, 12288, 32, 8, 128
     x, resid = randn(t, h, seed=1, dtype=dtype), randn(t, h, seed=2, dtype=dtype, scale=4.0)
     w = norm_weight(h, seed=3, dtype=dtype)
 
@@ -344,6 +381,10 @@ def test_gpu_qwen3_8b_shapes(t, dtype, poisoned_alloc):
     y_ref, resid_ref = add_rms_norm_ref(x, resid, w, EPS)
     close(new_resid, resid_ref, exact=True)
     close(y, y_ref)
+    gu = randn(t, 2 * inter, seed=4, dtype=dtype, scale=4.0)
+    gate, up = gu[:, :inter], gu[:, inter:]
+    # Same CUDA expf and IEEE division as torch's silu, same roundings: bit-identical.
+    close(silu_mul(gate, up), silu_mul_ref(gate, up), exact=True)
     q, k = qk_inputs(t, hq, hk, d, seed=5, dtype=dtype, fused=True)
     qw, kw = norm_weight(d, seed=6, dtype=dtype), norm_weight(d, seed=7, dtype=dtype)
     cos, sin = cos_sin(t, d, dtype, start=30000)
@@ -361,7 +402,7 @@ def test_gpu_qwen3_8b_shapes(t, dtype, poisoned_alloc):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_small_model_shapes(dtype):
     """Qwen2.5-0.5B / 1.5B shapes (896 / 1536 hidden, 14 / 12 heads, 2 kv heads, head_dim 64)."""
-    for h, hq in ((896, 14), (1536, 12)):
+    for h, inter, hq in ((896, 4864, 14), (1536, 8960, 12)):
         for t in (1, 17, 300):
             x, resid = randn(t, h, seed=h + t, dtype=dtype), randn(t, h, seed=h - t, dtype=dtype)
             w = norm_weight(h, seed=t, dtype=dtype)
@@ -372,6 +413,8 @@ def test_gpu_small_model_shapes(dtype):
                 bf16_close(y, y_ref)
             else:
                 torch.testing.assert_close(y, y_ref, **F32_TOL)
+            gate, up = randn(t, inter, seed=1, dtype=dtype, scale=4.0), randn(t, inter, seed=2, dtype=dtype)
+            assert torch.equal(silu_mul(gate, up), silu_mul_ref(gate, up))
             q, k = qk_inputs(t, hq, 2, 64, seed=t, dtype=dtype, fused=True)
             cos, sin = cos_sin(t, 64, dtype, start=t)
             q_out, k_out = qk_norm_rope(q, k, None, None, cos, sin, EPS)
@@ -381,17 +424,18 @@ def test_gpu_small_model_shapes(dtype):
 
 @gpu_only
 def test_gpu_cuda_graph_capture():
-    """The three kernels captured in one CUDA graph, replayed on new inputs, match eager runs."""
-    dtype, t, h, hq, hk, d = torch.bfloat16, 4, 1024, 8, 2, 128
+    """All four kernels captured in one CUDA graph, replayed on new inputs, match eager runs."""
+    dtype, t, h, inter, hq, hk, d = torch.bfloat16, 4, 1024, 2048, 8, 2, 128
     x, resid = randn(t, h, seed=1, dtype=dtype), randn(t, h, seed=2, dtype=dtype)
     w = norm_weight(h, seed=3, dtype=dtype)
+    gate, up = randn(t, inter, seed=4, dtype=dtype), randn(t, inter, seed=5, dtype=dtype)
     q, k = randn(t, hq, d, seed=6, dtype=dtype), randn(t, hk, d, seed=7, dtype=dtype)
     qw, kw = norm_weight(d, seed=8, dtype=dtype), norm_weight(d, seed=9, dtype=dtype)
     cos, sin = cos_sin(t, d, dtype, start=100)
-    inputs = (x, resid, q, k, cos, sin)
+    inputs = (x, resid, gate, up, q, k, cos, sin)
 
     def step():
-        return (rms_norm(x, w, EPS), *add_rms_norm(x, resid, w, EPS),
+        return (rms_norm(x, w, EPS), *add_rms_norm(x, resid, w, EPS), silu_mul(gate, up),
                 *qk_norm_rope(q, k, qw, kw, cos, sin, EPS))
 
     s = torch.cuda.Stream()
@@ -415,11 +459,9 @@ def test_gpu_cuda_graph_capture():
 def test_training_gets_gradients_through_the_dispatchers():
     """The Triton kernels have no backward: with parameters that need grad (train-head on a GPU)
     the dispatchers must take the differentiable torch references."""
-    from jetspec_chat.engine.layers import gate_up_silu
-    from jetspec_chat.kernels import rms_norm
+    from jetspec_chat.kernels import rms_norm, silu_mul
 
     w = torch.ones(64, device="cuda", requires_grad=True)
     x = torch.randn(4, 64, device="cuda", requires_grad=True)
-    gate_up = torch.randn(32, 64, device="cuda", requires_grad=True)
-    (gate_up_silu(rms_norm(x, w, 1e-6), gate_up).sum()).backward()
+    (silu_mul(rms_norm(x, w, 1e-6), x).sum()).backward()
     assert w.grad is not None and x.grad is not None and torch.isfinite(x.grad).all()

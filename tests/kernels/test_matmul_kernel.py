@@ -22,8 +22,8 @@ triton = pytest.importorskip("triton")
 from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
 from sm90 import run_compile_script  # noqa: E402
 
-from jetspec_chat.engine.layers import MLP, FusedLinear, gate_up_silu, linear  # noqa: E402
-from jetspec_chat.kernels import linear_ref, linear_silu_triton, linear_triton, silu_mul_ref  # noqa: E402
+from jetspec_chat.engine.layers import FusedLinear, linear  # noqa: E402
+from jetspec_chat.kernels import linear_ref, linear_triton  # noqa: E402
 from jetspec_chat.kernels.matmul import (  # noqa: E402
     BLOCK_M,
     TUNED,
@@ -172,18 +172,15 @@ def test_sm90_wide_tile_runs_the_same_wgmma():
     """Offline sm_90 compiles (no GPU): the 128-row, 8-warp program lays its warps out as two
     warpgroups stacked on M ([8, 1]) with the 64-row program's MMA instruction shape, and its PTX
     issues the same wgmma instructions, for the 64- and 128-wide tiles, one or several K groups,
-    split, and with SiLU * up in the epilogue, with the rule's 64-deep K blocks and every TUNED
-    config's blocks and stages; no
+    and split, with the rule's 64-deep K blocks and every TUNED config's blocks and stages; no
     local-memory spills. (Equal bits on the device are the GPU tests' to show; this pins what the
     compiler emits.)"""
     pytest.importorskip("triton.backends.nvidia")
-    # (block_n, block_k, stages, split, one group, SiLU epilogue): the rule's, and the 1.5B's and
-    # 8B's gate/up GEMMs with SiLU * up
-    variants = {(128, 64, 4, 0, 1, 0), (64, 64, 4, 0, 0, 0), (64, 64, 4, 1, 0, 0), (64, 64, 4, 0, 1, 1), (128, 64, 4, 0, 1, 1)}
+    variants = {(128, 64, 4, 0, 1), (64, 64, 4, 0, 0), (64, 64, 4, 1, 0)}
     for (n, k), c in TUNED.items():
         one = c.num_groups(k) == 1
-        variants.add((c.block_n, c.block_k, c.num_stages, int(not one), int(one), 0))
-    args = [f"{bm},{bn},{bk},{stages},{warps},{split},{one},{silu}" for bn, bk, stages, split, one, silu in sorted(variants)
+        variants.add((c.block_n, c.block_k, c.num_stages, int(not one), int(one)))
+    args = [f"{bm},{bn},{bk},{stages},{warps},{split},{one}" for bn, bk, stages, split, one in sorted(variants)
             for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
     out = run_compile_script("sm90_linear_compile.py", args)
     assert len(out) == len(args)
@@ -224,80 +221,6 @@ def test_strided_weight_view_and_out(poisoned_alloc):
         assert got.data_ptr() == dest[:, 10:90].data_ptr()
         assert torch.equal(got, expect)
         assert not dest[:, :10].any() and not dest[:, 90:].any()
-
-
-# ----------------------------------------------------------------------------- gate/up GEMM + SiLU * up
-
-
-def silu_two_step(x, w, b=None, config=None):
-    """What linear_silu_triton must give: the GEMM, then silu_mul_ref of its gate and up halves."""
-    gate, up = linear_triton(x, w, config=config).chunk(2, dim=-1)
-    return silu_mul_ref(gate, up)
-
-
-def silu_op(x, w, b=None, config=None):
-    return linear_silu_triton(x, w, config=config)
-
-
-def assert_silu_equals_two_step(got, want):
-    """Bitwise on a GPU (the same CUDA expf and division as torch's silu). Under the interpreter
-    exp is numpy's, ~1 ulp from torch's in a few elements (and from itself: numpy's SIMD and
-    strided loops differ), which may move a rounding by an ulp."""
-    if CUDA:
-        assert torch.equal(got, want)
-        return
-    same = got == want
-    assert same.float().mean() > 0.98, same.float().mean()
-    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -9, atol=0.0)
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-@pytest.mark.parametrize("config", [SMALL, None], ids=["small", "default"])
-def test_linear_silu_is_the_gemm_then_silu_mul(config):
-    """fp16: each program's paired gate/up columns give silu(gate) * up of the plain GEMM's
-    halves, with a ragged I (72: a partial last tile) and K (200: a masked last block), one or
-    three K groups (the fused launch's in-program group totals), 64- and 128-row programs."""
-    x, w, _ = problem(130, 144, 200, False, seed=20, dtype=torch.float16)
-    w = w * 8  # gates out to |g| ~ 10: both tails of the SiLU
-    got = linear_silu_triton(x, w, config=config)
-    assert got.shape == (130, 72) and got.dtype == x.dtype
-    assert_silu_equals_two_step(got, silu_two_step(x, w, config=config))
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-def test_linear_silu_extreme_gates():
-    """Gates that overflow exp (silu -> -0), zeros, huge values: the identity as gate and up
-    weights makes the GEMM's gate and up exactly x."""
-    k = 64
-    x = randn(3, k, seed=21, dtype=torch.float16, scale=6.0)
-    x[0, :12] = torch.tensor([0.0, -0.0, 1e-7, -1e-7, 20.0, -20.0, 87.0, -87.0, 95.0, -95.0, -60000.0, 60000.0])
-    eye = torch.eye(k, dtype=torch.float16, device=DEVICE)
-    got = linear_silu_triton(x, torch.cat([eye, eye]), config=LinearConfig(block_n=32, block_k=32, groups=1))
-    assert_silu_equals_two_step(got, silu_mul_ref(x, x))
-
-
-@pytest.mark.parametrize("config", [SMALL, None], ids=["small", "default"])
-def test_linear_silu_rows_are_m_invariant(config):
-    """A row's SiLU * up is the same at every M (64- and 128-row programs) and alone: bitwise on
-    a GPU, up to numpy's exp under the interpreter (the GEMM's rows are bitwise invariant there
-    too: test_rows_are_m_invariant)."""
-    x, w, _ = problem(130, 144, 192, False, seed=22, dtype=torch.float16)
-    full = linear_silu_triton(x, w, config=config)
-    for m in (1, 7, 64, 65, 70):
-        assert_silu_equals_two_step(linear_silu_triton(x[:m], w, config=config), full[:m])
-    for i in (5, 63, 64, 129):
-        assert_silu_equals_two_step(linear_silu_triton(x[i : i + 1], w, config=config), full[i : i + 1])
-
-
-def test_gate_up_silu_dispatch_cpu():
-    """engine.layers.gate_up_silu off the Triton path (the CPU): linear, then silu_mul_ref of the
-    halves; MLP.forward is down of it, for leading dims too."""
-    torch.manual_seed(23)
-    mlp = MLP(64, 80)
-    x = randn(2, 5, 64, seed=23, dtype=torch.float32, device="cpu")
-    gate, up = F.linear(x, mlp.gate_up_proj.weight).chunk(2, dim=-1)
-    torch.testing.assert_close(gate_up_silu(x, mlp.gate_up_proj.weight), silu_mul_ref(gate, up), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(mlp(x), F.linear(silu_mul_ref(gate, up), mlp.down_proj.weight), rtol=1e-5, atol=1e-6)
 
 
 def assert_whole_groups(c: LinearConfig, k: int) -> None:
@@ -366,33 +289,6 @@ def test_gpu_m_invariant_real_shapes(name):
     torch.testing.assert_close(full.float(), ref.float(), rtol=2e-2, atol=2e-2)
     exact = linear_ref(x, w, b).float()
     assert (full.float() - exact).norm() <= 1.05 * (ref.float() - exact).norm()  # as accurate as cuBLAS
-
-
-@gpu_only
-@pytest.mark.parametrize("name", ["0.5B-gate_up", "1.5B-gate_up", "8B-gate_up"])
-def test_gpu_linear_silu_real_shapes(name):
-    """The real gate/up weights, bf16: SiLU * up in the epilogue is bitwise the GEMM then
-    silu_mul_ref, at M = 1 .. 256, and every row alone gives the same bits."""
-    n, k, _ = (REAL_SHAPES | {"0.5B-gate_up": (9728, 896, False)})[name]
-    x, w, _ = problem(256, n, k, False, seed=24)
-    w = w * 4  # gates of a few units, as in a trained model's MLP
-    full = assert_rows_invariant(x, w, None, ms=GPU_MS, op=silu_op, alone="all")
-    for m in GPU_MS:
-        assert torch.equal(full[:m], silu_two_step(x[:m], w)), f"M={m}"
-
-
-@gpu_only
-def test_gpu_gate_up_silu_dispatch():
-    """CUDA bf16 takes the one launch; fp32 and autograd take linear + silu_mul_ref."""
-    torch.manual_seed(25)
-    mlp = MLP(1536, 8960).to(DEVICE, torch.bfloat16).requires_grad_(False)
-    x = randn(3, 1536, seed=25)
-    assert torch.equal(gate_up_silu(x, mlp.gate_up_proj.weight), linear_silu_triton(x, mlp.gate_up_proj.weight))
-    x32, w32 = x.float(), mlp.gate_up_proj.weight.float()
-    assert torch.equal(gate_up_silu(x32, w32), silu_mul_ref(*F.linear(x32, w32).chunk(2, dim=-1)))
-    w_grad = mlp.gate_up_proj.weight.detach().clone().requires_grad_(True)
-    gate_up_silu(x, w_grad).float().sum().backward()
-    assert w_grad.grad is not None
 
 
 @gpu_only
