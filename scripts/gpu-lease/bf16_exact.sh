@@ -15,6 +15,8 @@
 # No staging at all for the bundled shapes (random weights): here
 #           mkdir -p .stage/old-OLD && git archive OLD | tar -x -C .stage/old-OLD --exclude='engine/models/heads'
 #   device: train_heads.sh setup (carry .whl .stage/old-OLD); bf16_exact.sh shapes-ab OLD 1.5b (then 8b, moe)
+#           (bf16_exact.sh trees-ab NEW OLD 1.5b: two staged older trees, .stage/old-NEW against .stage/old-OLD;
+#            ROUNDS=4 for more alternations)
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site JETSPEC_CHAT_CACHE=/root/cache
@@ -46,7 +48,14 @@ ab)  # whole-engine A/B against revision OLD in one run (engine_ab.py): the real
   timeout 300 python3 scripts/gpu-lease/engine_ab.py $old --out $OUT/ab-8b -- random:Qwen/Qwen3-8B --draft-head random:5 \
     --contexts 512 --tree-sizes 1,16,64,128 2>&1 | tail -25
   ;;
-shapes-ab)  # whole-engine A/B against OLD on a bundled shape (random weights, no staging): 1.5b, 8b or moe
+shapes-ab|trees-ab)  # whole-engine A/B against OLD on a bundled shape (random weights, no staging): 1.5b, 8b or moe
+  # trees-ab NEW OLD WHICH: the staged tree old-NEW stands in for the working tree (two older commits compared)
+  if [ $verb = trees-ab ]; then
+    new=${1:?new revision}; shift
+    site=/tmp/site-$new
+    [ -d $site ] || python3 -m pip install -q --no-deps --no-build-isolation --target $site $STAGE/old-$new || exit 1
+    export PYTHONPATH=$site:$PYTHONPATH  # engine_ab's "new" bench imports it; its "old" one puts OLD first
+  fi
   old=${1:?old revision} which=${2:?1.5b, 8b or moe}
   case $which in
   1.5b) args="random:Qwen/Qwen2.5-Coder-1.5B-Instruct --draft-head random --tree-sizes 1,16,32,64,128 --round-budget 64" rounds=2 ;;
@@ -54,7 +63,7 @@ shapes-ab)  # whole-engine A/B against OLD on a bundled shape (random weights, n
   moe)  args="random:Qwen/Qwen3-30B-A3B --draft-head random:5 --tree-sizes 1,16,64,128,256" rounds=1 ;;
   *) echo "shapes-ab: 1.5b, 8b or moe" >&2; exit 2 ;;
   esac
-  timeout 560 python3 scripts/gpu-lease/engine_ab.py $old --rounds $rounds --old-src $STAGE/old-$old \
+  timeout 560 python3 scripts/gpu-lease/engine_ab.py $old --rounds ${ROUNDS:-$rounds} --old-src $STAGE/old-$old \
     --out $OUT/ab-$which -- $args --contexts 512 2>&1 | tail -30
   ;;
 moe)  # Qwen3-30B-A3B shapes (random weights, random 5-layer head): steps, verifies vs their expert bytes, rounds
