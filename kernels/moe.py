@@ -3,18 +3,19 @@
     router  : bf16/fp16: kernels/matmul.py's linear_partials, the batch-invariant linear_triton's
               split launch alone: fp32 sums of its K groups [G, T, E] (fp32 x: F.linear, the
               oracle path, as engine/layers.py::linear)
-    route   : one launch of ceil(T / ROUTE_TOKENS) programs, each adding its tokens' K-group
-              sums in group order and rounding them (linear_triton's group-sum pass: the same
-              logits bits, one launch fewer), then routing ROUTE_TOKENS tokens (fp32 softmax,
-              top-k by repeated argmax, lowest id on ties, renormalised; weights rounded to x's
-              dtype) and counting its (token, slot) assignments per expert. With one program
-              (T <= ROUTE_TOKENS: AR steps, small trees) that program also groups the rows;
-              otherwise a second launch (`_place_kernel`, same program count) does.
+    route   : one launch, a program per token: its K-group sums added in group order and
+              rounded (linear_triton's group-sum pass: the same logits bits, one launch fewer),
+              then fp32 softmax, top-k by repeated argmax (lowest id on ties), renormalised;
+              weights rounded to x's dtype. To group, each program also writes its picks (0/1
+              per expert) and a second launch (`_place_kernel`, a program per PLACE_TOKENS
+              tokens) lays the rows out. The per-token path (T <= tile.token_rows) groups nothing.
     group   : the T*k assignments sorted by expert (tokens in order within one), each expert's
               run padded to a multiple of BLOCK_M rows; a block of BLOCK_M rows is one expert's
-              (row_assign: row -> assignment; row_of: assignment -> row)
+              (row_assign: row -> assignment)
     gate_up : per block, rows of x gathered by token, times that expert's [2I, H] weight,
-              silu(gate) * up fused into the epilogue -> one intermediate row per assignment
+              silu(gate) * up fused into the epilogue -> one intermediate row per assignment.
+              Per-token path: a program per (assignment, gate_up_n columns), its expert read
+              from the routing, one row in the tile -> intermediate row t*k + slot
     down    : T > tile.token_rows: per block, intermediate rows times the expert's [H, I]
               weight, times the routing weight, written to the assignment's own row [T*k, H];
     combine : out[t] = the k slot rows of t summed in slot order in fp32, rounded once (no atomics)
@@ -29,7 +30,7 @@ what they route to, so a tree node verified among N rows computes bitwise what t
 the same token computes (issue 13; docs/DESIGN.md). What fixes a row's arithmetic:
   * the router logits: linear_triton's (one K-group split per weight shape, never from M; the
     groups added in order from zero in fp32 and rounded, here inside the routing programs);
-  * routing: per token, on a [ROUTE_TOKENS, E] tile whose rows do not interact;
+  * routing: one token a program, the same [E] layout and warps at every T;
   * the expert GEMMs: BLOCK_M = 16 row tiles on tensor cores, K walked in tile.block_k steps
     from a zero fp32 accumulator, no split-K, for every row count and both down launches. An
     expert's 1 row in an AR step sits in a 16-row tile with 15 masked rows (zeros, no memory
@@ -49,11 +50,11 @@ rows an expert and tensor-core tiles beyond, so a token's bits depended on the c
 
 Every shape (grids included) depends on T, k and E only: the number of blocks is bounded by
 ceil(T*k / BLOCK_M) + min(E, T*k), and blocks past the real count see 0 valid rows and return.
-No host sync anywhere, so the whole block lives in a CUDA graph. Launches: router, route
-(+ place when T > ROUTE_TOKENS), gate_up, then down + combine in one (T <= token_rows) or two:
-4 at T = 1 (session 8: 6, with the router's group-sum pass and a separate combine), 6 past
-ROUTE_TOKENS. scripts/gpu-lease/moe_kernel_bench.py times it against --old FILE (a previous
-kernels/moe.py) and against its own grouped path at every row count.
+No host sync anywhere, so the whole block lives in a CUDA graph. Launches: router, route,
+gate_up, down + combine at T <= token_rows (4, AR steps: no grouping pass, no block table);
+router, route, place, gate_up, down, combine past it (6).
+scripts/gpu-lease/moe_kernel_bench.py times it against --old FILE (a previous kernels/moe.py) and
+against its own grouped path at every row count.
 
 Numerics follow transformers' Qwen3MoeExperts: gate/up and down GEMM outputs rounded to x's
 dtype, silu in fp32 rounded, then * up, * weight (each rounded). What differs is the sum over
@@ -82,14 +83,16 @@ except ImportError:  # pragma: no cover - exercised only without triton
     tl = None
 
 BLOCK_M = 16  # rows per expert block, for every row count (module docstring: batch invariance)
-ROUTE_TOKENS = 16  # tokens per routing program; one program (routing + grouping) up to this many
-COUNT_CHUNK = 32  # routing programs' counts read per step of the layout pass
-BLOCK_CHUNK = 128  # blocks of the block table written per step
-# The routing launch's warps. Its programs walk ~20 dependent reductions over a [16, E] tile;
-# at one token on the H200: 9.0 us with 8 warps, 12.7-14.1 with 4, 57.8 with 2, 118.8 with 1.
-# Its float sums (softmax, renormalisation) follow the layout, so one value for every T: the
-# one- and two-launch paths route a token with the same bits. (_place_kernel adds integers.)
-ROUTE_WARPS = 8
+PLACE_TOKENS = 16  # tokens a grouping program places
+# Tokens' picks (int8 rows) read per step of the grouping pass: every grouping program reads all
+# T rows. (H200, T = 256: 8 warps and 128-row steps made the pass 16 us, from 7 with 4 and 32.)
+COUNT_CHUNK = 64
+MAX_BLOCK_CHUNK = 128  # blocks of the block table a grouping program writes per step, at most
+# The routing programs' warps: a program routes one token, ~20 dependent reductions over [E].
+# With one warp (E = 128: 4 experts a thread) every reduction stays in warp shuffles; session 10's
+# 16-token tiles needed 8 warps (9.0 us at one token on the H200: 64 values a thread with 1 warp
+# spilled). The float sums (softmax, renormalisation) follow the layout, so one value for all T.
+ROUTE_WARPS = 1
 COMBINE_BLOCK = 1024  # hidden columns per combine program
 
 
@@ -135,93 +138,78 @@ def max_blocks(assignments: int, num_experts: int, block_m: int = BLOCK_M) -> in
 class MoeRouting:
     """Routing and grouping of T tokens over E experts (all on the device, fixed shapes).
 
-    weights / ids: [T, k], best first (x's dtype / int32). block_expert / block_rows: [B] for
-    B = max_blocks(T*k, E): the expert of each block and its valid rows (used blocks first,
-    experts ascending; the unused tail has expert E and 0 rows). row_assign: [B * BLOCK_M], the
-    assignment t*k + slot in each valid row (unset past a block's valid rows). row_of: [T * k],
-    its inverse: the padded row of each assignment."""
+    weights / ids: [T, k], best first (x's dtype / int32). The grouping (None when not asked for:
+    the per-token path needs none): block_expert / block_rows: [B] for B = max_blocks(T*k, E), the
+    expert of each block and its valid rows (used blocks first, experts ascending; the unused tail
+    has expert E and 0 rows); row_assign: [B * BLOCK_M], the assignment t*k + slot in each valid
+    row (unset past a block's valid rows)."""
 
     weights: torch.Tensor
     ids: torch.Tensor
-    block_expert: torch.Tensor
-    block_rows: torch.Tensor
-    row_assign: torch.Tensor
-    row_of: torch.Tensor
+    block_expert: torch.Tensor | None = None
+    block_rows: torch.Tensor | None = None
+    row_assign: torch.Tensor | None = None
 
 
 if triton is not None:
 
     @triton.jit
-    def _logits_tile(LOGITS, t, t_ok, e, e_ok, n_tokens, stride_l, DT: tl.constexpr, GROUPS: tl.constexpr,
-                     RT: tl.constexpr, BLOCK_E: tl.constexpr):
-        """[RT, E] router logits in fp32. GROUPS = 0: LOGITS is [T, E]. Else it is linear_partials'
-        [GROUPS, T, E] fp32 K-group sums, added here in group order from zero and rounded to DT:
-        linear_triton's group-sum pass, the same adds, so the same logits bits (one launch fewer)."""
-        row = t[:, None].to(tl.int64)
-        mask = t_ok[:, None] & e_ok[None, :]
+    def _token_logits(LOGITS, t, e, e_ok, n_tokens, stride_l, DT: tl.constexpr, GROUPS: tl.constexpr):
+        """Token t's [E] router logits in fp32. GROUPS = 0: LOGITS is [T, E]. Else it is
+        linear_partials' [GROUPS, T, E] fp32 K-group sums, added here in group order from zero and
+        rounded to DT: linear_triton's group-sum pass, the same adds, so the same logits bits (one
+        launch fewer)."""
+        row = t.to(tl.int64)
         if GROUPS == 0:
-            logits = tl.load(LOGITS + row * stride_l + e[None, :], mask=mask, other=0.0).to(tl.float32)
+            logits = tl.load(LOGITS + row * stride_l + e, mask=e_ok, other=0.0).to(tl.float32)
         else:
-            total = tl.zeros([RT, BLOCK_E], dtype=tl.float32)
+            total = tl.zeros(e.shape, dtype=tl.float32)
             for g in tl.static_range(GROUPS):
-                total += tl.load(LOGITS + (g * n_tokens + row) * stride_l + e[None, :], mask=mask, other=0.0)
+                total += tl.load(LOGITS + (g * n_tokens + row) * stride_l + e, mask=e_ok, other=0.0)
             logits = total.to(DT).to(tl.float32)
         return logits
 
     @triton.jit
-    def _route_tile(LOGITS, IDS, W, t0, n_tokens, n_experts, stride_l,
-                    TOP_K: tl.constexpr, NORM: tl.constexpr, GROUPS: tl.constexpr, RT: tl.constexpr,
-                    BLOCK_E: tl.constexpr, BLOCK_TOP: tl.constexpr):
-        """Tokens t0..t0+RT: fp32 softmax over the experts, top-k by repeated argmax (lowest id
-        on ties), renormalised; stores ids (int32) and weights (W's dtype). Returns sel [RT, E]:
-        slot + 1 where a token picked an expert, else 0 (0 for rows past n_tokens)."""
-        t = t0 + tl.arange(0, RT)
-        t_ok = t < n_tokens
+    def _route_kernel(
+        LOGITS, IDS, W, COUNTS, n_tokens, n_experts, stride_l,
+        TOP_K: tl.constexpr, NORM: tl.constexpr, GROUPS: tl.constexpr, BLOCK_E: tl.constexpr,
+        BLOCK_TOP: tl.constexpr, COUNT: tl.constexpr, PDL: tl.constexpr,
+    ):
+        """grid (T,): token t = program_id. fp32 softmax over the experts, top-k by repeated argmax
+        (lowest id on ties), renormalised; stores ids (int32) and weights (W's dtype). COUNT: also
+        the token's picks, a 0/1 int8 row COUNTS[t, :BLOCK_E], for _place_kernel. Every program routes
+        one token on the same [BLOCK_E] layout at every T, so a token's bits never depend on the call."""
+        wait_for_previous(PDL)
+        t = tl.program_id(0)
         e = tl.arange(0, BLOCK_E)
         e_ok = e < n_experts
-        logits = _logits_tile(LOGITS, t, t_ok, e, e_ok, n_tokens, stride_l, W.dtype.element_ty, GROUPS, RT, BLOCK_E)
-        logits = tl.where(e_ok[None, :], logits, float("-inf"))
-        p = tl.exp(logits - tl.max(logits, 1)[:, None])
-        p = p / tl.sum(p, 1)[:, None]
+        logits = _token_logits(LOGITS, t, e, e_ok, n_tokens, stride_l, W.dtype.element_ty, GROUPS)
+        logits = tl.where(e_ok, logits, float("-inf"))
+        p = tl.exp(logits - tl.max(logits, 0))
+        p = p / tl.sum(p, 0)
         # A token gone NaN upstream has NaN probabilities: rank them first (2.0 beats every
         # probability, lowest id on ties) so it still picks TOP_K real experts, as torch.topk
         # ranks NaN first. Unranked, `p == best` matched nothing and the id was BLOCK_E, past
         # the experts: the down kernels then read rows no one wrote (session 9's bench fault).
         p = tl.where(p == p, p, 2.0)
-        p = tl.where(e_ok[None, :], p, -1.0)
+        p = tl.where(e_ok, p, -1.0)
         slots = tl.arange(0, BLOCK_TOP)
-        top_w = tl.zeros([RT, BLOCK_TOP], dtype=tl.float32)
-        top_i = tl.zeros([RT, BLOCK_TOP], dtype=tl.int32)
-        sel = tl.zeros([RT, BLOCK_E], dtype=tl.int32)
+        top_w = tl.zeros([BLOCK_TOP], dtype=tl.float32)
+        top_i = tl.zeros([BLOCK_TOP], dtype=tl.int32)
         for j in tl.static_range(TOP_K):
-            best = tl.max(p, 1)
-            idx = tl.min(tl.where(p == best[:, None], e[None, :], BLOCK_E), 1)
-            top_w = tl.where(slots[None, :] == j, tl.where(best > 1.0, float("nan"), best)[:, None], top_w)
-            top_i = tl.where(slots[None, :] == j, idx[:, None], top_i)
-            picked = e[None, :] == idx[:, None]
-            sel = tl.where(picked, j + 1, sel)
-            p = tl.where(picked, -1.0, p)
+            best = tl.max(p, 0)
+            idx = tl.min(tl.where(p == best, e, BLOCK_E), 0)
+            top_w = tl.where(slots == j, tl.where(best > 1.0, float("nan"), best), top_w)
+            top_i = tl.where(slots == j, idx, top_i)
+            p = tl.where(e == idx, -2.0, p)  # taken: below every probability and the padding
         if NORM:
-            top_w = top_w / tl.sum(top_w, 1)[:, None]
-        out = t[:, None] * TOP_K + slots[None, :]
-        ok = t_ok[:, None] & (slots[None, :] < TOP_K)
+            top_w = top_w / tl.sum(top_w, 0)
+        out = t * TOP_K + slots
+        ok = slots < TOP_K
         tl.store(IDS + out, top_i, mask=ok)
         tl.store(W + out, top_w.to(W.dtype.element_ty), mask=ok)
-        return tl.where(t_ok[:, None], sel, 0)
-
-    @triton.jit
-    def _place_tile(ROW_ASSIGN, ROW_OF, sel, t0, before, first, TOP_K: tl.constexpr, RT: tl.constexpr,
-                    BLOCK_M: tl.constexpr):
-        """Padded rows of the tile's assignments: expert e's run starts at block first[e]; the tile's
-        rows of e follow the `before[e]` rows of e in earlier tiles, tokens in order. Stores both
-        directions: row -> assignment and assignment -> row."""
-        hit = (sel > 0).to(tl.int32)
-        rank = tl.cumsum(hit, 0) - hit  # earlier tokens of this tile on the same expert
-        row = first[None, :] * BLOCK_M + before[None, :] + rank
-        t = t0 + tl.arange(0, RT)
-        assign = t[:, None] * TOP_K + sel - 1
-        tl.store(ROW_ASSIGN + row, assign, mask=hit > 0)
-        tl.store(ROW_OF + assign, row, mask=hit > 0)
+        if COUNT:
+            tl.store(COUNTS + t * BLOCK_E + e, (p == -2.0).to(tl.int8))
 
     @triton.jit
     def _write_blocks(BLOCK_EXPERT, BLOCK_ROWS, total, first, b_start, b_end, n_experts,
@@ -244,55 +232,38 @@ if triton is not None:
             tl.store(BLOCK_ROWS + b, tl.where(live, tl.minimum(rows, BLOCK_M), 0), mask=b_ok)
 
     @triton.jit
-    def _route_kernel(
-        LOGITS, IDS, W, COUNTS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, ROW_OF, n_tokens, n_experts, n_blocks, stride_l,
-        TOP_K: tl.constexpr, NORM: tl.constexpr, GROUPS: tl.constexpr, RT: tl.constexpr, BLOCK_E: tl.constexpr,
-        BLOCK_TOP: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, PLACE: tl.constexpr, PDL: tl.constexpr,
-    ):
-        """grid (ceil(T / RT),): route RT tokens (from logits, or from the router's K-group sums:
-        _logits_tile). PLACE (a single program holds every token): also lay out the blocks and
-        rows. Else store this tile's counts per expert, COUNTS[p, E], for _place_kernel."""
-        wait_for_previous(PDL)
-        p = tl.program_id(0)
-        sel = _route_tile(LOGITS, IDS, W, p * RT, n_tokens, n_experts, stride_l, TOP_K, NORM, GROUPS, RT, BLOCK_E, BLOCK_TOP)
-        counts = tl.sum((sel > 0).to(tl.int32), 0)
-        if PLACE:
-            blocks = (counts + BLOCK_M - 1) // BLOCK_M
-            first = tl.cumsum(blocks, 0) - blocks
-            _place_tile(ROW_ASSIGN, ROW_OF, sel, 0, counts * 0, first, TOP_K, RT, BLOCK_M)
-            _write_blocks(BLOCK_EXPERT, BLOCK_ROWS, counts, first, 0, n_blocks, n_experts, BLOCK_E, BLOCK_M, CHUNK)
-        else:
-            e = tl.arange(0, BLOCK_E)
-            tl.store(COUNTS + p * BLOCK_E + e, counts)
-
-    @triton.jit
     def _place_kernel(
-        IDS, COUNTS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, ROW_OF, n_tokens, n_experts, n_blocks, blocks_per_program,
-        TOP_K: tl.constexpr, RT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOP: tl.constexpr,
+        IDS, COUNTS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, n_tokens, n_experts, n_blocks, blocks_per_program,
+        TOP_K: tl.constexpr, PT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOP: tl.constexpr,
         BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, COUNT_CHUNK: tl.constexpr, PDL: tl.constexpr,
     ):
-        """grid (ceil(T / RT),), after _route_kernel: program p sums the tiles' counts (each
-        expert's rows, and its rows in tiles before p), places tile p's assignments and writes
-        its share of the block table."""
+        """grid (ceil(T / PT),), after _route_kernel: program p adds up the tokens' picks (each
+        expert's rows, and its rows among the tokens before its own PT), places its tokens'
+        assignments (expert e's run starts at block first[e], tokens in order within it) and
+        writes its share of the block table. Integers only: the layout is the same whatever the
+        program count."""
         wait_for_previous(PDL)
         p = tl.program_id(0)
-        n_tiles = tl.num_programs(0)
+        t0 = p * PT
         e = tl.arange(0, BLOCK_E)
         total = tl.zeros([BLOCK_E], dtype=tl.int32)
         before = tl.zeros([BLOCK_E], dtype=tl.int32)
-        for q0 in range(0, n_tiles, COUNT_CHUNK):
+        for q0 in range(0, n_tokens, COUNT_CHUNK):
             q = q0 + tl.arange(0, COUNT_CHUNK)
-            c = tl.load(COUNTS + q[:, None] * BLOCK_E + e[None, :], mask=(q < n_tiles)[:, None], other=0)
+            c = tl.load(COUNTS + q[:, None] * BLOCK_E + e[None, :], mask=(q < n_tokens)[:, None], other=0).to(tl.int32)
             total += tl.sum(c, 0)
-            before += tl.sum(tl.where((q < p)[:, None], c, 0), 0)
+            before += tl.sum(tl.where((q < t0)[:, None], c, 0), 0)
         blocks = (total + BLOCK_M - 1) // BLOCK_M
         first = tl.cumsum(blocks, 0) - blocks
-        # tile p's picks, as _route_tile returned them: slot + 1 per (token, expert)
-        t = p * RT + tl.arange(0, RT)
+        # this program's tokens' picks: slot + 1 per (token, expert), else 0
+        t = t0 + tl.arange(0, PT)
         slots = tl.arange(0, BLOCK_TOP)
         ids = tl.load(IDS + t[:, None] * TOP_K + slots[None, :], mask=(t < n_tokens)[:, None] & (slots < TOP_K)[None, :], other=-1)
         sel = tl.max(tl.where(ids[:, :, None] == e[None, None, :], slots[None, :, None] + 1, 0), 1)
-        _place_tile(ROW_ASSIGN, ROW_OF, sel, p * RT, before, first, TOP_K, RT, BLOCK_M)
+        hit = (sel > 0).to(tl.int32)
+        rank = tl.cumsum(hit, 0) - hit  # this program's earlier tokens on the same expert
+        row = first[None, :] * BLOCK_M + before[None, :] + rank
+        tl.store(ROW_ASSIGN + row, t[:, None] * TOP_K + sel - 1, mask=hit > 0)
         b_start = p * blocks_per_program
         _write_blocks(BLOCK_EXPERT, BLOCK_ROWS, total, first, b_start, tl.minimum(b_start + blocks_per_program, n_blocks),
                       n_experts, BLOCK_E, BLOCK_M, CHUNK)
@@ -313,21 +284,32 @@ if triton is not None:
 
     @triton.jit
     def _gate_up_kernel(
-        X, WGU, INTER, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, hidden, inter_size,
+        X, WGU, INTER, IDS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, hidden, inter_size,
         stride_x, stride_we, stride_wn, stride_i,
         TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-        PDL: tl.constexpr,
+        TOKEN: tl.constexpr, PDL: tl.constexpr,
     ):
-        """grid (blocks, I / BLOCK_N): INTER[row] = silu(x[token] @ gate.T) * (x[token] @ up.T)."""
+        """grid (blocks, I / BLOCK_N): INTER[row] = silu(x[token] @ gate.T) * (x[token] @ up.T).
+        TOKEN (the per-token path, no grouping): grid (T * k, I / BLOCK_N), program_id(0) is the
+        assignment t*k + slot, one row (row 0 of the tile), its expert IDS[t*k + slot], written to
+        INTER row t*k + slot: the grouped tile's bits (module docstring)."""
         wait_for_previous(PDL)
         blk = tl.program_id(0)
-        rows = tl.load(BLOCK_ROWS + blk)
-        if rows > 0:
+        m = tl.arange(0, BLOCK_M)
+        if TOKEN:
+            rows = 1
+            e = tl.load(IDS + blk).to(tl.int64)
+            valid = m < 1
+            token = tl.where(valid, blk // TOP_K, 0)
+            r = blk + m
+        else:
+            rows = tl.load(BLOCK_ROWS + blk)
             e = tl.load(BLOCK_EXPERT + blk).to(tl.int64)
-            m = tl.arange(0, BLOCK_M)
             valid = m < rows
             assign = tl.load(ROW_ASSIGN + blk * BLOCK_M + m, mask=valid, other=0)
             token = tl.where(valid, assign // TOP_K, 0)
+            r = blk * BLOCK_M + m
+        if rows > 0:
             n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
             n_ok = n < inter_size
             # 64-bit scalar bases, 32-bit tile offsets (the wrapper checks they fit): 64-bit
@@ -352,7 +334,6 @@ if triton is not None:
             u = acc_u.to(dt).to(tl.float32)
             s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
             out = (s * u).to(dt)
-            r = blk * BLOCK_M + m
             tl.store(INTER + r[:, None] * stride_i + n[None, :], out, mask=valid[:, None] & n_ok[None, :])
 
     @triton.jit
@@ -388,7 +369,7 @@ if triton is not None:
 
     @triton.jit
     def _down_combine_kernel(
-        INTER, WD, RW, IDS, ROW_OF, OUT, hidden, inter_size, stride_i, stride_we, stride_wn, stride_o,
+        INTER, WD, RW, IDS, OUT, hidden, inter_size, stride_i, stride_we, stride_wn, stride_o,
         TOP_K: tl.constexpr, BLOCK_TOP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
     ):
@@ -402,7 +383,7 @@ if triton is not None:
         t = tl.program_id(0)
         m = tl.arange(0, BLOCK_M)
         m_ok = m < TOP_K  # row j <- slot j
-        a_row = tl.load(ROW_OF + t * TOP_K + m, mask=m_ok, other=0)
+        a_row = t * TOP_K + m  # the token path's INTER rows: one per assignment
         c = tl.arange(0, BLOCK_TOP * BLOCK_N)  # column c <- slot c // BLOCK_N, hidden n0 + c % BLOCK_N
         c_slot = c // BLOCK_N
         n = tl.program_id(1) * BLOCK_N + c % BLOCK_N
@@ -472,40 +453,41 @@ def router_partials(x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tenso
     return router_logits(x, router_weight)
 
 
-def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dtype: torch.dtype) -> MoeRouting:
-    """Router logits -> MoeRouting: the top-k experts and weights (in dtype) of every token and
-    the rows grouped by expert. logits: [T, E], or router_partials' [G, T, E] fp32 K-group sums
-    (added in group order, rounded to dtype: the logits linear_triton gives). One launch for
-    T <= ROUTE_TOKENS, else two."""
+def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dtype: torch.dtype, *,
+                     group: bool = True) -> MoeRouting:
+    """Router logits -> MoeRouting: the top-k experts and weights (in dtype) of every token and, with
+    group, the rows grouped by expert. logits: [T, E], or router_partials' [G, T, E] fp32 K-group
+    sums (added in group order, rounded to dtype: the logits linear_triton gives). One launch (a
+    program per token), and a second (_place_kernel) to group."""
     _check_triton()
     groups = logits.shape[0] if logits.dim() == 3 else 0
     assert groups == 0 or logits.dtype == torch.float32, "K-group sums are fp32"
     t, num_experts = logits.shape[-2:]
     if groups or logits.stride(-1) != 1:
-        logits = logits.contiguous()  # with groups: group g's rows start at g * T * E (_logits_tile)
+        logits = logits.contiguous()  # with groups: group g's rows start at g * T * E (_token_logits)
     dev = logits.device
-    n_blocks = max_blocks(t * top_k, num_experts)
     ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)
     weights = torch.empty(t, top_k, dtype=dtype, device=dev)
+    block_e, block_top = triton.next_power_of_2(num_experts), triton.next_power_of_2(top_k)
+    counts = torch.empty(t if group else 1, block_e, dtype=torch.int8, device=dev)
+    _route_kernel[(t,)](
+        logits, ids, weights, counts, t, num_experts, logits.stride(-2), TOP_K=top_k, NORM=norm_topk_prob,
+        GROUPS=groups, BLOCK_E=block_e, BLOCK_TOP=block_top, COUNT=group, num_warps=ROUTE_WARPS, **launch_args(dev, t),
+    )
+    if not group:
+        return MoeRouting(weights, ids)
+    n_blocks = max_blocks(t * top_k, num_experts)
     block_expert = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     block_rows = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     row_assign = torch.empty(n_blocks * BLOCK_M, dtype=torch.int32, device=dev)
-    row_of = torch.empty(t * top_k, dtype=torch.int32, device=dev)
-    tiles = triton.cdiv(t, ROUTE_TOKENS)
-    block_e, block_top = triton.next_power_of_2(num_experts), triton.next_power_of_2(top_k)
-    counts = torch.empty(tiles, block_e, dtype=torch.int32, device=dev)
-    shape = dict(TOP_K=top_k, RT=ROUTE_TOKENS, BLOCK_E=block_e, BLOCK_TOP=block_top, BLOCK_M=BLOCK_M, CHUNK=BLOCK_CHUNK)
-    _route_kernel[(tiles,)](
-        logits, ids, weights, counts, block_expert, block_rows, row_assign, row_of, t, num_experts, n_blocks,
-        logits.stride(-2), NORM=norm_topk_prob, GROUPS=groups, PLACE=tiles == 1, **shape, num_warps=ROUTE_WARPS,
-        **launch_args(dev, t),
+    programs = triton.cdiv(t, PLACE_TOKENS)
+    per_program = triton.cdiv(n_blocks, programs)  # each program's share of the block table
+    _place_kernel[(programs,)](
+        ids, counts, block_expert, block_rows, row_assign, t, num_experts, n_blocks, per_program,
+        TOP_K=top_k, PT=PLACE_TOKENS, BLOCK_E=block_e, BLOCK_TOP=block_top, BLOCK_M=BLOCK_M,
+        CHUNK=min(MAX_BLOCK_CHUNK, triton.next_power_of_2(per_program)), COUNT_CHUNK=COUNT_CHUNK, **launch_args(dev, t),
     )
-    if tiles > 1:
-        _place_kernel[(tiles,)](
-            ids, counts, block_expert, block_rows, row_assign, row_of, t, num_experts, n_blocks, triton.cdiv(n_blocks, tiles),
-            COUNT_CHUNK=COUNT_CHUNK, **shape, **launch_args(dev, t),
-        )
-    return MoeRouting(weights, ids, block_expert, block_rows, row_assign, row_of)
+    return MoeRouting(weights, ids, block_expert, block_rows, row_assign)
 
 
 def uses_token_path(t: int, top_k: int, down: torch.Tensor, tile: MoeTile = TILE) -> bool:
@@ -537,30 +519,37 @@ def moe_block_triton(
     spans = (t * x.stride(0), max_blocks(n_assign, num_experts) * BLOCK_M * inter_size, n_assign * hidden, two_i * hidden)
     if max(spans) >= 2**31:
         raise ValueError(f"{t} tokens are too many for one MoE call (32-bit offsets): split the chunk")
-    routing = moe_route_triton(router_partials(x, router_weight), top_k, norm_topk_prob, x.dtype)
-    n_blocks = routing.block_expert.numel()
+    token_path = uses_token_path(t, top_k, down, tile)
+    routing = moe_route_triton(router_partials(x, router_weight), top_k, norm_topk_prob, x.dtype, group=not token_path)
     # Products in full fp32 (no TF32) for fp32 inputs. Under the interpreter bf16/fp16 operands are
     # upcast first: its low-precision tl.dot returns garbage (triton 3.9), and bf16 x bf16 products
     # are exact in fp32 anyway, so the result is the tensor-core one.
     upcast = x.dtype == torch.float32 or interpreting()
     launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
-    groups = (routing.block_expert, routing.block_rows, routing.row_assign)
-    inter = torch.empty(n_blocks * BLOCK_M, inter_size, dtype=x.dtype, device=x.device)
-    _gate_up_kernel[(n_blocks, triton.cdiv(inter_size, tile.gate_up_n))](
-        x, gate_up, inter, *groups, hidden, inter_size, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
-        TOP_K=top_k, BLOCK_M=BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=upcast, **launch,
-        **launch_args(x.device, t),
-    )
     out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
-    if uses_token_path(t, top_k, down, tile):
+    gate_up_args = (hidden, inter_size, x.stride(0), gate_up.stride(0), gate_up.stride(1))
+    gate_up_shape = dict(TOP_K=top_k, BLOCK_M=BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=upcast)
+    if token_path:  # an intermediate row per assignment, straight from the routing: no grouping
+        ids = routing.ids
+        inter = torch.empty(n_assign, inter_size, dtype=x.dtype, device=x.device)
+        _gate_up_kernel[(n_assign, triton.cdiv(inter_size, tile.gate_up_n))](
+            x, gate_up, inter, ids, ids, ids, ids, *gate_up_args, inter.stride(0), **gate_up_shape, TOKEN=True,
+            **launch, **launch_args(x.device, t),
+        )
         _down_combine_kernel[(t, triton.cdiv(hidden, tile.token_n))](
-            inter, down, routing.weights, routing.ids, routing.row_of, out, hidden, inter_size,
-            inter.stride(0), down.stride(0), down.stride(1), out.stride(0),
-            TOP_K=top_k, BLOCK_TOP=triton.next_power_of_2(top_k), BLOCK_M=BLOCK_M, BLOCK_N=tile.token_n,
+            inter, down, routing.weights, ids, out, hidden, inter_size, inter.stride(0), down.stride(0), down.stride(1),
+            out.stride(0), TOP_K=top_k, BLOCK_TOP=triton.next_power_of_2(top_k), BLOCK_M=BLOCK_M, BLOCK_N=tile.token_n,
             BLOCK_K=tile.block_k, UPCAST=upcast, num_warps=tile.token_warps, num_stages=tile.token_stages,
             **launch_args(x.device, t),
         )
         return out
+    n_blocks = routing.block_expert.numel()
+    groups = (routing.block_expert, routing.block_rows, routing.row_assign)
+    inter = torch.empty(n_blocks * BLOCK_M, inter_size, dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(n_blocks, triton.cdiv(inter_size, tile.gate_up_n))](
+        x, gate_up, inter, routing.ids, *groups, *gate_up_args, inter.stride(0), **gate_up_shape, TOKEN=False, **launch,
+        **launch_args(x.device, t),
+    )
     per_slot = torch.empty(n_assign, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(n_blocks, triton.cdiv(hidden, tile.down_n))](
         inter, down, routing.weights, per_slot, *groups, hidden, inter_size,
@@ -588,5 +577,5 @@ def moe_block(
     return moe_block_ref(x, router_weight, gate_up, down, top_k, norm_topk_prob)
 
 
-__all__ = ["BLOCK_M", "MoeRouting", "MoeTile", "ROUTE_TOKENS", "TILE", "max_blocks", "moe_block", "moe_block_triton",
+__all__ = ["BLOCK_M", "MoeRouting", "MoeTile", "PLACE_TOKENS", "TILE", "max_blocks", "moe_block", "moe_block_triton",
            "moe_route_triton", "router_logits", "router_partials", "uses_token_path"]

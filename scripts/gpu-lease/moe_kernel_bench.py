@@ -16,7 +16,7 @@ old_moe.py`: session 8, 6 launches at one row), timed in the same process.
 With --old, `new == old bitwise` per row count: TILE keeps session 8's block_k, and the
 routing fold and the per-token down change no bit, so it should read True everywhere.
 
-Then the kernels of one layer at 1 and 4 rows, from the profiler (device time per launch, no
+Then the kernels of one layer at 1, 4, 16 and 256 rows, from the profiler (device time per launch, no
 gaps): where the time over the bound goes.
 
 --sweep: (1) the per-token down's knobs (token_n, token_warps, token_stages) at rows <= 4;
@@ -185,7 +185,7 @@ def profile_launches(p: Problem, block: Block, t: int) -> list[tuple[str, float]
 
 
 def print_breakdown(p: Problem, variants: dict[str, Block]) -> None:
-    for t in (1, 4):
+    for t in (1, 4, 16, 256):
         bound, _ = bound_ms(p, t)
         for name, block in variants.items():
             try:

@@ -41,11 +41,11 @@ def compile_kernel(fn, pointers: dict[str, str], ints: tuple[str, ...], consts: 
 
 def compile_tile(tile: moe.MoeTile) -> list[dict]:
     groups = {"BLOCK_EXPERT": "*i32", "BLOCK_ROWS": "*i32", "ROW_ASSIGN": "*i32"}
-    gate_up = compile_kernel(
-        moe._gate_up_kernel, {"X": "*bf16", "WGU": "*bf16", "INTER": "*bf16"} | groups,
+    gate_up, gate_up_token = (compile_kernel(
+        moe._gate_up_kernel, {"X": "*bf16", "WGU": "*bf16", "INTER": "*bf16", "IDS": "*i32"} | groups,
         GEMM_INTS + ("stride_x", "stride_we", "stride_wn", "stride_i"),
-        dict(TOP_K=TOP_K, BLOCK_M=moe.BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=False),
-        tile.num_warps, tile.num_stages)
+        dict(TOP_K=TOP_K, BLOCK_M=moe.BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=False, TOKEN=token),
+        tile.num_warps, tile.num_stages) for token in (False, True))
     down = compile_kernel(
         moe._down_kernel, {"INTER": "*bf16", "WD": "*bf16", "RW": "*bf16", "OUT": "*bf16"} | groups,
         GEMM_INTS + ("stride_i", "stride_we", "stride_wn", "stride_o"),
@@ -53,11 +53,22 @@ def compile_tile(tile: moe.MoeTile) -> list[dict]:
         tile.num_warps, tile.num_stages)
     token = compile_kernel(
         moe._down_combine_kernel,
-        {"INTER": "*bf16", "WD": "*bf16", "RW": "*bf16", "IDS": "*i32", "ROW_OF": "*i32", "OUT": "*bf16"},
+        {"INTER": "*bf16", "WD": "*bf16", "RW": "*bf16", "IDS": "*i32", "OUT": "*bf16"},
         GEMM_INTS + ("stride_i", "stride_we", "stride_wn", "stride_o"),
         dict(TOP_K=TOP_K, BLOCK_TOP=TOP_K, BLOCK_M=moe.BLOCK_M, BLOCK_N=tile.token_n, BLOCK_K=tile.block_k, UPCAST=False),
         tile.token_warps, tile.token_stages)
-    return [dict(kernel=name, tile=repr(tile)) | info for name, info in (("gate_up", gate_up), ("down", down), ("down_combine", token))]
+    kernels = (("gate_up", gate_up), ("gate_up_token", gate_up_token), ("down", down), ("down_combine", token))
+    return [dict(kernel=name, tile=repr(tile)) | info for name, info in kernels]
+
+
+def compile_route() -> dict:
+    """The routing kernel as the engine launches it at Qwen3-30B-A3B's router (16 K groups, 128
+    experts, top 8, renormalised, grouping counts on)."""
+    info = compile_kernel(
+        moe._route_kernel, {"LOGITS": "*fp32", "IDS": "*i32", "W": "*bf16", "COUNTS": "*i8"},
+        ("n_tokens", "n_experts", "stride_l"),
+        dict(TOP_K=TOP_K, NORM=True, GROUPS=16, BLOCK_E=128, BLOCK_TOP=TOP_K, COUNT=True), moe.ROUTE_WARPS, 1)
+    return dict(kernel="route") | info
 
 
 if __name__ == "__main__":
@@ -67,3 +78,4 @@ if __name__ == "__main__":
                            token_n=tn, token_warps=tw, token_stages=ts)
         for line in compile_tile(tile):
             print(json.dumps(line))
+    print(json.dumps(compile_route()))

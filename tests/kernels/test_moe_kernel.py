@@ -28,7 +28,7 @@ from jetspec_chat.kernels import (  # noqa: E402
 )
 from jetspec_chat.kernels.moe import (  # noqa: E402
     BLOCK_M,
-    ROUTE_TOKENS,
+    PLACE_TOKENS,
     TILE,
     MoeTile,
     max_blocks,
@@ -55,7 +55,7 @@ def weights(t, hidden, inter, experts, seed=0, dtype=torch.float32, device=DEVIC
     return [a.to(device=device, dtype=dtype) for a in (x, router, gate_up, down)]
 
 
-# T = 1 and 16: one routing program that also groups; 17, 40: a second launch groups.
+# T = 1 and 16: one grouping program; 17, 40: several.
 @pytest.mark.parametrize("t,experts,top_k", [(1, 8, 2), (7, 6, 3), (5, 128, 8), (16, 12, 4), (40, 128, 8)])
 @pytest.mark.parametrize("norm", [True, False])
 def test_route_matches_reference(t, experts, top_k, norm):
@@ -75,7 +75,7 @@ def bf16_casts(request):
         request.getfixturevalue("rtne_bf16")
 
 
-@pytest.mark.parametrize("t", [1, 16, 40])  # one routing launch, two
+@pytest.mark.parametrize("t", [1, 16, 40])  # one grouping program, several
 def test_routing_from_the_router_partials_is_the_logits_routing(t, bf16_casts):
     """bf16: routing from linear_partials' K-group sums (added inside the routing kernel) equals
     routing from linear_triton's logits bitwise: ids, weights, layout. On a GPU at the
@@ -85,9 +85,19 @@ def test_routing_from_the_router_partials_is_the_logits_routing(t, bf16_casts):
     assert partials.dim() == 3 and partials.shape[0] == (16 if CUDA else 4)
     a = moe_route_triton(partials, 8, True, x.dtype)
     b = moe_route_triton(router_logits(x, router), 8, True, x.dtype)
-    for name in ("ids", "weights", "block_expert", "block_rows", "row_of"):
+    for name in ("ids", "weights", "block_expert", "block_rows"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     check_layout(a, t, 128, 8)
+
+
+@pytest.mark.parametrize("t", [1, 4, 40])
+def test_routing_without_grouping_is_the_same_routing(t):
+    """The per-token path asks for no grouping: the same ids and weights, no block table."""
+    x, router, _, _ = weights(t, 32, 16, 16, seed=t)
+    grouped = moe_route_triton(F.linear(x, router), 4, True, x.dtype)
+    alone = moe_route_triton(F.linear(x, router), 4, True, x.dtype, group=False)
+    assert torch.equal(alone.ids, grouped.ids) and torch.equal(alone.weights, grouped.weights)
+    assert alone.block_expert is None and alone.block_rows is None and alone.row_assign is None
 
 
 def check_layout(routing, t, experts, top_k):
@@ -111,18 +121,14 @@ def check_layout(routing, t, experts, top_k):
     assert block_expert[used].tolist() == sorted(block_expert[used].tolist())  # experts ascending
     assert sorted(seen) == list(range(t * top_k))
     assert seen == sorted(range(t * top_k), key=lambda a: (int(flat[a]), a))
-    row_of = routing.row_of.cpu()
-    for r in range(row_assign.numel()):  # row_of is row_assign's inverse on the valid rows
-        if block_rows[r // BLOCK_M] > r % BLOCK_M:
-            assert row_of[row_assign[r]] == r
     counts = torch.bincount(flat.long(), minlength=experts)
     assert n_used == int(((counts + BLOCK_M - 1) // BLOCK_M).sum())
 
 
 @pytest.mark.parametrize(
     "t,experts,top_k",
-    # one program (T <= ROUTE_TOKENS) and two launches; several routing programs' counts summed
-    # (T = 100 is 7 programs), experts with several blocks (T = 100, 4 experts: 75 rows each)
+    # one grouping program (T <= PLACE_TOKENS) and several (T = 100: 7), each placing its tokens
+    # after the earlier ones; experts with several blocks (T = 100, 4 experts: 75 rows each)
     [(1, 8, 2), (13, 8, 2), (16, 128, 8), (17, 6, 3), (40, 128, 8), (100, 4, 3), (70, 16, 1)],
 )
 def test_grouping_covers_every_assignment_once_by_expert(t, experts, top_k):
@@ -140,7 +146,7 @@ SMALL = MoeTile(gate_up_n=16, down_n=32, block_k=32, num_warps=4, num_stages=2)
     [
         (1, 64, 32, 8, 2, TILE),
         (6, 80, 48, 6, 3, TILE),  # ragged N and K tails, block_k > K
-        (21, 64, 32, 16, 4, SMALL),  # two routing launches
+        (21, 64, 32, 16, 4, SMALL),  # two grouping programs
         (3, 128, 96, 128, 8, TILE),
         (40, 64, 40, 4, 2, SMALL),  # 20 rows an expert: two blocks each
         (9, 64, 40, 4, 2, SMALL),
@@ -186,7 +192,7 @@ def test_token_path_rule():
 @pytest.mark.parametrize("tile", TOKEN_TILES)
 def test_token_path_is_the_grouped_path_bitwise(dtype, tile, ordered_dot, rtne_bf16):
     """Each of T <= token_rows tokens (token path) has the bits of the grouped path on the same
-    T tokens and on them inside 40 (two routing launches, several rows an expert)."""
+    T tokens and on them inside 40 (several grouping programs, several rows an expert)."""
     x, router, gate_up, down = weights(40, 80, 48, 8, seed=7, dtype=dtype)
     grouped = dataclasses.replace(tile, token_rows=0)
     many = moe_block_triton(x, router, gate_up, down, 3, True, tile=grouped)
@@ -210,7 +216,7 @@ def test_fused_path_reads_nothing_on_the_host():
     live in a CUDA graph (the reference, by contrast, groups with nonzero on the host)."""
     from engine_helpers import NoHostReads
 
-    for t in (9, 40):  # one routing launch, two
+    for t in (3, 9, 40):  # per-token path; one grouping program, several
         x, router, gate_up, down = weights(t, 64, 32, 8, seed=4)
         with NoHostReads():
             moe_block_triton(x, router, gate_up, down, 2, True)
@@ -227,13 +233,13 @@ def test_too_many_tokens_for_32_bit_offsets_is_refused_before_any_launch():
 
 def test_tile_shapes():
     assert BLOCK_M == 16  # tl.dot needs 16 rows; below 64 Triton stays on mma.sync (no wgmma)
-    for v in (BLOCK_M, ROUTE_TOKENS, TILE.gate_up_n, TILE.down_n, TILE.block_k):
+    for v in (BLOCK_M, PLACE_TOKENS, TILE.gate_up_n, TILE.down_n, TILE.block_k):
         assert v & (v - 1) == 0  # powers of two (tl.arange)
 
 
 def test_sm90_expert_gemms_run_mma_sync():
-    """Offline sm_90 compiles (no GPU) of the three expert GEMMs at TILE and at a wide per-token
-    tile: all on mma.sync m16n8k16 (bf16 in, fp32 accumulate; never wgmma, which may round
+    """Offline sm_90 compiles (no GPU) of the expert GEMMs (gate/up grouped and per token, the two
+    downs) at TILE and at a wide per-token tile, and of the routing kernel: the GEMMs all on mma.sync m16n8k16 (bf16 in, fp32 accumulate; never wgmma, which may round
     differently), no local-memory spills, shared memory within an SM's 227 KB. (Equal bits on
     the device are the GPU tests' to show; this pins what the compiler emits.)"""
     pytest.importorskip("triton.backends.nvidia")
@@ -241,10 +247,11 @@ def test_sm90_expert_gemms_run_mma_sync():
     args = [",".join(str(v) for v in (t.gate_up_n, t.down_n, t.block_k, t.num_warps, t.num_stages, t.token_n, t.token_warps,
                                       t.token_stages)) for t in (TILE, wide)]
     out = run_compile_script("sm90_moe_compile.py", args)
-    assert [o["kernel"] for o in out] == ["gate_up", "down", "down_combine"] * 2
-    for o in out:
+    assert [o["kernel"] for o in out] == ["gate_up", "gate_up_token", "down", "down_combine"] * 2 + ["route"]
+    for o in out[:-1]:
         assert o["mma"] == ["m16n8k16.row.col.f32.bf16.bf16.f32"] and o["wgmma"] == [], o
         assert o["local"] == 0 and o["shared"] <= 227 * 1024, o
+    assert out[-1]["local"] == 0, out[-1]  # the routing program's one warp holds its token in registers
 
 
 def check_batch_invariant(hidden, inter, experts, top_k, many, dtype, tile=TILE, alone=None):
@@ -261,7 +268,7 @@ def check_batch_invariant(hidden, inter, experts, top_k, many, dtype, tile=TILE,
         assert torch.equal(one[0], together[i]), f"token {i}: max |diff| {(one[0].float() - together[i].float()).abs().max()}"
 
 
-@pytest.mark.parametrize("many", [5, 40])  # one routing launch, two; 40 tokens: several blocks an expert
+@pytest.mark.parametrize("many", [5, 40])  # one grouping program, several; 40 tokens: several blocks an expert
 def test_batch_invariant_bf16(many, rtne_bf16, ordered_dot):
     """bf16: the router through linear_triton, one expert tile at 1 and `many` rows (alone: the
     per-token down). K = 512 is long enough for fp32 sums in another order to change bf16 bits:
@@ -299,7 +306,7 @@ def check_bf16(t, hidden, inter, experts, top_k=8, tile=TILE):
 @pytest.mark.parametrize("t", [1, 13, 40])
 def test_bf16_small(t, rtne_bf16):
     """The bf16 epilogue's roundings under the interpreter (its casts made to round to nearest
-    even, as the GPU's do), one and two routing launches."""
+    even, as the GPU's do): the per-token path, one grouping program, several."""
     check_bf16(t, 64, 32, 16, tile=SMALL)
 
 
