@@ -8,7 +8,8 @@
               then fp32 softmax, top-k by repeated argmax (lowest id on ties), renormalised;
               weights rounded to x's dtype. To group, each program also writes its picks (0/1
               per expert) and a second launch (`_place_kernel`, a program per PLACE_TOKENS
-              tokens) lays the rows out. The per-token path (T <= tile.token_rows) groups nothing.
+              tokens or PLACE_BLOCKS blocks of the table) lays the rows out. The per-token
+              path (T <= tile.token_rows) groups nothing.
     group   : the T*k assignments sorted by expert (tokens in order within one), each expert's
               run padded to a multiple of BLOCK_M rows; a block of BLOCK_M rows is one expert's
               (row_assign: row -> assignment)
@@ -87,7 +88,9 @@ PLACE_TOKENS = 16  # tokens a grouping program places
 # Tokens' picks (int8 rows) read per step of the grouping pass: every grouping program reads all
 # T rows. (H200, T = 256: 8 warps and 128-row steps made the pass 16 us, from 7 with 4 and 32.)
 COUNT_CHUNK = 64
-MAX_BLOCK_CHUNK = 128  # blocks of the block table a grouping program writes per step, at most
+# Blocks of the block table a grouping program writes, at most: more programs than tokens need
+# when the table is long (T = 16, Qwen3-30B-A3B: 136 blocks, 9 programs), each one [16, E] step.
+PLACE_BLOCKS = 16
 # The routing programs' warps: a program routes one token, ~20 dependent reductions over [E].
 # With one warp (E = 128: 4 experts a thread) every reduction stays in warp shuffles; session 10's
 # 16-token tiles needed 8 warps (9.0 us at one token on the H200: 64 values a thread with 1 warp
@@ -237,11 +240,11 @@ if triton is not None:
         TOP_K: tl.constexpr, PT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOP: tl.constexpr,
         BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, COUNT_CHUNK: tl.constexpr, PDL: tl.constexpr,
     ):
-        """grid (ceil(T / PT),), after _route_kernel: program p adds up the tokens' picks (each
-        expert's rows, and its rows among the tokens before its own PT), places its tokens'
-        assignments (expert e's run starts at block first[e], tokens in order within it) and
-        writes its share of the block table. Integers only: the layout is the same whatever the
-        program count."""
+        """grid (at least ceil(T / PT),), after _route_kernel: program p adds up the tokens' picks
+        (each expert's rows, and its rows among the tokens before its own PT), places its tokens'
+        assignments, if any (expert e's run starts at block first[e], tokens in order within it),
+        and writes its share of the block table. Integers only: the layout is the same whatever
+        the program count."""
         wait_for_previous(PDL)
         p = tl.program_id(0)
         t0 = p * PT
@@ -480,12 +483,12 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dty
     block_expert = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     block_rows = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     row_assign = torch.empty(n_blocks * BLOCK_M, dtype=torch.int32, device=dev)
-    programs = triton.cdiv(t, PLACE_TOKENS)
+    programs = max(triton.cdiv(t, PLACE_TOKENS), triton.cdiv(n_blocks, PLACE_BLOCKS))
     per_program = triton.cdiv(n_blocks, programs)  # each program's share of the block table
     _place_kernel[(programs,)](
         ids, counts, block_expert, block_rows, row_assign, t, num_experts, n_blocks, per_program,
         TOP_K=top_k, PT=PLACE_TOKENS, BLOCK_E=block_e, BLOCK_TOP=block_top, BLOCK_M=BLOCK_M,
-        CHUNK=min(MAX_BLOCK_CHUNK, triton.next_power_of_2(per_program)), COUNT_CHUNK=COUNT_CHUNK, **launch_args(dev, t),
+        CHUNK=triton.next_power_of_2(per_program), COUNT_CHUNK=COUNT_CHUNK, **launch_args(dev, t),
     )
     return MoeRouting(weights, ids, block_expert, block_rows, row_assign)
 
