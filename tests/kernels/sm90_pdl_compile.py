@@ -122,9 +122,9 @@ def kernels():
                        FLAT_TILES=tree_attention.FLAT_TILES), 1)
     groups = {"BLOCK_EXPERT": "*i32", "BLOCK_ROWS": "*i32", "ROW_ASSIGN": "*i32"}
     tile = moe.TILE
-    yield compare("moe gate_up", moe._gate_up_kernel, {"X": p16, "WGU": p16, "INTER": p16} | groups | ints(
+    yield compare("moe gate_up", moe._gate_up_kernel, {"X": p16, "WGU": p16, "INTER": p16, "IDS": "*i32"} | groups | ints(
         ("hidden", "inter_size", "stride_x", "stride_we", "stride_wn", "stride_i"), i32),
-        dict(TOP_K=8, BLOCK_M=moe.BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=False),
+        dict(TOP_K=8, BLOCK_M=moe.BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=False, TOKEN=True),
         tile.num_warps, tile.num_stages)
 
 
