@@ -6,8 +6,8 @@
     route   : one launch, a program per token: its K-group sums added in group order and
               rounded (linear_triton's group-sum pass: the same logits bits, one launch fewer),
               then fp32 softmax, top-k by repeated argmax (lowest id on ties), renormalised;
-              weights rounded to x's dtype. To group, each program also writes its picks (0/1
-              per expert) and a second launch (`_place_kernel`, a program per PLACE_TOKENS
+              weights rounded to x's dtype. To group, each program also writes its picks (slot
+              + 1 per expert) and a second launch (`_place_kernel`, a program per PLACE_TOKENS
               tokens or PLACE_BLOCKS blocks of the table) lays the rows out. The per-token
               path (T <= tile.token_rows) groups nothing.
     group   : the T*k assignments sorted by expert (tokens in order within one), each expert's
@@ -85,7 +85,7 @@ except ImportError:  # pragma: no cover - exercised only without triton
 
 BLOCK_M = 16  # rows per expert block, for every row count (module docstring: batch invariance)
 PLACE_TOKENS = 16  # tokens a grouping program places
-# Tokens' picks (int8 rows) read per step of the grouping pass: every grouping program reads all
+# Tokens' pick rows (int8) read per step of the grouping pass: every grouping program reads all
 # T rows. (H200, T = 256: 8 warps and 128-row steps made the pass 16 us, from 7 with 4 and 32.)
 COUNT_CHUNK = 64
 # Blocks of the block table a grouping program writes, at most: more programs than tokens need
@@ -174,14 +174,15 @@ if triton is not None:
 
     @triton.jit
     def _route_kernel(
-        LOGITS, IDS, W, COUNTS, n_tokens, n_experts, stride_l,
+        LOGITS, IDS, W, PICKS, n_tokens, n_experts, stride_l,
         TOP_K: tl.constexpr, NORM: tl.constexpr, GROUPS: tl.constexpr, BLOCK_E: tl.constexpr,
-        BLOCK_TOP: tl.constexpr, COUNT: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_TOP: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (T,): token t = program_id. fp32 softmax over the experts, top-k by repeated argmax
-        (lowest id on ties), renormalised; stores ids (int32) and weights (W's dtype). COUNT: also
-        the token's picks, a 0/1 int8 row COUNTS[t, :BLOCK_E], for _place_kernel. Every program routes
-        one token on the same [BLOCK_E] layout at every T, so a token's bits never depend on the call."""
+        (lowest id on ties), renormalised; stores ids (int32) and weights (W's dtype). GROUP: also
+        the token's picks as an int8 row PICKS[t, :BLOCK_E], slot + 1 per picked expert, else 0, for
+        _place_kernel. Every program routes one token on the same [BLOCK_E] layout at every T, so a
+        token's bits never depend on the call."""
         wait_for_previous(PDL)
         t = tl.program_id(0)
         e = tl.arange(0, BLOCK_E)
@@ -199,20 +200,23 @@ if triton is not None:
         slots = tl.arange(0, BLOCK_TOP)
         top_w = tl.zeros([BLOCK_TOP], dtype=tl.float32)
         top_i = tl.zeros([BLOCK_TOP], dtype=tl.int32)
+        sel = tl.zeros([BLOCK_E], dtype=tl.int32)
         for j in tl.static_range(TOP_K):
             best = tl.max(p, 0)
             idx = tl.min(tl.where(p == best, e, BLOCK_E), 0)
             top_w = tl.where(slots == j, tl.where(best > 1.0, float("nan"), best), top_w)
             top_i = tl.where(slots == j, idx, top_i)
-            p = tl.where(e == idx, -2.0, p)  # taken: below every probability and the padding
+            picked = e == idx
+            sel = tl.where(picked, j + 1, sel)
+            p = tl.where(picked, -1.0, p)
         if NORM:
             top_w = top_w / tl.sum(top_w, 0)
         out = t * TOP_K + slots
         ok = slots < TOP_K
         tl.store(IDS + out, top_i, mask=ok)
         tl.store(W + out, top_w.to(W.dtype.element_ty), mask=ok)
-        if COUNT:
-            tl.store(COUNTS + t * BLOCK_E + e, (p == -2.0).to(tl.int8))
+        if GROUP:
+            tl.store(PICKS + t * BLOCK_E + e, sel.to(tl.int8))
 
     @triton.jit
     def _write_blocks(BLOCK_EXPERT, BLOCK_ROWS, total, first, b_start, b_end, n_experts,
@@ -236,9 +240,9 @@ if triton is not None:
 
     @triton.jit
     def _place_kernel(
-        IDS, COUNTS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, n_tokens, n_experts, n_blocks, blocks_per_program,
-        TOP_K: tl.constexpr, PT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOP: tl.constexpr,
-        BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, COUNT_CHUNK: tl.constexpr, PDL: tl.constexpr,
+        PICKS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, n_tokens, n_experts, n_blocks, blocks_per_program,
+        TOP_K: tl.constexpr, PT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+        CHUNK: tl.constexpr, COUNT_CHUNK: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (at least ceil(T / PT),), after _route_kernel: program p adds up the tokens' picks
         (each expert's rows, and its rows among the tokens before its own PT), places its tokens'
@@ -253,16 +257,14 @@ if triton is not None:
         before = tl.zeros([BLOCK_E], dtype=tl.int32)
         for q0 in range(0, n_tokens, COUNT_CHUNK):
             q = q0 + tl.arange(0, COUNT_CHUNK)
-            c = tl.load(COUNTS + q[:, None] * BLOCK_E + e[None, :], mask=(q < n_tokens)[:, None], other=0).to(tl.int32)
+            c = (tl.load(PICKS + q[:, None] * BLOCK_E + e[None, :], mask=(q < n_tokens)[:, None], other=0) > 0).to(tl.int32)
             total += tl.sum(c, 0)
             before += tl.sum(tl.where((q < t0)[:, None], c, 0), 0)
         blocks = (total + BLOCK_M - 1) // BLOCK_M
         first = tl.cumsum(blocks, 0) - blocks
         # this program's tokens' picks: slot + 1 per (token, expert), else 0
         t = t0 + tl.arange(0, PT)
-        slots = tl.arange(0, BLOCK_TOP)
-        ids = tl.load(IDS + t[:, None] * TOP_K + slots[None, :], mask=(t < n_tokens)[:, None] & (slots < TOP_K)[None, :], other=-1)
-        sel = tl.max(tl.where(ids[:, :, None] == e[None, None, :], slots[None, :, None] + 1, 0), 1)
+        sel = tl.load(PICKS + t[:, None] * BLOCK_E + e[None, :], mask=(t < n_tokens)[:, None], other=0).to(tl.int32)
         hit = (sel > 0).to(tl.int32)
         rank = tl.cumsum(hit, 0) - hit  # this program's earlier tokens on the same expert
         row = first[None, :] * BLOCK_M + before[None, :] + rank
@@ -472,10 +474,10 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dty
     ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)
     weights = torch.empty(t, top_k, dtype=dtype, device=dev)
     block_e, block_top = triton.next_power_of_2(num_experts), triton.next_power_of_2(top_k)
-    counts = torch.empty(t if group else 1, block_e, dtype=torch.int8, device=dev)
+    picks = torch.empty(t if group else 1, block_e, dtype=torch.int8, device=dev)
     _route_kernel[(t,)](
-        logits, ids, weights, counts, t, num_experts, logits.stride(-2), TOP_K=top_k, NORM=norm_topk_prob,
-        GROUPS=groups, BLOCK_E=block_e, BLOCK_TOP=block_top, COUNT=group, num_warps=ROUTE_WARPS, **launch_args(dev, t),
+        logits, ids, weights, picks, t, num_experts, logits.stride(-2), TOP_K=top_k, NORM=norm_topk_prob,
+        GROUPS=groups, BLOCK_E=block_e, BLOCK_TOP=block_top, GROUP=group, num_warps=ROUTE_WARPS, **launch_args(dev, t),
     )
     if not group:
         return MoeRouting(weights, ids)
@@ -486,8 +488,8 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dty
     programs = max(triton.cdiv(t, PLACE_TOKENS), triton.cdiv(n_blocks, PLACE_BLOCKS))
     per_program = triton.cdiv(n_blocks, programs)  # each program's share of the block table
     _place_kernel[(programs,)](
-        ids, counts, block_expert, block_rows, row_assign, t, num_experts, n_blocks, per_program,
-        TOP_K=top_k, PT=PLACE_TOKENS, BLOCK_E=block_e, BLOCK_TOP=block_top, BLOCK_M=BLOCK_M,
+        picks, block_expert, block_rows, row_assign, t, num_experts, n_blocks, per_program,
+        TOP_K=top_k, PT=PLACE_TOKENS, BLOCK_E=block_e, BLOCK_M=BLOCK_M,
         CHUNK=triton.next_power_of_2(per_program), COUNT_CHUNK=COUNT_CHUNK, **launch_args(dev, t),
     )
     return MoeRouting(weights, ids, block_expert, block_rows, row_assign)

@@ -63,11 +63,11 @@ def compile_tile(tile: moe.MoeTile) -> list[dict]:
 
 def compile_route() -> dict:
     """The routing kernel as the engine launches it at Qwen3-30B-A3B's router (16 K groups, 128
-    experts, top 8, renormalised, grouping counts on)."""
+    experts, top 8, renormalised, grouping picks on)."""
     info = compile_kernel(
-        moe._route_kernel, {"LOGITS": "*fp32", "IDS": "*i32", "W": "*bf16", "COUNTS": "*i8"},
+        moe._route_kernel, {"LOGITS": "*fp32", "IDS": "*i32", "W": "*bf16", "PICKS": "*i8"},
         ("n_tokens", "n_experts", "stride_l"),
-        dict(TOP_K=TOP_K, NORM=True, GROUPS=16, BLOCK_E=128, BLOCK_TOP=TOP_K, COUNT=True), moe.ROUTE_WARPS, 1)
+        dict(TOP_K=TOP_K, NORM=True, GROUPS=16, BLOCK_E=128, BLOCK_TOP=TOP_K, GROUP=True), moe.ROUTE_WARPS, 1)
     return dict(kernel="route") | info
 
 

@@ -239,8 +239,9 @@ def test_tile_shapes():
 
 def test_sm90_expert_gemms_run_mma_sync():
     """Offline sm_90 compiles (no GPU) of the expert GEMMs (gate/up grouped and per token, the two
-    downs) at TILE and at a wide per-token tile, and of the routing kernel: the GEMMs all on mma.sync m16n8k16 (bf16 in, fp32 accumulate; never wgmma, which may round
-    differently), no local-memory spills, shared memory within an SM's 227 KB. (Equal bits on
+    downs) at TILE and at a wide per-token tile, and of the routing kernel: the GEMMs all on
+    mma.sync m16n8k16 (bf16 in, fp32 accumulate; never wgmma, which may round differently), no
+    local-memory spills, shared memory within an SM's 227 KB. (Equal bits on
     the device are the GPU tests' to show; this pins what the compiler emits.)"""
     pytest.importorskip("triton.backends.nvidia")
     wide = dataclasses.replace(TILE, token_n=64, token_warps=8, token_stages=2)
