@@ -81,5 +81,9 @@ if triton is not None:
             gdc_wait()
             gdc_launch_dependents()
 
+else:  # no triton (a CPU-only torch build): no kernel is defined and the torch references run,
+    # but every kernel module still imports this name.
+    wait_for_previous = None
+
 
 __all__ = ["PDL_MAX_ROWS", "interpreting", "launch_args", "pdl_enabled", "wait_for_previous"]
