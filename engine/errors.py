@@ -24,3 +24,14 @@ class ContextOverflowError(EngineError):
 
 class DeviceMemoryError(EngineError):
     """Out of device memory; the message names the setting to lower."""
+
+
+class MissingPackageError(EngineError):
+    """A Python package the run needs is not installed. Retrying does not help; installing does."""
+
+    @classmethod
+    def from_import_error(cls, err: ImportError) -> "MissingPackageError":
+        top = (err.name or "").split(".")[0]
+        if not top:  # an ImportError without a module name: a broken install, not a missing one
+            return cls(f"a package failed to import ({err}); reinstall jetspec-chat, then start it again")
+        return cls(f"the Python package '{top}' is missing: install it (pip install {top}), then start again")

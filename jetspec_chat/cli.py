@@ -333,10 +333,15 @@ def run_guarded(command, argv: list[str]) -> int:
     try:
         from .engine.errors import EngineError  # inside the try, so Ctrl-C here is clean too
 
+        from .engine.errors import MissingPackageError
+
         try:
             return command(argv)
         except EngineError as e:
             print(f"error: {e}", file=sys.stderr)
+            return 2
+        except ImportError as e:  # a missing package is one sentence too, never a traceback
+            print(f"error: {MissingPackageError.from_import_error(e)}", file=sys.stderr)
             return 2
     except UsageError as e:
         print(f"jetspec-chat: {e}", file=sys.stderr)

@@ -193,6 +193,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         self.engine_info: ew.EngineInfo | None = None
         self.load_state = "loading"  # loading | ready | failed
         self.load_error = ""
+        self.load_retryable = True  # whether loading again can help (not for a missing package)
         self.load_progress: ew.LoadProgress | None = None
         # jobs and traces
         self.jobs: dict[int, Job] = {}
@@ -493,10 +494,8 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
             )
             return False
         if self.load_state == "failed":
-            await self.add_note_async(
-                f"No model is loaded ({self.load_error}). Retry from the command palette (ctrl+p: Retry loading).",
-                "error",
-            )
+            retry = " Retry from the command palette (ctrl+p: Retry loading)." if self.load_retryable else ""
+            await self.add_note_async(f"No model is loaded ({self.load_error}).{retry}", "error")
             return False
         if self.busy:
             self.notify("Wait for the current run to finish, or press Esc to stop it.", severity="warning")

@@ -111,7 +111,7 @@ class CommandsMixin:
         self.push_screen(HelpScreen())
 
     def action_retry_load(self) -> None:
-        if self.load_state != "failed":
+        if self.load_state != "failed" or not self.load_retryable:
             return
         if self.engine_stopped is not None or not self.worker.alive:
             self.action_restart_engine()
@@ -207,7 +207,7 @@ class CommandsMixin:
         yield c("Help: keys", "All keys and what the tree shows", self.action_help)
         if self.engine_stopped is not None:
             yield c("Restart the engine", "Start the engine again and continue this conversation", self.action_restart_engine)
-        elif self.load_state == "failed":
+        elif self.load_state == "failed" and self.load_retryable:
             yield c("Retry loading the model", "Try to load the model again", self.action_retry_load)
 
     def _toggle_scores(self) -> None:

@@ -92,6 +92,7 @@ class OutboxMixin:
         self.engine_stopped = item.message
         self.load_state = "failed"
         self.load_error = "the engine process stopped"
+        self.load_retryable = True
         self._dirty.add("loading")
         for job_id, job in list(self.jobs.items()):
             if job.kind == "chat" and job.message is not None and job.trace is not None:
@@ -177,6 +178,7 @@ class OutboxMixin:
     async def _engine_load_failed(self, item: ew.EngineLoadFailed) -> None:
         self.load_state = "failed"
         self.load_error = item.message
+        self.load_retryable = item.retryable
         self._dirty.add("loading")
         if item.details:
             self._log_error("model load failed", item.details)

@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from jetspec_chat.engine.errors import EngineError
+from jetspec_chat.engine.errors import EngineError, MissingPackageError
 from jetspec_chat.engine.events import Event, FinishEvent, GenerationResult, RoundEvent
 from jetspec_chat.engine.params import TREE_ALGOS, GenerationParams, SpecParams, auto_budget
 
@@ -146,6 +146,7 @@ class EngineReady:
 class EngineLoadFailed:
     message: str
     details: str = ""  # traceback for unexpected errors
+    retryable: bool = True  # False where loading again cannot help (a missing package)
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,8 @@ WARM_PROMPT = "Hello"
 
 def describe_error(err: BaseException) -> tuple[str, bool]:
     """(user-facing message, unexpected?)"""
+    if isinstance(err, ImportError):
+        err = MissingPackageError.from_import_error(err)
     if isinstance(err, EngineError):
         return str(err) or type(err).__name__, False
     text = str(err)
@@ -390,7 +393,8 @@ class EngineWorker:
         except BaseException as err:  # noqa: BLE001
             message, unexpected = describe_error(err)
             self._load_error = message
-            self._post(EngineLoadFailed(message, traceback.format_exc() if unexpected else ""))
+            self._post(EngineLoadFailed(message, traceback.format_exc() if unexpected else "",
+                                        retryable=not isinstance(err, ImportError)))
             return
         self._engine, self._session, self._load_error = engine, session, None
         device = str(getattr(engine, "device", spec.device))

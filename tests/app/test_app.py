@@ -503,6 +503,19 @@ async def test_load_failure_is_shown():
 
 
 @async_test
+async def test_a_missing_package_says_what_to_install_and_offers_no_retry():
+    app = make_app(FakeBackend(load_error=ModuleNotFoundError("No module named 'gguf'", name="gguf")))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        assert app.load_state == "failed" and not app.load_retryable
+        errors = notes(app, "error")
+        assert any("the Python package 'gguf' is missing: install it (pip install gguf)" in n for n in errors), errors
+        assert not any("unexpected engine error" in n for n in errors)
+        await send(pilot, "hello")
+        assert not any("Retry" in n for n in notes(app, "error"))
+
+
+@async_test
 async def test_loading_progress_is_shown():
     app = make_app(FakeBackend(load_delay_s=1.0))
     async with app.run_test(size=SIZE) as pilot:

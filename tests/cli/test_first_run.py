@@ -163,6 +163,17 @@ def test_ctrl_c_during_conversion_leaves_no_staging_dir(tmp_path, cache, monkeyp
     assert nothing_left_in(cache)
 
 
+def test_a_missing_package_is_one_line(monkeypatch, capsys):
+    from jetspec_chat.engine.models import loader
+
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'gguf'", name="gguf")
+
+    monkeypatch.setattr(loader, "load_target", missing)
+    line = one_line_error(capsys, ["generate", "random:tiny-qwen3", "--prompt", "x"])
+    assert line == "error: the Python package 'gguf' is missing: install it (pip install gguf), then start again"
+
+
 def test_python_m_ui_has_the_clis_ctrl_c_and_model_check(monkeypatch, capsys):
     """`python -m jetspec_chat.ui` (what --web serves) starts the app through the CLI's entry."""
     from jetspec_chat.ui import __main__ as ui_main
