@@ -268,7 +268,7 @@ class SpecEngine:
         if len(prompt_ids) + 1 > self.max_context:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {self.max_context}; "
-                "shorten it, start a new chat, or raise --max-context"
+                "shorten it or raise --max-context"
             )
         try:
             yield from self._generate(prompt_ids, params, cancel)
@@ -310,7 +310,7 @@ class SpecEngine:
                 break
             if self.kv.length + 1 > self.max_context:
                 answer.finish = "context_full"
-                message = f"the context is full ({self.max_context} tokens); start a new chat or raise --max-context"
+                message = f"the context is full ({self.max_context} tokens); raise --max-context"
                 break
             t_round = time.perf_counter()
             with torch.inference_mode():

@@ -4,13 +4,18 @@ what it has cached, so a template that rewrites earlier turns only costs the cha
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Iterator
 
 from .engine import SpecEngine
-from .errors import ConfigError
+from .errors import ConfigError, ContextOverflowError
 from .events import Event, FinishEvent
 from .params import GenerationParams
+
+
+# The engine's context messages end in "; <what to change>"; in a chat, starting a new one helps too.
+CHAT_ADVICE = "; start a new chat or "
 
 
 class ChatSession:
@@ -61,7 +66,15 @@ class ChatSession:
                 started = True
                 if isinstance(event, FinishEvent):
                     self.messages.append({"role": "assistant", "content": event.result.text})
+                    if event.result.finish_reason == "context_full":  # a chat can also start afresh
+                        result = dataclasses.replace(event.result, message=CHAT_ADVICE.join(
+                            event.result.message.split("; ", 1)))
+                        event = dataclasses.replace(event, result=result)
                 yield event
+        except ContextOverflowError as err:
+            if on_error_pop and not started:
+                self.messages.pop()
+            raise ContextOverflowError(CHAT_ADVICE.join(str(err).split("; ", 1))) from None
         except BaseException:
             if on_error_pop and not started:
                 self.messages.pop()

@@ -157,8 +157,9 @@ def run_generate(argv: list[str]) -> int:
     params.validate(max_depth=None)  # fail fast, before loading anything; depth is checked once the head is known
     progress = None if args.json else LoadProgress()
     try:
-        engine = load_engine(args.model, args.draft_head, device=args.device, dtype=args.dtype,
-                             max_context=args.max_context, progress=progress)
+        head = "none" if args.no_spec else args.draft_head  # plain AR drafts nothing: load no head
+        engine = load_engine(args.model, head, device=args.device, dtype=args.dtype,
+                             max_context=args.max_context, progress=progress, depth=args.depth)
     finally:
         if progress is not None:
             progress.close()

@@ -103,7 +103,7 @@ def load_draft_head(
             )
             head = build_head(cfg, device, dtype)
             head.init_random(source.seed + 1)
-            return head, f"random ({cfg.num_layers} layers, block {cfg.block_size})"
+            return head, random_head_name(cfg)
         spec = source.default_draft_head
         if spec is None:
             return None, None
@@ -114,7 +114,7 @@ def load_draft_head(
         cfg = DraftHeadConfig.for_target(target_cfg, num_layers=layers, block_size=16)
         head = build_head(cfg, device, dtype)
         head.init_random(1)
-        return head, f"random ({layers} layers, block 16)"
+        return head, random_head_name(cfg)
     path = Path(spec).expanduser()
     if not path.exists():
         if spec.count("/") != 1 or spec.startswith((".", "/", "~")):
@@ -144,6 +144,11 @@ def stop_token_ids(tokenizer, source: ModelSource) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def random_head_name(cfg: DraftHeadConfig) -> str:
+    """How a random head is named to the user, e.g. 'random (1 layer, block 16)'."""
+    return f"random ({cfg.num_layers} layer{'' if cfg.num_layers == 1 else 's'}, block {cfg.block_size})"
+
+
 def load_engine(
     model: str | None,
     draft_head: str | None = None,
@@ -151,18 +156,24 @@ def load_engine(
     dtype: str = "auto",
     max_context: int | None = None,
     progress: ProgressFn | None = None,
+    depth: int | None = None,
 ) -> SpecEngine:
+    """`depth`: the tree depth the caller will ask for, checked against the draft head before the
+    target's weights load (the head is small and loads first), so a wrong depth costs no load."""
     report = progress or (lambda what, frac: None)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     source = resolve_model(model, progress=progress)
+    target_cfg = ModelConfig.from_hf(source.hf_config)
+    report("Loading the draft head", None)
+    head, head_name = load_draft_head(draft_head, source, target_cfg, dev, dt)
+    if depth is not None and head is not None and depth > head.cfg.max_depth:
+        raise ConfigError(f"depth {depth} exceeds what the draft head drafts (block_size - 1 = {head.cfg.max_depth})")
     size = "" if source.path is None else f" ({sum(f.stat().st_size for f in source.path.glob('*.safetensors')) / 1e9:.1f} GB)"
     report(f"Loading {source.name}{size} on {dev} ({str(dt).removeprefix('torch.')})", None)
     target = load_target(source, dev, dt)
     report(f"Reading the {source.name} tokenizer", None)
     tokenizer = load_tokenizer(source)
-    report("Loading the draft head", None)
-    head, head_name = load_draft_head(draft_head, source, target.cfg, dev, dt)
     if max_context is None:
         max_context = DEFAULT_MAX_CONTEXT_GPU if dev.type == "cuda" else DEFAULT_MAX_CONTEXT_CPU
     engine = SpecEngine(

@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODEL",
         help="target model: hub id, local path or alias (default: the embedded model)",
     )
-    parser.add_argument("--draft-head", metavar="H", help="draft head: hub id or local directory (default: the model's known head)")
+    parser.add_argument("--draft-head", metavar="H", help="draft head: hub id, local directory, random[:LAYERS] or none (default: the model's known head)")
     spec = parser.add_argument_group("speculation (changeable live in the app)")
     spec.add_argument("--budget", type=_int_in(1, MAX_BUDGET, "budget"), metavar="N", help="max draft tree nodes, root included")
     spec.add_argument("--depth", type=_depth, metavar="D", help="max draft depth, or 'full' for the head's block")

@@ -54,6 +54,25 @@ def test_generate_with_no_spec_and_tree_options(capsys):
     assert (tree["depth"], tree["width"], tree["tree_algo"]) == (4, 3, "adaptive")
 
 
+def test_no_spec_loads_no_draft_head_and_a_random_head_is_named_in_english(capsys):
+    assert generate_json(capsys, "random:tiny-qwen3", "--prompt", "hi", "--no-spec", "--max-new-tokens", "2")[
+        "draft_head"] is None
+    out = generate_json(capsys, "random:tiny-qwen3", "--prompt", "hi", "--draft-head", "random", "--max-new-tokens", "2")
+    assert out["draft_head"] == "random (1 layer, block 16)"
+
+
+def test_a_depth_beyond_the_head_fails_before_the_target_loads(capsys, monkeypatch):
+    from jetspec_chat.engine.models import loader
+
+    def no_target_load(*args, **kwargs):
+        raise AssertionError("the target was loaded before the depth was checked")
+
+    monkeypatch.setattr(loader, "load_target", no_target_load)
+    assert main(["generate", "random:tiny-qwen3", "--prompt", "x", "--draft-head", "random", "--depth", "99"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "error: depth 99 exceeds what the draft head drafts (block_size - 1 = 15)"
+
+
 def test_sampling_flags_and_seed(capsys):
     args = ["random:tiny-qwen2", "--prompt", "hi", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "50",
             "--seed", "3", "--max-new-tokens", "16"]

@@ -112,7 +112,7 @@ def test_context_overflow_is_clear_and_nothing_is_lost():
     answer(s, "short")
     before = [dict(m) for m in s.messages]
     held = s.context_tokens
-    with pytest.raises(ContextOverflowError, match="context holds"):
+    with pytest.raises(ContextOverflowError, match="context holds 256; start a new chat or shorten it"):
         list(s.send("x" * 400, PARAMS))
     assert s.messages == before and s.context_tokens == held
     _, ok = answer(s, "fine again")
@@ -124,9 +124,18 @@ def test_context_full_during_generation_ends_the_answer_with_a_message():
     prompt = random_prompt(1, 200)
     _, res = run(engine, prompt, max_new_tokens=500, budget=64)
     assert res.finish_reason == "context_full"
-    assert "context is full" in res.message
+    assert res.message == "the context is full (256 tokens); raise --max-context"  # no chat to start afresh
     assert engine.context_tokens <= 256
     assert len(prompt) + res.new_tokens >= 250
+
+
+def test_a_full_context_in_a_chat_suggests_a_new_chat():
+    engine = tiny_engine("tiny-qwen3", max_context=256)
+    s = ChatSession(engine)
+    events = list(s.send("x" * 150, GenerationParams(max_new_tokens=500, spec=SpecParams(budget=16))))
+    res = events[-1].result
+    assert res.finish_reason == "context_full"
+    assert res.message == "the context is full (256 tokens); start a new chat or raise --max-context"
 
 
 @pytest.mark.parametrize("spec,match", [
