@@ -391,9 +391,10 @@ def convert_gguf(gguf: Path, out: Path, label: str, progress: ProgressFn = _noop
         progress(f"Checking {label}", None)
         try:  # parsed once here; transformers' own reads below reuse this reader (_conversion_context)
             gguf_lib.GGUFReader(str(gguf))
-        except Exception as err:  # noqa: BLE001 - numpy/struct errors of a truncated file are not ours to list
+        except Exception:  # noqa: BLE001 - numpy/struct errors of a truncated file say nothing to a user
             raise ModelNotFoundError(
-                f"{gguf} is truncated or corrupt ({type(err).__name__}: {err}); download or copy it again."
+                f"{gguf} is truncated or corrupt (its header or tensor table cannot be read from its "
+                f"{gguf.stat().st_size:,} bytes); download or copy it again."
             ) from None
         progress(f"Reading the {label} tokenizer", None)
         try:

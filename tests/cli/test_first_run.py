@@ -135,6 +135,8 @@ def test_the_app_shows_the_loaders_sentence(cache, tmp_path):
             items.append(outbox.get())
         failed = [i for i in items if isinstance(i, ew.EngineLoadFailed)]
         assert len(failed) == 1 and expected in failed[0].message and not failed[0].details, items
+        if model.endswith(".gguf"):  # no internal exception names (IndexError, ...)
+            assert "Error" not in failed[0].message, failed[0].message
 
 
 # --- Ctrl-C while loading --------------------------------------------------------------------------
