@@ -65,7 +65,7 @@ from .themes import (
     resolve_theme_name,
     user_themes,
 )
-from .trace import AnswerTrace, ArBaseline, compute_stats, params_label, prefill_line
+from .trace import AnswerTrace, ArBaselines, compute_stats, params_label, prefill_line
 from .tree_view import TreePanel
 
 DRAIN_HZ = 12
@@ -205,7 +205,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         self.compare_screen: CompareScreen | None = None
         self._compare_params: dict[str, GenerationParams] = {}
         self._compare_trace: AnswerTrace | None = None
-        self.baseline: ArBaseline | None = None
+        self.baselines = ArBaselines()  # AR measured per prompt key: speedups compare like with like
         self.stopping = False
         # session mirror (copied from the engine thread)
         self.session_data: dict | None = None
@@ -473,10 +473,15 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         title = f"Loading {self.spec.model or 'the default model'}"
         panel.set_progress(title, p.message if p else "starting", p.fraction if p else None)
 
+    @property
+    def baseline(self):
+        """The AR measurement of the answer on screen's own prompt, if any (None otherwise)."""
+        return self.baselines.for_trace(self.current_trace)
+
     def _update_stats(self) -> None:
         trace = self.current_trace
         pos = self._tree_position
-        stats = compute_stats(trace, self.baseline, upto=None if pos is None else pos + 1)
+        stats = compute_stats(trace, self.baselines.for_trace(trace), upto=None if pos is None else pos + 1)
         self._q("#stats", StatsPanel).show(stats, replay_round=pos)
 
     # ------------------------------------------------------------------ sending

@@ -12,7 +12,7 @@ from .compare import CompareScreen
 from .compare_state import AR_LABEL, CompareState
 from .jobs import Job
 from .liveness import can_update, dismiss_if_current
-from .trace import AnswerTrace, ArBaseline
+from .trace import AnswerTrace
 
 
 class CompareMixin:
@@ -48,7 +48,7 @@ class CompareMixin:
             else:
                 params = replace(base, spec=replace(base.spec, enabled=True, budget=int(label)))
             entries.append(ew.CompareEntry(label, params))
-        state = CompareState(list(labels), prompt=self.last_user_text() or "", baseline=self.baseline,
+        state = CompareState(list(labels), prompt=self.last_user_text() or "", baseline=self.baselines.for_trace(self.current_trace),
                              expected_tokens=self._expected_rerun_tokens(base.max_new_tokens))
         state.running = True
         state.job_id = self.worker.submit(ew.CompareCommand(tuple(entries)))
@@ -99,9 +99,9 @@ class CompareMixin:
         if state is None or state.job_id != item.job_id:
             return
         row = state.run_finished(item.index, item.result, item.error)
-        if row.label == AR_LABEL and row.status == "done" and row.tps:
+        if row.label == AR_LABEL and row.status == "done" and self._compare_trace is not None:
             turn = self.jobs[item.job_id].turn if item.job_id in self.jobs else self.turn
-            self.baseline = ArBaseline(row.tps, f"budget comparison, turn {turn}")
+            self.baselines.record(self._compare_trace, f"the budget comparison's AR run, turn {turn}")
             self._dirty.add("stats")
         self._dirty.add("compare")
 

@@ -17,7 +17,7 @@ from .app_spec import NO_HEAD_NOTE
 from .jobs import Job, OutboxRouter
 from .liveness import can_update
 from .themes import SpecColors
-from .trace import AnswerTrace, ArBaseline
+from .trace import AnswerTrace, mean_round_ms, speedup
 
 MAX_ITEMS_PER_DRAIN = 5000
 
@@ -216,7 +216,7 @@ class OutboxMixin:
                 job.message.set_label("jetspec · " + trace.label)
                 job.message.set_meta(*self._meta_for(trace))
                 if not trace.speculated and trace.result.rounds:
-                    self.baseline = ArBaseline(trace.result.tokens_per_second, f"plain AR answer, turn {job.turn}")
+                    self.baselines.record(trace, f"plain AR answer, turn {job.turn}")
             if self.chat_job == item.job_id:
                 self.chat_job = None
             self._dirty.update({"tree", "stats"})
@@ -226,7 +226,7 @@ class OutboxMixin:
                 self.aux_job = None
             if trace is not None and trace.result is not None and trace.result.rounds and not item.cancelled:
                 r = trace.result
-                self.baseline = ArBaseline(r.tokens_per_second, f"AR rerun of turn {job.turn}, {r.new_tokens} tokens")
+                self.baselines.record(trace, f"AR rerun of turn {job.turn}, {r.new_tokens} tokens")
                 await self.add_note_async(
                     f"Plain AR on the last prompt: {r.tokens_per_second:.1f} tokens/s "
                     f"({r.new_tokens} tokens, {r.decode_seconds * 1000 / max(1, r.rounds):.1f} ms/token). "
@@ -296,8 +296,9 @@ class OutboxMixin:
         if speculated:
             parts.append(f"τ {r.mean_accept_length:.2f}")
         parts.append(f"{r.rounds} rounds")
-        if self.baseline is not None and speculated and r.tokens_per_second:
-            parts.append(f"{r.tokens_per_second / self.baseline.tokens_per_second:.2f}× vs AR")
+        gain = speedup(r.mean_accept_length, mean_round_ms(trace.rounds), self.baselines.for_trace(trace))
+        if speculated and gain is not None:
+            parts.append(f"{gain:.2f}× vs AR on this prompt")
         t.append(" · ".join(parts), style=colors.muted)
         reason = {
             "eos": "",

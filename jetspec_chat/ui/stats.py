@@ -105,9 +105,9 @@ class StatsPanel(Vertical):
         elif s.speedup is not None and s.baseline is not None:
             t.append(f"{s.speedup:.2f}×", style=f"bold {colors.accepted}")
             t.append(f" vs AR {s.baseline.tokens_per_second:.1f} tok/s", style=None)
-            t.append(f"\n        AR measured: {s.baseline.source}", style=key)
+            t.append(f"\n        AR measured on this prompt: {s.baseline.source}", style=key)
         else:
-            t.append("— no AR measurement yet (ctrl+r)", style=key)
+            t.append("— no AR measurement of this prompt yet (ctrl+r)", style=key)
         t.append("\n")
         t.append("τ       ", style=key)
         t.append(f"mean {fmt(s.tau_mean, '.2f')}", style="bold")

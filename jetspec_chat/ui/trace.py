@@ -18,7 +18,7 @@ from jetspec_chat.engine.events import (
     PrefillEvent,
     RoundEvent,
 )
-from jetspec_chat.engine.params import GenerationParams, SpecParams
+from jetspec_chat.engine.params import GenerationParams, SamplingParams, SpecParams
 
 CURRENT_WINDOW = 8  # rounds averaged for "current" tokens/s
 
@@ -177,9 +177,81 @@ def _params_dict(params: GenerationParams) -> dict:
 
 
 @dataclass(frozen=True)
+class PromptKey:
+    """What makes an AR measurement a fair baseline for an answer: the same prompt (the user's
+    text at the same prompt length in tokens) answered with the same length limit and sampling."""
+
+    user_text: str
+    prompt_tokens: int
+    max_new_tokens: int
+    sampling: SamplingParams
+
+
+def prompt_key(trace: "AnswerTrace") -> PromptKey | None:
+    """The trace's key, once its prefill has told the prompt's length."""
+    if trace.prefill is None:
+        return None
+    p = trace.prefill
+    return PromptKey(trace.user_text, p.new_tokens + p.reused_tokens, trace.params.max_new_tokens,
+                     trace.params.sampling)
+
+
+def mean_round_ms(rounds: Iterable[RoundEvent]) -> float | None:
+    """The engine-measured milliseconds of a round, averaged: the one clock both sides of a
+    speedup are read from."""
+    totals = [_round_ms(r).total for r in rounds]
+    return sum(totals) / len(totals) if totals and sum(totals) > 0 else None
+
+
+@dataclass(frozen=True)
 class ArBaseline:
-    tokens_per_second: float
-    source: str  # shown next to the speedup, e.g. "AR rerun of this turn"
+    """Plain AR measured on one prompt: an AR round commits one token, so its mean round time
+    is its time per token."""
+
+    round_ms: float
+    source: str  # shown next to the speedup, e.g. "AR rerun of turn 2"
+    key: PromptKey
+
+    @property
+    def tokens_per_second(self) -> float:
+        return 1000.0 / self.round_ms
+
+    @classmethod
+    def from_trace(cls, trace: "AnswerTrace", source: str) -> "ArBaseline | None":
+        key, ms = prompt_key(trace), mean_round_ms(trace.rounds)
+        if key is None or ms is None or any(r.accept_length != 1 for r in trace.rounds):
+            return None  # not a finished plain AR answer
+        return cls(ms, source, key)
+
+
+class ArBaselines:
+    """The AR measurements of this chat, one per prompt key: an answer's speedup is read only
+    against an AR run of its own prompt and settings, never one measured on another prompt."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[PromptKey, ArBaseline] = {}
+
+    def record(self, trace: "AnswerTrace", source: str) -> ArBaseline | None:
+        baseline = ArBaseline.from_trace(trace, source)
+        if baseline is not None:
+            self._by_key[baseline.key] = baseline
+        return baseline
+
+    def for_trace(self, trace: "AnswerTrace | None") -> ArBaseline | None:
+        key = prompt_key(trace) if trace is not None else None
+        return self._by_key.get(key) if key is not None else None
+
+    def clear(self) -> None:
+        self._by_key.clear()
+
+
+def speedup(tau: float | None, spec_round_ms: float | None, baseline: ArBaseline | None) -> float | None:
+    """Speculative over AR tokens/s on the same prompt: tau x (AR round ms / speculative round ms).
+    A speculative round verifies at least what an AR round computes, so an AR round that took
+    longer was measured under other load: no speedup is shown then (it would exceed tau)."""
+    if baseline is None or not tau or not spec_round_ms or baseline.round_ms > spec_round_ms:
+        return None
+    return tau * baseline.round_ms / spec_round_ms
 
 
 @dataclass(frozen=True)
@@ -260,9 +332,8 @@ def compute_stats(trace: AnswerTrace | None, baseline: ArBaseline | None = None,
             total=sum(m.total for m in ms_list) / n,
         )
     hist = Counter(r.accept_length for r in rounds)
-    speedup = None
-    if baseline is not None and baseline.tokens_per_second > 0 and tps_answer:
-        speedup = tps_answer / baseline.tokens_per_second
+    if baseline is not None and baseline.key != prompt_key(trace):
+        baseline = None  # measured on another prompt or with other settings: no fair comparison
     last = (n - 1) if n else 0
     return Stats(
         label=params_label(trace.params_at(last)),
@@ -274,7 +345,7 @@ def compute_stats(trace: AnswerTrace | None, baseline: ArBaseline | None = None,
         tau_last=rounds[-1].accept_length if n else None,
         ms_mean=mean,
         ms_last=ms_list[-1] if n else RoundMs(),
-        speedup=speedup,
+        speedup=speedup(sum(tau_series) / n if n else None, mean.total or None, baseline),
         baseline=baseline,
         tps_series=tuple(round_tps(r) for r in rounds),
         tau_series=tau_series,

@@ -426,10 +426,16 @@ def test_compute_stats_matches_the_result(engine):
     assert trace.text == result.text
     partial = compute_stats(trace, upto=5)
     assert partial.rounds == 5 and partial.finish_reason == ""
-    from jetspec_chat.ui.trace import ArBaseline
+    from jetspec_chat.ui.trace import ArBaseline, PromptKey, mean_round_ms, prompt_key
 
-    with_ar = compute_stats(trace, ArBaseline(100.0, "test"))
-    assert with_ar.speedup == pytest.approx(result.tokens_per_second / 100.0)
+    spec_ms = mean_round_ms(trace.rounds)
+    ar = ArBaseline(spec_ms / 2, "test", prompt_key(trace))  # AR rounds half as long as speculative ones
+    with_ar = compute_stats(trace, ar)
+    assert with_ar.speedup == pytest.approx(stats.tau_mean / 2)  # tau x AR round / spec round
+    slow_ar = ArBaseline(spec_ms * 1.5, "measured under other load", prompt_key(trace))
+    assert compute_stats(trace, slow_ar).speedup is None  # it would exceed tau: not shown
+    other = ArBaseline(spec_ms / 2, "another prompt", PromptKey("other", 9, 512, GenerationParams().sampling))
+    assert compute_stats(trace, other).speedup is None and compute_stats(trace, other).baseline is None
 
 
 # ----------------------------------------------------------------------------- command line
