@@ -17,9 +17,22 @@ CPU_BUDGET = 4  # the verify forward is compute-bound on a CPU: 4 beats AR there
 DEFAULT_WIDTH = 32
 
 
+# The budgets a comparison runs by default (0 = plain AR): on a GPU the verify forward costs about
+# one AR step up to ~64 nodes, so the curve is worth seeing up to 256; on a CPU it is
+# compute-bound and speculation pays only at small budgets (2-8), and a 256-node tree of the 1.5B
+# takes minutes there.
+GPU_COMPARE_BUDGETS = (0, 16, 32, 64, 128, 256)
+CPU_COMPARE_BUDGETS = (0, 2, 4, 8, 16)
+
+
 def auto_budget(device: str) -> int:
     """The default budget for `device` (app and `generate`) when the user has not chosen one."""
     return GPU_BUDGET if device.startswith("cuda") else CPU_BUDGET
+
+
+def auto_compare_budgets(device: str) -> tuple[int, ...]:
+    """The budgets a comparison on `device` runs unless the user has chosen a list (0 = AR)."""
+    return GPU_COMPARE_BUDGETS if device.startswith("cuda") else CPU_COMPARE_BUDGETS
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,16 @@ class ChatSession:
         )
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
+    def rerun_prompt_ids(self) -> list[int]:
+        """The prompt `rerun_last` answers: the conversation without its last answer."""
+        if self.messages and self.messages[-1]["role"] == "assistant":
+            last = self.messages.pop()
+            try:
+                return self.prompt_ids()
+            finally:
+                self.messages.append(last)
+        return self.prompt_ids()
+
     def send(
         self, user_text: str, params: GenerationParams, cancel: threading.Event | None = None
     ) -> Iterator[Event]:

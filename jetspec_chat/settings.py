@@ -23,12 +23,16 @@ from typing import Any
 
 import platformdirs
 
-from .engine.params import DEFAULT_WIDTH
+from .engine.params import DEFAULT_WIDTH, GPU_COMPARE_BUDGETS
+
+
+def compare_labels(budgets: tuple[int, ...]) -> list[str]:
+    """(0, 16, 32) -> ['AR', '16', '32']: the compare screen's labels (0 is plain AR)."""
+    return ["AR" if b == 0 else str(b) for b in budgets]
 
 APP_NAME = "jetspec-chat"
 SESSION_FORMAT = "jetspec-chat-session"
 SESSION_VERSION = 1
-DEFAULT_COMPARE_BUDGETS = ("AR", "16", "32", "64", "128", "256")
 HISTORY_LIMIT = 500
 
 
@@ -124,7 +128,7 @@ class Settings:
     max_new_tokens: int = 1024
     thinking: bool = False
     system_prompt: str | None = None
-    compare_budgets: list[str] = field(default_factory=lambda: list(DEFAULT_COMPARE_BUDGETS))
+    compare_budgets: list[str] | None = None  # None: the list follows the device (auto_compare_budgets)
     provenance: bool = False  # color the answer by provenance (accepted draft vs target token)
     replay_speed: float = 4.0  # rounds per second when replaying an answer
     show_scores: bool = True
@@ -141,6 +145,8 @@ class Settings:
             default = getattr(s, f.name)
             if _type_ok(f.name, value, default):
                 setattr(s, f.name, list(value) if isinstance(value, list) else value)
+        if s.compare_budgets == compare_labels(GPU_COMPARE_BUDGETS):  # the old fixed default: follow the device
+            s.compare_budgets = None
         return s
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,6 +155,7 @@ class Settings:
 
 _OPTIONAL_INT = {"depth", "seed"}
 _OPTIONAL_STR = {"system_prompt"}
+_OPTIONAL_LABELS = {"compare_budgets"}
 
 
 def _type_ok(name: str, value: Any, default: Any) -> bool:
@@ -156,6 +163,8 @@ def _type_ok(name: str, value: Any, default: Any) -> bool:
         return value is None or (isinstance(value, int) and not isinstance(value, bool))
     if name in _OPTIONAL_STR:
         return value is None or isinstance(value, str)
+    if name in _OPTIONAL_LABELS:
+        return value is None or (isinstance(value, list) and all(isinstance(v, str) for v in value))
     if isinstance(default, bool):
         return isinstance(value, bool)
     if isinstance(default, int):

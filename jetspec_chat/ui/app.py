@@ -279,7 +279,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
     def _load_command(self) -> ew.LoadCommand:
         """Load the model and warm the budgets the first answers and the compare screen use."""
         s = self.settings
-        compare = tuple(int(b) for b in s.compare_budgets if b.isdigit())
+        compare = None if s.compare_budgets is None else tuple(int(b) for b in s.compare_budgets if b.isdigit())
         return ew.LoadCommand(self.spec, s.system_prompt, s.thinking, None if s.budget_auto else s.budget, compare)
 
     def _new_worker(self) -> ew.EngineWorker | EngineProcess:

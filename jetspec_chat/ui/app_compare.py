@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
-from jetspec_chat.engine.params import GenerationParams
+from jetspec_chat.engine.params import GenerationParams, auto_compare_budgets
+from jetspec_chat.settings import compare_labels
 
 from . import engine_worker as ew
 from .compare import CompareScreen
@@ -30,15 +31,41 @@ class CompareMixin:
         if self.compare is None or not self.compare.running:
             if not self._ready_for_rerun("compare budgets"):
                 return
-            self.compare = CompareState(list(self.settings.compare_budgets), prompt=self.last_user_text() or "")
-        self.compare_screen = CompareScreen(self.compare, ", ".join(self.settings.compare_budgets))
+            self.compare = CompareState(self.compare_list(), prompt=self.last_user_text() or "")
+        self.compare_screen = CompareScreen(self.compare, ", ".join(self.compare_list()))
         self.push_screen(self.compare_screen)
+
+    def compare_list(self) -> list[str]:
+        """The budgets F6 runs: the user's list, or the default for the engine's device."""
+        if self.settings.compare_budgets is not None:
+            return list(self.settings.compare_budgets)
+        device = self.engine_info.device if self.engine_info is not None else self.spec.device
+        return compare_labels(auto_compare_budgets(device))
+
+    def estimate_compare_seconds(self, labels: list[str]) -> float | None:
+        """How long a comparison of `labels` should take, from the tokens/s measured so far on
+        this engine (earlier comparison rows, the last answer); a budget not measured yet is
+        counted at the slowest measured speed. None before anything was measured."""
+        measured: dict[str, float] = {}
+        last = self.last_answer_trace()
+        if last is not None and last.result is not None and last.result.tokens_per_second > 0:
+            spec = last.params.spec
+            measured[str(spec.budget) if spec.enabled else AR_LABEL] = last.result.tokens_per_second
+        for row in self.compare.rows if self.compare is not None else ():
+            if row.tps:
+                measured[row.label] = row.tps
+        if not measured:
+            return None
+        tokens = self._expected_rerun_tokens(self.settings.max_new_tokens)
+        slowest = min(measured.values())
+        return sum(tokens / measured.get(label, slowest) for label in labels)
 
     def start_compare(self, labels: list[str]) -> None:
         if self.busy:
             self.notify("Wait for the current run to finish, or press Esc to stop it.", severity="warning")
             return
-        self.settings.compare_budgets = list(labels)
+        if list(labels) != self.compare_list():  # an edited list is kept; the default follows the device
+            self.settings.compare_budgets = list(labels)
         self.save_settings()
         base = self.generation_params()
         entries = []

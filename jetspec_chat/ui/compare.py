@@ -50,6 +50,16 @@ def draw_scaling_plot(plot: PlotextPlot, state: CompareState, colors: SpecColors
     plot.refresh()
 
 
+def format_duration(seconds: float) -> str:
+    """12 -> '12 s', 200 -> '3 min 20 s', 4000 -> '1 h 07 min'."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
 def _rgb(color: str) -> tuple[int, int, int]:
     triplet = RichColor.parse(color).get_truecolor()
     return (triplet.red, triplet.green, triplet.blue)
@@ -159,7 +169,24 @@ class CompareScreen(Screen):
             t.append(" · each run regenerated the last answer", style=colors.muted)
         else:
             t.append("Edit the list and press Enter to run (AR = plain autoregressive decoding).", style=colors.muted)
+            t.append(self._estimate_text(), style="bold")
         return t
+
+    def _estimate_text(self) -> str:
+        """' About 3 min 20 s.' for the list being edited, from the speeds measured so far."""
+        try:
+            labels = parse_budget_list(self.query_one("#compare-budgets", Input).value)
+        except BudgetListError:
+            return ""
+        seconds = self.app.estimate_compare_seconds(labels)  # type: ignore[attr-defined]
+        if seconds is None:
+            return " No estimate of its time yet (nothing measured on this engine)."
+        return f" About {format_duration(seconds)} ({len(labels)} runs, from the speeds measured so far)."
+
+    @on(Input.Changed, "#compare-budgets")
+    def _budgets_edited(self) -> None:
+        if not self.state.running:
+            self.query_one("#compare-status", Static).update(self._status_text(SpecColors.from_app(self.app)))
 
     def _fill_table(self, colors: SpecColors) -> None:
         table = self.query_one(DataTable)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 
 from jetspec_chat.engine.errors import EngineError, MissingPackageError
 from jetspec_chat.engine.events import Event, FinishEvent, GenerationResult, RoundEvent
-from jetspec_chat.engine.params import TREE_ALGOS, GenerationParams, SpecParams, auto_budget
+from jetspec_chat.engine.params import TREE_ALGOS, GenerationParams, SpecParams, auto_budget, auto_compare_budgets
 
 
 class Backend(Protocol):
@@ -65,7 +65,8 @@ class LoadCommand:
     system_prompt: str | None = None
     thinking: bool = False
     budget: int | None = None  # the app's budget, warmed during the load; None: auto_budget(device)
-    compare_budgets: tuple[int, ...] = ()  # warmed during the load on a GPU, before their first run otherwise
+    # warmed during the load on a GPU, before their first run otherwise; None: the device's default list
+    compare_budgets: tuple[int, ...] | None = ()
 
 
 @dataclass(frozen=True)
@@ -400,7 +401,8 @@ class EngineWorker:
         device = str(getattr(engine, "device", spec.device))
         budgets = [0, cmd.budget or auto_budget(device)]
         if device.startswith("cuda"):  # graphs and kernels per tree size: all of them now
-            budgets += list(cmd.compare_budgets)
+            compare = auto_compare_budgets(device) if cmd.compare_budgets is None else cmd.compare_budgets
+            budgets += [b for b in compare if b not in budgets]
         t0 = time.perf_counter()
         try:
             self._warm(budgets, progress)
@@ -425,15 +427,19 @@ class EngineWorker:
         )
         self._snapshot(0)
 
-    def _warm(self, budgets: list[int], progress: Callable[[str, float | None], None] | None = None) -> None:
+    def _warm(self, budgets: list[int], progress: Callable[[str, float | None], None] | None = None,
+              prompt_ids: list[int] | None = None) -> None:
         """Run a two-token answer at each budget not warmed yet (0 = AR), untimed: Triton
         compiles its kernels and the engine captures its graphs for that tree size here, not
-        inside an answer whose speed is shown. Engines without `generate` (the fake) need none."""
+        inside an answer whose speed is shown. Engines without `generate` (the fake) need none.
+        With `prompt_ids` (the prompt a run is about to answer) the warm-up answers that prompt,
+        so the KV cache keeps it and the run reuses all of it; otherwise a short prompt is
+        answered and the cache emptied."""
         engine = self._engine
         if not hasattr(engine, "generate") or not hasattr(engine, "tokenizer"):
             return
         todo = [b for b in dict.fromkeys(budgets) if b not in self._warmed]
-        ids = list(engine.tokenizer.encode(WARM_PROMPT)) or [0]
+        ids = prompt_ids or list(engine.tokenizer.encode(WARM_PROMPT)) or [0]
         for i, budget in enumerate(todo):
             if budget and getattr(engine, "max_depth", None) is None:
                 continue  # no draft head: only AR exists
@@ -443,7 +449,7 @@ class EngineWorker:
             for _ in engine.generate(ids, GenerationParams(max_new_tokens=2, spec=spec)):
                 pass
             self._warmed.add(budget)
-        if todo:
+        if todo and prompt_ids is None:
             engine.reset()  # the warm-up prompt is not part of any conversation
 
     def _generate(self, job_id: int, kind: str, start: Callable[[], Any], cancel: threading.Event) -> None:
@@ -490,8 +496,10 @@ class EngineWorker:
             if cancel.is_set():
                 break
             spec = entry.params.spec
+            budget = spec.budget if spec.enabled else 0
             try:  # compile before the clock runs: the compare screen never times a compilation
-                self._warm([spec.budget if spec.enabled else 0])
+                if budget not in self._warmed and hasattr(self._engine, "generate"):
+                    self._warm([budget], prompt_ids=self._session.rerun_prompt_ids())
             except BaseException:  # noqa: BLE001 - the timed run reports any real problem
                 pass
             self._post(CompareRunStarted(job_id, index, entry.label))

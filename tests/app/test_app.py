@@ -344,7 +344,7 @@ async def test_compare_budgets_flow():
         await send(pilot, "write python fib")
         screen = await open_compare(pilot)
         assert "Compare budgets" in str(screen.query_one("#compare-title").content)  # drawn on open
-        assert screen.query_one("#compare-table").row_count == len(app.settings.compare_budgets)
+        assert screen.query_one("#compare-table").row_count == len(app.compare_list())
         box = screen.query_one("#compare-budgets")
         box.value = "AR, 16, nonsense"
         await pilot.press("enter")

@@ -150,11 +150,19 @@ def test_worker_warms_the_budgets_before_they_are_timed():
         entries = (ew.CompareEntry("16", GenerationParams(max_new_tokens=2, spec=SpecParams(budget=16))),)
         worker.submit(ew.CompareCommand(entries))
         deadline = _time.monotonic() + TIMEOUT
+        prefills = []
         while _time.monotonic() < deadline:
             item = worker.outbox.get(timeout=TIMEOUT)
+            if isinstance(item, ew.GenerationEvent) and isinstance(item.event, PrefillEvent):
+                prefills.append(item.event)
             if isinstance(item, ew.JobFinished) and item.kind == "compare":
                 break
             assert not isinstance(item, ew.JobFailed), item
         assert worker._warmed == {0, 8, 16} and job
+        # the warm-up answered the run's own prompt: the run reuses the cached prompt, all but
+        # the anchor token, as a run at a warmed budget does
+        chat, run = prefills
+        assert run.reused_tokens + run.new_tokens == chat.reused_tokens + chat.new_tokens
+        assert run.new_tokens <= 1, run
     finally:
         worker.shutdown(timeout=2.0)
