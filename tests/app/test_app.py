@@ -345,6 +345,13 @@ async def test_compare_budgets_flow():
         screen = await open_compare(pilot)
         assert "Compare budgets" in str(screen.query_one("#compare-title").content)  # drawn on open
         assert screen.query_one("#compare-table").row_count == len(app.compare_list())
+        assert app.compare_list() == ["AR", "2", "4", "8", "16"]  # the fake engine runs on "cpu"
+        # the time the list should take, from the answer's measured speed, before anything runs
+        tps = app.current_trace.result.tokens_per_second
+        tokens = app.current_trace.result.new_tokens
+        assert app.estimate_compare_seconds(["AR", "16"]) == pytest.approx(2 * tokens / tps)
+        await pilot.pause()
+        assert "About " in str(screen.query_one("#compare-status").content)
         box = screen.query_one("#compare-budgets")
         box.value = "AR, 16, nonsense"
         await pilot.press("enter")
