@@ -1,6 +1,7 @@
 """The correctness oracle: plain transformers greedy decoding on the same weights."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -11,13 +12,29 @@ from ..params import GenerationParams
 from ..layers import hf_parameters
 
 
+@contextmanager
+def no_progress_bars():
+    """transformers' own bars ("Loading weights") would write over an answer streamed to the
+    same terminal: the oracle loads without them."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def transformers_model(engine: SpecEngine):
     """A transformers model holding exactly the engine's target weights (same device and dtype)."""
     import transformers
 
     source = engine.source
     if source.path is not None:  # the same files, loaded by transformers itself
-        model = transformers.AutoModelForCausalLM.from_pretrained(source.path, dtype=engine.torch_dtype)
+        with no_progress_bars():
+            model = transformers.AutoModelForCausalLM.from_pretrained(source.path, dtype=engine.torch_dtype)
     else:  # random weights exist only in our model: copy them over
         cfg = transformers.AutoConfig.for_model(**source.hf_config)
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=engine.torch_dtype)

@@ -61,3 +61,30 @@ def test_no_spec_and_spec_share_the_engine():
     _, spec = run(engine, prompt, max_new_tokens=30, budget=32)
     assert ar.token_ids == spec.token_ids
     assert all(n == 1 for n in ar.accept_lengths)
+
+
+def test_the_oracle_loads_without_progress_bars(monkeypatch, capsys):
+    """transformers' "Loading weights" bar would overwrite an answer streamed to the terminal."""
+    import dataclasses
+
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    from jetspec_chat.engine.models import oracle
+
+    engine = tiny_engine("tiny-qwen3")
+    seen = []
+
+    def from_pretrained(path, dtype=None):
+        seen.append(hf_logging.is_progress_bar_enabled())
+        for _ in hf_logging.tqdm(range(3), desc="Loading weights"):
+            pass
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(engine, "source", dataclasses.replace(engine.source, path="/nowhere"))
+    hf_logging.enable_progress_bar()
+    with pytest.raises(RuntimeError, match="stop here"):
+        oracle.transformers_model(engine)
+    assert seen == [False] and "Loading weights" not in capsys.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # restored afterwards
