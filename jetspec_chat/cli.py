@@ -55,21 +55,25 @@ class LoadProgress:
             self._ticker.start()
 
     def _tick(self) -> None:
-        while not self._done.wait(0.5):
+        while not self._done.wait(0.25):
             with self._lock:
                 if self.what is not None:
                     self._draw(time.monotonic())
 
-    def _draw(self, now: float) -> None:
+    SPINNER = "|/-\\"  # a phase without a fraction turns this, so it never looks stalled
+
+    def _draw(self, now: float, final: bool = False) -> None:
         self.last_draw = now
         pct = f" {self.frac * 100:3.0f}%" if self.frac is not None else ""
         took = "" if self.what.startswith("ready") else f" {now - self.phase_start:.0f} s"
-        print(f"\r\033[K[{self.what}]{pct}{took}", end="", file=self.stream, flush=True)
+        spin = "" if final or self.frac is not None or self.what.startswith("ready") else \
+            f" {self.SPINNER[int(now * 4) % len(self.SPINNER)]}"
+        print(f"\r\033[K[{self.what}]{pct}{took}{spin}", end="", file=self.stream, flush=True)
 
     def _end_line(self) -> None:
         """End the current phase's line (its final fraction and time stay on screen)."""
         if self.tty and self.what is not None:
-            self._draw(time.monotonic())
+            self._draw(time.monotonic(), final=True)
             print(file=self.stream, flush=True)
         self.what = None
 

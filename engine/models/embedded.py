@@ -399,7 +399,9 @@ def convert_gguf(gguf: Path, out: Path, label: str, progress: ProgressFn = _noop
         progress(f"Reading the {label} tokenizer", None)
         try:
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            progress(converting, 0.0)
+            # No fraction until the first tensor is dequantized: transformers first builds the
+            # model and maps the file (~20 s for the 1.5B), and a 0% there would look stalled.
+            progress(converting, None)
             model = AutoModelForCausalLM.from_pretrained(
                 str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16, **load_kwargs
             )

@@ -267,6 +267,15 @@ def test_progress_on_a_terminal_updates_one_line_with_fraction_and_time():
     assert lines[2].endswith("[ready in 0 s]")
 
 
+def test_a_phase_without_a_fraction_turns_a_spinner():
+    stream = Stream(tty=True)
+    progress = LoadProgress(stream)
+    progress("Checking m", None)
+    drawn = stream.getvalue()
+    assert drawn.rstrip()[-1] in LoadProgress.SPINNER and "%" not in drawn
+    progress.close()
+
+
 # --- the cache command -----------------------------------------------------------------------------
 
 
