@@ -391,7 +391,9 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         p = self.generation_params().spec
         if p.enabled:
             depth = "full" if p.depth is None else str(p.depth)
-            top.append(f"budget {p.budget}", style=f"bold {colors.accepted}")
+            # Until the engine reports its device, an automatic budget is not known yet.
+            budget = "auto" if self.settings.budget_auto and info is None else str(p.budget)
+            top.append(f"budget {budget}", style=f"bold {colors.accepted}")
             top.append(f" · depth {depth} · width {p.width} · {p.tree_algo}")
         elif info is not None and info.max_depth is None:
             top.append("no draft head: speculation off (plain AR)", style=f"bold {colors.bonus}")

@@ -535,7 +535,7 @@ async def test_a_missing_package_says_what_to_install_and_offers_no_retry():
 
 @async_test
 async def test_loading_progress_is_shown():
-    app = make_app(FakeBackend(load_delay_s=1.0))
+    app = make_app(FakeBackend(load_delay_s=1.0), device_budget=True)
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.load_progress is not None and app.load_progress.fraction, what="progress")
         await app.drain_now()
@@ -543,12 +543,15 @@ async def test_loading_progress_is_shown():
         assert loading.display
         assert "Loading" in str(app.main_screen.query_one("#loading-label").content)
         assert "loading" in str(app.main_screen.query_one("#status").content)
+        # the automatic budget is the device's, unknown until the engine says which device
+        assert "budget auto" in str(app.main_screen.query_one("#topbar").content)
         # typing and sending while loading is fine: the message waits for the model
         await send(pilot, "hello", wait=False)
         await wait_ready(pilot)
         await wait_idle(pilot)
         assert not loading.display
         assert app.current_trace.result.finish_reason == "eos"
+        assert "budget 4" in str(app.main_screen.query_one("#topbar").content)  # the fake's device: cpu
 
 
 @async_test
