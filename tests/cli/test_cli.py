@@ -54,9 +54,20 @@ def test_generate_with_no_spec_and_tree_options(capsys):
     assert (tree["depth"], tree["width"], tree["tree_algo"]) == (4, 3, "adaptive")
 
 
-def test_no_spec_loads_no_draft_head_and_a_random_head_is_named_in_english(capsys):
-    assert generate_json(capsys, "random:tiny-qwen3", "--prompt", "hi", "--no-spec", "--max-new-tokens", "2")[
-        "draft_head"] is None
+def test_no_spec_loads_no_draft_head_and_a_random_head_is_named_in_english(capsys, monkeypatch):
+    from jetspec_chat.engine.models import loader
+
+    heads = []
+    real = loader.load_draft_head
+
+    def recording(spec, *args):
+        head, name = real(spec, *args)
+        heads.append(head)
+        return head, name
+
+    monkeypatch.setattr(loader, "load_draft_head", recording)
+    generate_json(capsys, "random:tiny-qwen3", "--prompt", "hi", "--no-spec", "--max-new-tokens", "2")
+    assert heads == [None]  # plain AR: no head built
     out = generate_json(capsys, "random:tiny-qwen3", "--prompt", "hi", "--draft-head", "random", "--max-new-tokens", "2")
     assert out["draft_head"] == "random (1 layer, block 16)"
 
