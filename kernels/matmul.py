@@ -172,7 +172,7 @@ def rule_config(n: int, k: int) -> LinearConfig:
     M=128-256 than 128-wide ones (1.5B qkv M=256 fused 9.7 vs 13.9 us). Qwen2.5-1.5B: qkv 2048x1536 -> 8 groups,
     o_proj -> 8, gate_up 17920x1536 -> 1 (128 wide), down 1536x8960 -> 11, lm_head -> 1 (128
     wide). Qwen3-8B: qkv 6144x4096 -> 3, o -> 5, gate_up -> 1, down 4096x12288 -> 5, lm_head -> 1.
-    Re-tune with  python3 scripts/gpu-lease/linear_bench.py --sweep
+    Re-tune with  python3 benchmarks/linear.py --sweep
     """
     block_k = 64
     block_n = 128 if _cdiv(n, 128) >= SMS else 64

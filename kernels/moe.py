@@ -54,7 +54,7 @@ ceil(T*k / BLOCK_M) + min(E, T*k), and blocks past the real count see 0 valid ro
 No host sync anywhere, so the whole block lives in a CUDA graph. Launches: router, route,
 gate_up, down + combine at T <= token_rows (4, AR steps: no grouping pass, no block table);
 router, route, place, gate_up, down, combine past it (6).
-scripts/gpu-lease/moe_kernel_bench.py times it against --old FILE (a previous kernels/moe.py) and
+benchmarks/moe_block.py times it against --old FILE (a previous kernels/moe.py) and
 against its own grouped path at every row count.
 
 Numerics follow transformers' Qwen3MoeExperts: gate/up and down GEMM outputs rounded to x's
@@ -127,7 +127,7 @@ class MoeTile:
 # per-token beats grouped up to 4 rows (token_rows); of 8 grouped tiles, 4 stages (mean 1.38x the
 # expert-bytes bound over 1-256 rows) beat session 8's 3 (1.40x): per layer 0.94-0.98x at rows
 # 1-4, 1.00x from 16, bitwise equal. Re-tune with
-#     python scripts/gpu-lease/moe_kernel_bench.py --sweep   (prints the TILE line to paste here)
+#     python benchmarks/moe_block.py --sweep   (prints the TILE line to paste here)
 TILE = MoeTile(gate_up_n=32, down_n=64, block_k=128, num_warps=4, num_stages=4,
                token_rows=4, token_n=16, token_warps=4, token_stages=3)
 

@@ -1,4 +1,4 @@
-"""scripts/capture_app.sh: the installed `jetspec-chat` in a real terminal (tmux), on the real
+"""tools/capture_app.sh: the installed `jetspec-chat` in a real terminal (tmux), on the real
 engine (random:tiny-qwen3), captured mid-answer, at the end and on the compare screen."""
 from __future__ import annotations
 
@@ -91,4 +91,4 @@ def test_capture_fails_clearly(tmp_path):
     assert "Could not load the model" in (tmp_path / "bad.error.txt").read_text()
     assert not (tmp_path / "bad.mid.txt").exists()
     usage = capture(tmp_path, "only-a-model", timeout=30)
-    assert usage.returncode == 2 and "scripts/capture_app.sh [options] MODEL PROMPT OUTFILE" in usage.stderr
+    assert usage.returncode == 2 and "tools/capture_app.sh [options] MODEL PROMPT OUTFILE" in usage.stderr
