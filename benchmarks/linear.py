@@ -11,7 +11,7 @@ for cuBLAS is shown beside it. `err`: |y - exact| / |exact| (Frobenius, exact = 
 for ours and for cuBLAS. `64-row µs` (M > 64, where `block_m_for` picks 128-row programs): the
 same GEMM with 64-row programs, the faster of its split and fused launches (the first batch-invariant kernel).
 (An earlier version also timed a gate_up GEMM with SiLU*up in its epilogue here: slower at every M, dropped;
-PERF_NOTES.)
+docs/performance.md.)
 
 --sweep also times, per shape, a handful of candidate configs (block_n, block_k, K groups,
 warps, stages) at every M, each with both launches (split over K groups, groups summed in-kernel, and

@@ -80,7 +80,7 @@ DATA="--max-new-tokens 256 --gen-batch-size 512 --temperature 0"
 # default); int8 export. The time budget ends it. 4e-4 over answers the head had mostly
 # seen already lost τ, so a head continued on old answers may want less.
 FIT="--block-size 16 --batch-size 16 --anchors-per-seq 128 --epochs 2 --eval-every 0 --export-dtype int8"
-# At the engine's default width (32; heads trained before 2026-11-25 were measured at width 8).
+# At the engine's default width (32; earlier heads were measured at width 8).
 EVAL="--eval-budgets 16,32,64,128,256 --eval-sets coding,chat --eval-max-new-tokens 128"
 
 # /root/models/KEY.gguf from the staged parts (once), checked against its sha256; prints the path.
