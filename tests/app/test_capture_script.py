@@ -52,7 +52,7 @@ def test_capture_mid_answer_end_and_compare(tmp_path):
         tmp_path, "--budgets", "AR, 4", "--timeout", "180", "--size", "160x50",
         "random:tiny-qwen3", "Write a Python function that reverses a linked list.", str(out),
         # long enough for a mid-answer frame even on a fast machine, and on CI's 2 loaded cores,
-        # where 200 tokens once finished before the script's poll saw a round (session 14)
+        # where 200 tokens once finished before the script's poll saw a round
         "--max-new-tokens", "600", "--budget", "16", "--device", "cpu", "--max-context", "1024",
     )
     assert proc.returncode == 0, proc.stderr
