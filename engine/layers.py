@@ -27,7 +27,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     CPU F.linear took 2-3.5x its 1-row time at 2-16 rows (sgemm packs the weight panels, moving
     it twice), weight @ x.T 1-2.4x. One row is padded to two: with a single column the product
     dispatches to GEMV, which streamed the weights at a third of the GEMM's speed on the AMD
-    EPYC of PERF_NOTES "Session 13" (the AR step 118 -> 61 ms on the 0.5B)."""
+    EPYC of docs/performance.md, "CPU paths" (the AR step 118 -> 61 ms on the 0.5B)."""
     rows = x.numel() // x.shape[-1]
     if x.device.type == "cpu" and rows <= 32:
         x2 = x.reshape(rows, x.shape[-1])
@@ -153,7 +153,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (A gate_up GEMM with SiLU*up in its epilogue measured slower on an H200 at every M:
-        # 33.2 vs 22.7 us for the 1.5B at M=1, two weight streams per program; PERF_NOTES session 8.)
+        # 33.2 vs 22.7 us for the 1.5B at M=1, two weight streams per program; docs/performance.md.)
         gate, up = self.gate_up_proj.split(self.gate_up_proj(x))  # strided views: silu_mul reads them in place
         return self.down_proj(silu_mul(gate, up))
 

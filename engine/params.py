@@ -10,8 +10,8 @@ MAX_WIDTH = 64
 # The tree algorithms by name; tree.TREE_ALGOS maps each to its builder (and imports torch).
 TREE_ALGOS = ("accum_logp", "chain", "adaptive")
 GPU_BUDGET = 64  # engine bench, 1.5B on an H200: budget 64 is the fastest (README)
-CPU_BUDGET = 4  # the verify forward is compute-bound on a CPU: 4 beats AR there, 64 does not (PERF_NOTES.md)
-# Per-depth top-K candidates. 1.5B + shipped head on an H200, bf16 (TRAINING.md "Session 15"): 32
+CPU_BUDGET = 4  # the verify forward is compute-bound on a CPU: 4 beats AR there, 64 does not (docs/performance.md)
+# Per-depth top-K candidates. 1.5B + shipped head on an H200, bf16 (docs/training.md): 32
 # drafts 2-3% more tokens a round than 8 at budget 64 and 5% more at 256, at the same round time;
 # a tree of at most 9 nodes (the CPU's budget 4) is the same at either width.
 DEFAULT_WIDTH = 32

@@ -1,6 +1,6 @@
-"""`jetspec-chat train-head TARGET --out DIR`: train a draft head for TARGET (see engine/training/TRAINING.md).
+"""`jetspec-chat train-head TARGET --out DIR`: train a draft head for TARGET (see docs/training.md).
 
-The lead's cli.py wires the subcommand: build a parser, `add_arguments(parser)`, `run(args)`.
+cli.py wires the subcommand: build a parser, `add_arguments(parser)`, `run(args)`.
 `python -m jetspec_chat.train_cli ...` works too.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Why: the engine verifies a tree of N tokens in one [N, K] GEMM and decodes AR in [1, K] GEMVs.
 cuBLAS picks its algorithm (tile, split-K) from M, so a row's dot products are summed in a
 different order at M=1 than at M=128, and a near-tie between two logits can flip: greedy
-speculative answers then differ from greedy AR answers in bf16 (issue 13). Here every row of
+speculative answers then differ from greedy AR answers in bf16. Here every row of
 the output is bitwise the same whatever M is and whatever the other rows hold:
 
   * One tile config per (N, K) (`choose_config`), never chosen from M. Every output element is
@@ -134,9 +134,9 @@ def groups_for(n: int, k: int, block_n: int, block_k: int, target_programs: int 
     return max(1, min(_cdiv(k, block_k) // MIN_GROUP_BLOCKS, _cdiv(target_programs, tiles)))
 
 
-# Measured overrides of the rule below, by (N, K): the picks of `linear_bench.py --sweep` (H200,
-# session 19, µs at M = 1 / 64 / 128, rule -> tuned, split launches timed without the group-sum
-# pass their consumer does) that also won inside the decoder stack (`linear_cost_bench.py`: the
+# Measured overrides of the rule below, by (N, K): the picks of `benchmarks/linear.py --sweep` (H200,
+# µs at M = 1 / 64 / 128, rule -> tuned, split launches timed without the group-sum
+# pass their consumer does) that also won inside the decoder stack (`benchmarks/linear_in_stack.py`: the
 # 1.5B's forward 3.4% / 4.3% / 1.6% faster at T = 1 / 64 / 128). Shapes not listed (other models)
 # use the rule. An entry changes the order of the sum for that weight at every M alike: a row
 # stays the same in AR and in verify. Left out: the 8B's picks (o_proj and down in 128x128 tiles
@@ -172,7 +172,7 @@ def rule_config(n: int, k: int) -> LinearConfig:
     M=128-256 than 128-wide ones (1.5B qkv M=256 fused 9.7 vs 13.9 us). Qwen2.5-1.5B: qkv 2048x1536 -> 8 groups,
     o_proj -> 8, gate_up 17920x1536 -> 1 (128 wide), down 1536x8960 -> 11, lm_head -> 1 (128
     wide). Qwen3-8B: qkv 6144x4096 -> 3, o -> 5, gate_up -> 1, down 4096x12288 -> 5, lm_head -> 1.
-    Re-tune with  python3 scripts/gpu-lease/linear_bench.py --sweep
+    Re-tune with  python3 benchmarks/linear.py --sweep
     """
     block_k = 64
     block_n = 128 if _cdiv(n, 128) >= SMS else 64
@@ -183,7 +183,7 @@ def block_m_for(m: int, groups: int, split: bool) -> int:
     """Rows per program for M rows (speed only, never bits: each 64-row warpgroup runs the same
     wgmma steps). Past 64 rows a 128-row program shares each weight tile in shared memory between
     two warpgroups, halving the programs and the weight reads from L2. Measured on an H200
-    (linear_bench.py, session 8) it pays where programs are plentiful: weights in one K group
+    (benchmarks/linear.py) it pays where programs are plentiful: weights in one K group
     (gate_up, lm_head: 8B gate_up at M=128 65.9 vs 80.3 us) and split launches (1.5B down at
     M=256 27.0 vs 31.0); a fused launch over K groups has few N tiles, and halving its programs
     lost (1.5B qkv at M=128 15.2 vs 10.2 us), so it keeps 64 rows."""

@@ -28,7 +28,7 @@
 
 Batch-invariant: a token's output bits do not depend on how many tokens share the call or on
 what they route to, so a tree node verified among N rows computes bitwise what the AR step for
-the same token computes (issue 13; docs/DESIGN.md). What fixes a row's arithmetic:
+the same token computes (docs/DESIGN.md). What fixes a row's arithmetic:
   * the router logits: linear_triton's (one K-group split per weight shape, never from M; the
     groups added in order from zero in fp32 and rounded, here inside the routing programs);
   * routing: one token a program, the same [E] layout and warps at every T;
@@ -46,7 +46,7 @@ the same token computes (issue 13; docs/DESIGN.md). What fixes a row's arithmeti
     and the per-token down picks its diagonal out with a sum over -0.0 (x + -0.0 == x for
     every x), exactly.
 tile.token_rows and the N widths, warps and stages are speed only; tile.block_k is part of the
-numerics (the same at every row count). Session 7's kernel picked CUDA-core GEMV tiles for 1-4
+numerics (the same at every row count). An earlier kernel picked CUDA-core GEMV tiles for 1-4
 rows an expert and tensor-core tiles beyond, so a token's bits depended on the call's size.
 
 Every shape (grids included) depends on T, k and E only: the number of blocks is bounded by
@@ -54,7 +54,7 @@ ceil(T*k / BLOCK_M) + min(E, T*k), and blocks past the real count see 0 valid ro
 No host sync anywhere, so the whole block lives in a CUDA graph. Launches: router, route,
 gate_up, down + combine at T <= token_rows (4, AR steps: no grouping pass, no block table);
 router, route, place, gate_up, down, combine past it (6).
-scripts/gpu-lease/moe_kernel_bench.py times it against --old FILE (a previous kernels/moe.py) and
+benchmarks/moe_block.py times it against --old FILE (a previous kernels/moe.py) and
 against its own grouped path at every row count.
 
 Numerics follow transformers' Qwen3MoeExperts: gate/up and down GEMM outputs rounded to x's
@@ -92,7 +92,7 @@ COUNT_CHUNK = 64
 # when the table is long (T = 16, Qwen3-30B-A3B: 136 blocks, 9 programs), each one [16, E] step.
 PLACE_BLOCKS = 16
 # The routing programs' warps: a program routes one token, ~20 dependent reductions over [E].
-# With one warp (E = 128: 4 experts a thread) every reduction stays in warp shuffles; session 10's
+# With one warp (E = 128: 4 experts a thread) every reduction stays in warp shuffles; the earlier
 # 16-token tiles needed 8 warps (9.0 us at one token on the H200: 64 values a thread with 1 warp
 # spilled). The float sums (softmax, renormalisation) follow the layout, so one value for all T.
 ROUTE_WARPS = 1
@@ -122,12 +122,12 @@ class MoeTile:
 # At T = 1 (Qwen3-30B-A3B: 8 experts of 2x768x2048 gate/up and 2048x768 down): 9 blocks x 24
 # gate/up programs (192 with a row, each streaming 2 x 32 x 2048 weights), then 128 per-token
 # down programs, each streaming 8 experts x 16 rows x 768 (one [128, 128] weight tile a K step,
-# 2 in flight). Picked by the sweep on an H200 (session 11, `bf16_exact.sh moe-tune`): of 8
-# per-token knob sets the session-9 guess (16 columns, 4 warps, 3 stages) was best at rows 1-4;
+# 2 in flight). Picked by the sweep on an H200 (`bf16_exact.sh moe-tune`): of 8
+# per-token knob sets the first guess (16 columns, 4 warps, 3 stages) was best at rows 1-4;
 # per-token beats grouped up to 4 rows (token_rows); of 8 grouped tiles, 4 stages (mean 1.38x the
-# expert-bytes bound over 1-256 rows) beat session 8's 3 (1.40x): per layer 0.94-0.98x at rows
+# expert-bytes bound over 1-256 rows) beat the earlier 3 (1.40x): per layer 0.94-0.98x at rows
 # 1-4, 1.00x from 16, bitwise equal. Re-tune with
-#     python scripts/gpu-lease/moe_kernel_bench.py --sweep   (prints the TILE line to paste here)
+#     python benchmarks/moe_block.py --sweep   (prints the TILE line to paste here)
 TILE = MoeTile(gate_up_n=32, down_n=64, block_k=128, num_warps=4, num_stages=4,
                token_rows=4, token_n=16, token_warps=4, token_stages=3)
 
@@ -194,7 +194,7 @@ if triton is not None:
         # A token gone NaN upstream has NaN probabilities: rank them first (2.0 beats every
         # probability, lowest id on ties) so it still picks TOP_K real experts, as torch.topk
         # ranks NaN first. Unranked, `p == best` matched nothing and the id was BLOCK_E, past
-        # the experts: the down kernels then read rows no one wrote (session 9's bench fault).
+        # the experts: the down kernels then read rows no one wrote (a benchmark fault found it).
         p = tl.where(p == p, p, 2.0)
         p = tl.where(e_ok, p, -1.0)
         slots = tl.arange(0, BLOCK_TOP)

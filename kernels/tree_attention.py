@@ -4,7 +4,7 @@ Semantics are exactly those of `reference.paged_tree_attention_ref`: T new query
 to the committed prefix (logical 0..prefix_len-1, all visible) and to the new tokens themselves
 (logical prefix_len..prefix_len+T-1) under a [T, T] visibility mask.
 
-Batch invariance (issue 13). Each query row's result is bitwise independent of the other rows
+Batch invariance. Each query row's result is bitwise independent of the other rows
 of the call, of T and of prefix_len: a tree node verified at depth d computes exactly what the
 AR step that produced the same token at the same position computes. So every row reduces over
 its keys in *its own logical order*: the prefix, then the new tokens it sees, in index order
@@ -55,14 +55,14 @@ except ImportError:  # pragma: no cover - exercised only without triton
 LOG2E = 1.4426950408889634
 
 # Fixed for every call (batch invariance, see above). 64x64 tiles and 4 warps were best or within
-# ~10% of the best in the H200 sweep of the previous kernel (NOTES.md); 8 warps: verify up to 1.6x slower.
+# ~10% of the best in the H200 sweep of an earlier kernel (docs/kernels.md); 8 warps: verify up to 1.6x slower.
 BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 4
 # Pipeline depth (speed only: the same loads and arithmetic). Without a block table the loads of
 # tile i + 1 depend on nothing loaded, and 3 stages keep them in flight while tile i is computed
 # (H200: verify calls 0-9% faster than 2 stages, 4 stages up to 1.5x slower at 64 tokens); the AR
-# binary measured the same with 2 or 3 (PERF_NOTES.md "Session 17").
+# binary measured the same with 2 or 3 (docs/performance.md).
 NUM_STAGES = 3
 AR_NUM_STAGES = 2
 MIN_SPLIT_LEN = 256

@@ -91,7 +91,7 @@ EMBEDDED: dict[str, EmbeddedModel] = {
 
 # Default draft head per embedded model: a directory relative to the jetspec_chat.engine package
 # in the published format (config.json + model.safetensors), trained with `jetspec-chat
-# train-head`; its training.json records the command, data, steps and τ (TRAINING.md).
+# train-head`; its training.json records the command, data, steps and τ (docs/training.md).
 EMBEDDED_HEADS: dict[str, str | None] = {
     "qwen2.5-coder-1.5b": "heads/qwen2.5-coder-1.5b",
     "qwen2.5-coder-0.5b": "heads/qwen2.5-coder-0.5b",

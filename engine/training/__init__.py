@@ -1,4 +1,4 @@
-"""Training draft heads (`jetspec-chat train-head`, TRAINING.md).
+"""Training draft heads (`jetspec-chat train-head`, docs/training.md).
 
 run.py        orchestration: the stages a TrainConfig asks for, deadlines, summary.json
 config.py     TrainConfig

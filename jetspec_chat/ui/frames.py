@@ -3,8 +3,8 @@ second), and no more often than the UI process's CPU budget allows.
 
 A frame (new text appended, the latest tree, stats, status) costs the UI process ~25 ms of CPU
 on a slow 2-core machine, most of it Textual's layout and rendering. The engine process needs
-every core there: each millisecond the UI takes is one its threads wait for (PERF_NOTES.md,
-"Session 7 — CPU app ratio"). So a frame is drawn only when the UI process has used at most
+every core there: each millisecond the UI takes is one its threads wait for (docs/performance.md,
+"CPU paths"). So a frame is drawn only when the UI process has used at most
 `cpu_share` of one core since the last one, or `max_interval_s` has passed (a one-off cost, like
 mounting a new message, must not hold the stream back for seconds); on a fast machine the drain
 rate is what binds. Nothing is lost by waiting: the outbox keeps every report, the next frame

@@ -1,4 +1,4 @@
-"""scripts/capture_app.sh: the installed `jetspec-chat` in a real terminal (tmux), on the real
+"""tools/capture_app.sh: the installed `jetspec-chat` in a real terminal (tmux), on the real
 engine (random:tiny-qwen3), captured mid-answer, at the end and on the compare screen."""
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_capture_mid_answer_end_and_compare(tmp_path):
         tmp_path, "--budgets", "AR, 4", "--timeout", "180", "--size", "160x50",
         "random:tiny-qwen3", "Write a Python function that reverses a linked list.", str(out),
         # long enough for a mid-answer frame even on a fast machine, and on CI's 2 loaded cores,
-        # where 200 tokens once finished before the script's poll saw a round (session 14)
+        # where 200 tokens once finished before the script's poll saw a round
         "--max-new-tokens", "600", "--budget", "16", "--device", "cpu", "--max-context", "1024",
     )
     assert proc.returncode == 0, proc.stderr
@@ -91,4 +91,4 @@ def test_capture_fails_clearly(tmp_path):
     assert "Could not load the model" in (tmp_path / "bad.error.txt").read_text()
     assert not (tmp_path / "bad.mid.txt").exists()
     usage = capture(tmp_path, "only-a-model", timeout=30)
-    assert usage.returncode == 2 and "scripts/capture_app.sh [options] MODEL PROMPT OUTFILE" in usage.stderr
+    assert usage.returncode == 2 and "tools/capture_app.sh [options] MODEL PROMPT OUTFILE" in usage.stderr

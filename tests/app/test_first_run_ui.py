@@ -1,4 +1,4 @@
-"""Small but visible things a newcomer meets in the app (issue 16): the context counter when full,
+"""Small but visible things a newcomer meets in the app: the context counter when full,
 the demo label, export without a trace, why a rerun's text differed, the compare bar inside a
 run, the loading panel's elapsed time, and budget keys right after the Help screen."""
 from __future__ import annotations

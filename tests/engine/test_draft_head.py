@@ -162,7 +162,7 @@ def test_default_tap_spacing_matches_published_heads():
     assert default_target_layer_ids(48, 5) == (1, 12, 23, 34, 45)
 
 
-# -- int8 storage (issue 12) ---------------------------------------------------------------------
+# -- int8 storage ----------------------------------------------------------------------------------
 
 
 def random_head(layers=2, seed=0, std=0.1):
@@ -281,7 +281,7 @@ def test_malformed_quantized_heads_are_clear_errors(tmp_path, case, message):
         load_head_dir(d, CPU, torch.float32)
 
 
-# -- head config details found against the reference (issue 12) -----------------------------------
+# -- head config details found against the reference ------------------------------------------------
 
 
 def test_config_without_taps_takes_the_reference_default_for_its_layer_count(tmp_path):

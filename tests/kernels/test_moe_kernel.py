@@ -273,7 +273,7 @@ def check_batch_invariant(hidden, inter, experts, top_k, many, dtype, tile=TILE,
 def test_batch_invariant_bf16(many, rtne_bf16, ordered_dot):
     """bf16: the router through linear_triton, one expert tile at 1 and `many` rows (alone: the
     per-token down). K = 512 is long enough for fp32 sums in another order to change bf16 bits:
-    the session-7 kernel (GEMV tiles at 1 row an expert, tensor cores among 40 tokens) failed
+    an earlier kernel (GEMV tiles at 1 row an expert, tensor cores among 40 tokens) failed
     this at many = 40 (token 12)."""
     check_batch_invariant(512, 128, 8, 2, many, torch.bfloat16)
 

@@ -1,4 +1,4 @@
-"""ShareGPT V3 as a prompt source (issue 12): the tolerant reader of the cut-off JSON array, the
+"""ShareGPT V3 as a prompt source: the tolerant reader of the cut-off JSON array, the
 multi-turn contexts, dedupe and the held-out filter, and the data stage on message lists. A small
 fixture in the dataset's format stands in for the 120 MiB file."""
 import io

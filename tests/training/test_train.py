@@ -1,4 +1,4 @@
-"""Draft-head training (issue 5): the training forward is the inference forward, no leakage,
+"""Draft-head training: the training forward is the inference forward, no leakage,
 mask/anchor structure, loss goes down, τ goes up with the real decoder, export/load, resume,
 the CLI end to end, and the offline prompt generators. CPU, tiny random target."""
 import dataclasses

@@ -1,5 +1,4 @@
-"""Shared by the decoder-stack benches (layer_launch_bench.py, linear_cost_bench.py,
-layer_ablation.py): the repository's package importable without installing it, the bundled
+"""Shared by the decoder-stack benches (linear_in_stack.py, layer_ablation.py): the repository's package importable without installing it, the bundled
 model shapes with a small vocabulary (the lm_head is not in their timings), random bf16 weights,
 and a KV cache holding a random 512-token prefix."""
 from __future__ import annotations
@@ -7,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import jetspec_chat  # noqa: E402  (the repo's jetspec_chat/; kernels/ and engine/ join its path)
 
@@ -22,7 +21,7 @@ from jetspec_chat.engine.model_config import ModelConfig  # noqa: E402
 
 VOCAB = 4096
 PREFIX = 512
-ENGINE_CAPACITY = 33792  # the engine's KV capacity (attention_bench.py's default too)
+ENGINE_CAPACITY = 33792  # the engine's KV capacity (tree_attention.py's default too)
 HF = {
     "0.5B": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                  num_attention_heads=14, num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True),

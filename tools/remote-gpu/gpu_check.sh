@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One GPU lease: install, the CUDA-path engine tests, then the engine-only bench on Qwen3-8B
-# shapes (random weights, random 5-layer head). Results go to $OUT (device tool) or ./gpu-out.
-# Keep the working tree under 64 MiB: scripts/gpu-lease/heads_aside.sh out before the lease, in after.
+# One remote GPU call: install, the CUDA-path engine tests, then the engine-only bench on Qwen3-8B
+# shapes (random weights, random 5-layer head). Results go to $OUT (the run tool's output folder) or ./gpu-out.
+# Keep the working tree under 64 MiB: tools/remote-gpu/heads_aside.sh out before the remote calls, in after.
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1

@@ -1,8 +1,8 @@
-"""Where an AR step's time goes (GPU-lease tool, issues 13 and 14): the kernels of one AR step,
+"""Where an AR step's time goes: the kernels of one AR step,
 and of one verify(N), under the torch profiler, grouped by kernel name, with the per-step
 launch count, the union of kernel time (busy) and the unprofiled step time (CUDA events).
 
-    python3 scripts/gpu-lease/ar_profile.py MODEL [MODEL ...] [--context 512] [--nodes 64] [--json OUT]
+    python3 benchmarks/step_profile.py MODEL [MODEL ...] [--context 512] [--nodes 64] [--json OUT]
 
 MODEL is anything `jetspec-chat` loads (`random:Qwen/Qwen3-8B`, a GGUF path, ...); bf16 on CUDA.
 The steps run the way the engine runs them (the verify runner's CUDA graphs), from a state with

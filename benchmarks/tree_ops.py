@@ -1,8 +1,8 @@
 """Count the torch ops the fixed-shape tree build issues (a proxy for kernel launches in the
 draft graph), on the CPU: every dispatched aten op except views and allocations.
 
-    python scripts/tree_ops.py                        # the installed engine/tree.py
-    python scripts/tree_ops.py --module old_tree.py   # another copy, e.g. `git show REV:engine/tree.py`
+    python benchmarks/tree_ops.py                        # the installed engine/tree.py
+    python benchmarks/tree_ops.py --module old_tree.py   # another copy, e.g. `git show REV:engine/tree.py`
 
 On CUDA most counted ops are one kernel; sort/topk are 1-3 (copy, index fill, sort), and
 a Triton kernel is one launch (counted as `triton:<name>` with --triton, which runs the path

@@ -1,9 +1,9 @@
-"""The training record (`training.json`) of a head trained on a lease, from what `train_heads.sh
+"""The training record (`training.json`) of a head trained on a remote GPU machine, from what `train_heads.sh
 collect` brought back: the run's stage summaries and logs, its eval.json, the shipped head's eval
 on the same machine (baseline-eval.json), optional `jetspec-chat bench --json` outputs, and the
 shipped head's own record, which becomes the first of `earlier_runs` (so every run stays listed).
 
-    python3 scripts/gpu-lease/head_record.py RUN_DIR --previous SHIPPED/training.json \
+    python3 tools/remote-gpu/head_record.py RUN_DIR --previous SHIPPED/training.json \
         --trained-on TEXT --command TEXT [--bench NAME=FILE ... --bench-command TEXT] --out RUN_DIR/head/training.json
 
 Every number comes from a file of the run; the record names which (`sources`).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Capture the installed jetspec-chat app as plain text, driven through tmux.
 #
-#   scripts/capture_app.sh [options] MODEL PROMPT OUTFILE [jetspec-chat args...]
+#   tools/capture_app.sh [options] MODEL PROMPT OUTFILE [jetspec-chat args...]
 #
 # Starts `jetspec-chat MODEL [args...]` in a detached tmux session of a fixed size (on a
 # private tmux server, so your own tmux is never touched), waits until the model is loaded,

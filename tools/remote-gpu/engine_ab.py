@@ -1,7 +1,7 @@
-"""Whole-engine A/B in one run (GPU-lease tool): `jetspec-chat bench --engine-only` on the
+"""Whole-engine A/B in one run (remote-GPU tool): `jetspec-chat bench --engine-only` on the
 working tree and on an older revision, alternately, on the same machine, with the ratios.
 
-    python3 scripts/gpu-lease/engine_ab.py OLD_REV [--rounds 2] [--out DIR] -- BENCH ARGS...
+    python3 tools/remote-gpu/engine_ab.py OLD_REV [--rounds 2] [--out DIR] -- BENCH ARGS...
 
 e.g. `engine_ab.py b8bab39 -- random:Qwen/Qwen3-8B --draft-head random:5 --contexts 512
 --tree-sizes 1,16,64,128`. The old revision comes from this checkout's git history (`git archive`)
@@ -10,8 +10,8 @@ process imports one version of the package: the working tree's (as installed, ed
 old one (first on PYTHONPATH). Runs alternate new / old `--rounds` times, so drift of the machine
 (clocks, other tenants) falls on both; per measure the median over rounds is reported.
 
-Why: session 9 compared whole-step numbers across leases and machines (2.50 vs 2.41 ms with the
-copy bandwidth 4% apart). Kernel benches give in-run ratios; this gives them for the whole step.
+Why: whole-step numbers compared across machines differ by more than most changes (2.50 vs 2.41 ms
+with the copy bandwidth 4% apart). Kernel benches give in-run ratios; this gives them for the whole step.
 """
 from __future__ import annotations
 

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# GPU-LEASE WORKFLOW SCRIPT: trains the embedded models' draft heads on a leased GPU machine
-# reached through the device tool (each call sends the working tree, at most 64 MiB; the
+# REMOTE-GPU WORKFLOW SCRIPT: trains the embedded models' draft heads on a remote GPU machine
+# reached by a run-one-command tool (each call sends the working tree, at most 64 MiB; the
 # machine starts bare, reaches nothing, and is given back 30 s after a call). Not part of the
-# app; TRAINING.md explains the recipe, this file only moves files and starts runs.
+# app; docs/training.md explains the recipe, this file only moves files and starts runs.
 #
-# Here, before the lease (CPU, no GPU):
-#   scripts/gpu-lease/train_heads.sh prepare KEY [GGUF] [HEAD]   split the model's GGUF (default: assembled
+# Here, before the remote calls (CPU, no GPU):
+#   tools/remote-gpu/train_heads.sh prepare KEY [GGUF] [HEAD]   split the model's GGUF (default: assembled
 #       from the installed weight packages) into .stage/c-KEY-NN/ (one <=60 MiB chunk a folder; a head
 #       over 40 MiB likewise into .stage/c-hKEY-NN/), make the
 #       mixed training contexts (half ShareGPT, half built-in; train-head --stage prompts, the `train`
 #       extra) gzipped into .stage/prompts-KEY/, copy the shipped head (or the folder HEAD: a head an
-#       earlier lease of the session trained, collected and unpacked, to continue it) to .stage/h-KEY; then
-#       scripts/gpu-lease/heads_aside.sh out, and the device calls it prints (both models can be
-#       staged for one lease: their chunks have their own names).
-# On the machine, one device call each, back to back (OUT is the device tool's $OUT):
+#       earlier remote run trained, collected and unpacked, to continue it) to .stage/h-KEY; then
+#       tools/remote-gpu/heads_aside.sh out, and the remote calls it prints (both models can be
+#       staged for one machine: their chunks have their own names).
+# On the machine, one remote call each, back to back (OUT is the run tool's output folder):
 #   setup                 installs the carried .whl wheels and this checkout, copies what .stage/ carries
 #                         to /root/stage, runs the GPU tests of the kernels a run depends on
 #   stage                 copies the carried .stage/ folders to /root/stage (GGUF chunks, heads, prompts)
@@ -21,14 +21,14 @@
 #                         background (setsid), the run (`run_grown` below, ~MINUTES, default 18, of which
 #                         DATA_MINUTES, default 4, answer prompts) into /root/runs/KEY
 #                         (it runs this script's `run` verb); both models' runs may share the GPU. SKIP
-#                         (default 0): the staged head's steps on these same answers in an earlier lease,
-#                         so that training reads on from where that lease stopped (--skip-batches). LR
+#                         (default 0): the staged head's steps on these same answers on an earlier machine,
+#                         so that training reads on from where that run stopped (--skip-batches). LR
 #                         (default 4e-4): the peak learning rate
 #   poll SECONDS          waits (at most SECONDS, less once every run is DONE) and shows the logs
 #   collect KEY [FROM]    tars head/, eval.json, the baseline's eval, logs and summaries (once), and puts
 #                         15 MiB parts FROM.. (at most 4: a call returns <= 64 MiB) into $OUT
 #   answer KEY MINUTES    the data stage alone, in the background: the target answers the carried
-#                         contexts for MINUTES (a lease spent on data; training comes in a later one)
+#                         contexts for MINUTES (a machine spent on data; training comes on a later one)
 #   collect-data KEY [FROM]  the answers (data/ shards + the prompts they answer), gzipped, as 15 MiB
 #                         parts FROM.. into $OUT. Put the parts in .stage/data-KEY/ here: the next
 #                         `prepare KEY` chunks them (.stage/c-dKEY-NN, staged like the GGUF), and the
@@ -42,7 +42,7 @@
 set -uo pipefail
 OUT=${OUT:-./gpu-out}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site JETSPEC_CHAT_CACHE=/root/cache
-STAGE=/root/stage RUNS=/root/runs APP=/root/app  # on the leased machine
+STAGE=/root/stage RUNS=/root/runs APP=/root/app  # on the remote machine
 verb=${1:?verb}; shift
 
 declare -A ALIAS=([q05]=qwen2.5-coder-0.5b [q15]=qwen2.5-coder-1.5b)
@@ -52,7 +52,7 @@ declare -A SHA=(
 )
 # The shapes the shipped heads grow into (--init embeds the shipped head exactly: train-head's
 # `load_grown`), int8 under the 100 MB limit. 1.5B: 1 layer x MLP 2048 -> 2 x 6144 (77M
-# parameters, ~77 MB), the depth the like-for-like check favoured (TRAINING.md) with 3x the MLP;
+# parameters, ~77 MB), the depth the like-for-like check favoured (docs/training.md) with 3x the MLP;
 # 0.5B: 2 x 2432 -> 3 x 4864, the target's own width (49M, ~49 MB).
 declare -A HEAD=(
   [q05]="--draft-layers 3 --intermediate-size 4864"
@@ -61,26 +61,26 @@ declare -A HEAD=(
 # The prompts: the SAME flags here (prepare) and there (launch), so the run finds the carried
 # OUT/prompts.jsonl (its prompts.meta.json key matches) and never reads the dataset. Half real
 # ShareGPT chats (~2/3 multi-turn, <= 3,072 characters), half built-in generator prompts (the
-# session-6 run on chats alone lost 17-20% dev τ). The 1.5B alone on an H200 answers
-# ~150 contexts a second (94,437 of session 11 in 641 s); training reads ~70 a second. So a
-# lease's 13 minutes of answers alone (`answer`, ~100,000) feed the next lease's ~20 minutes of
+# run on chats alone lost 17-20% dev τ). The 1.5B alone on an H200 answers
+# ~150 contexts a second (94,437 in 641 s); training reads ~70 a second. So
+# 13 minutes of answers alone (`answer`, ~100,000) feed a later machine's ~20 minutes of
 # training; 140,000 asked for (all 49,236 of ShareGPT's distinct contexts + 70,000 built-in)
 # outlast it: it answers a seeded random order of length-sorted batches, a fair sample.
-# Session 13 tried seed 6 with 300,000 (ShareGPT 25% of the contexts instead of 41%): the
-# 1.5B head continued on 60,928 of its answers lost τ on both eval sets, chat most (TRAINING.md).
-# Session 14: half of the built-in half (35,000) are the target's own proposals, made and answered
+# Seed 6 with 300,000 (ShareGPT 25% of the contexts instead of 41%): the
+# 1.5B head continued on 60,928 of its answers lost τ on both eval sets, chat most (docs/training.md).
+# Self-prompts: half of the built-in half (35,000) are the target's own proposals, made and answered
 # first by the data stage on the GPU (the prepare here leaves them out): single-turn asks in users'
 # words, like the eval sets, and new to every head so far.
-# Session 15: 0.9 of it (63,000; ~6 minutes to propose). The proposal requests are a seeded
-# sequence, so the first 35,000 repeat session 14's asks; the rest are new.
+# Now 0.9 of it (63,000; ~6 minutes to propose). The proposal requests are a seeded
+# sequence, so the first 35,000 repeat the 0.5 share's asks; the rest are new.
 PROMPTS="--prompt-source mixed --num-prompts 140000 --seed 5 --self-prompts 0.9 --max-prompt-tokens 1024 --eval-prompts 8"
 DATA="--max-new-tokens 256 --gen-batch-size 512 --temperature 0"
 # Continue the shipped head, grown: its recipe (block 16, 16 x 128 blocks a step, depth decay 8)
 # at the peak lr LR (launch's fifth argument; 4e-4, the gentler lr of the earlier --init runs, by
-# default); int8 export. The time budget ends it. Session 13: 4e-4 over answers the head had mostly
+# default); int8 export. The time budget ends it. 4e-4 over answers the head had mostly
 # seen already lost τ, so a head continued on old answers may want less.
 FIT="--block-size 16 --batch-size 16 --anchors-per-seq 128 --epochs 2 --eval-every 0 --export-dtype int8"
-# At the engine's default width (32 since session 15; sessions up to 14 measured width 8).
+# At the engine's default width (32; earlier heads were measured at width 8).
 EVAL="--eval-budgets 16,32,64,128,256 --eval-sets coding,chat --eval-max-new-tokens 128"
 
 # /root/models/KEY.gguf from the staged parts (once), checked against its sha256; prints the path.
@@ -120,7 +120,7 @@ join_head() {
     || { echo "sha256 mismatch for the h-$1 head" >&2; rm -f $head/model.safetensors; return 1; }
 }
 
-# $RUNS/KEY, fresh: the carried answers (KEY-data.tar.gz.part*, from an earlier lease's
+# $RUNS/KEY, fresh: the carried answers (KEY-data.tar.gz.part*, from an earlier machine's
 # collect-data), then the carried prompts. Answers are keyed by their context's sha, so they may
 # come from an earlier prompt set (another --seed): the data stage answers only the staged
 # contexts they do not cover, and training reads them all (but this set's dev prompts).
@@ -157,7 +157,7 @@ send_parts() {
     [ -f $part ] && cp $part "$OUT/"
   done
   ls $parts; ls -l "$OUT"; sha256sum $archive
-  # Session 14 lost a trained head by stopping at the first call: say so when parts are left.
+  # A trained head is lost by stopping at the first call: say so when parts are left.
   local rest=$parts/$(basename $archive).part$(printf %02d $((from + 4)))
   [ -f $rest ] && echo "MORE PARTS LEFT: call again with FROM $((from + 4)) before the machine goes back"
   return 0
@@ -238,7 +238,7 @@ m = E.EMBEDDED[sys.argv[1]]; E.assemble_gguf(m, E.find_parts(m), Path(sys.argv[2
     sha256sum .stage/h-$key/model.safetensors | cut -d' ' -f1 > .stage/h-$key/model.safetensors.sha256
     rm .stage/h-$key/model.safetensors
   fi
-  # Answers collected in an earlier lease (collect-data parts in .stage/data-KEY/): 60 MiB chunks.
+  # Answers collected on an earlier machine (collect-data parts in .stage/data-KEY/): 60 MiB chunks.
   rm -rf .stage/c-d$key-*
   if ls .stage/data-$key/$key-data.tar.gz.part* > /dev/null 2>&1; then
     cat .stage/data-$key/$key-data.tar.gz.part* > .stage/$key-data.tar.gz
@@ -281,7 +281,7 @@ launch)
   echo "launching $key: ${minutes} min, data ${DATA_MIN} min, skipping $SKIP batches, peak lr $LR"
   # `cd && cmd &` would background a subshell that holds this call's stdout until the run ends
   cd $APP || exit 1
-  DATA_MIN=$DATA_MIN SKIP=$SKIP LR=$LR setsid nohup bash scripts/gpu-lease/train_heads.sh run $key $gguf $minutes \
+  DATA_MIN=$DATA_MIN SKIP=$SKIP LR=$LR setsid nohup bash tools/remote-gpu/train_heads.sh run $key $gguf $minutes \
     > $RUNS/$key/run.txt 2>&1 < /dev/null &
   sleep 20; cat $RUNS/$key/stage.txt; [ "$DATA_MIN" = 0 ] || tail -3 $RUNS/$key/data.txt  # 0: no data stage
   ;;
@@ -343,7 +343,7 @@ answer)  # answer KEY MINUTES: the data stage alone, in the background (setsid: 
   gguf=$(assemble $key) || exit 1
   init_run $key || exit 1
   cd $APP || exit 1
-  setsid nohup bash scripts/gpu-lease/train_heads.sh run-data $key $gguf $minutes \
+  setsid nohup bash tools/remote-gpu/train_heads.sh run-data $key $gguf $minutes \
     > $RUNS/$key/run.txt 2>&1 < /dev/null &
   sleep 20; tail -3 $RUNS/$key/data.txt
   ;;

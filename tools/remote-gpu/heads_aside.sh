@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The device tool sends the working tree, at most 64 MiB, and the shipped heads alone are ~90 MB.
-# Before a lease:  scripts/gpu-lease/heads_aside.sh out   (engine/models/heads -> .stage/heads, git-ignored)
-# After it:        scripts/gpu-lease/heads_aside.sh in
+# The run-one-command tool sends the working tree, at most 64 MiB, and the shipped heads alone are ~90 MB.
+# Before the remote calls:  tools/remote-gpu/heads_aside.sh out   (engine/models/heads -> .stage/heads, git-ignored)
+# After it:        tools/remote-gpu/heads_aside.sh in
 # Carry a head the run needs from .stage/ (e.g. copy it to .stage/h15 and name that in carry).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -11,7 +11,7 @@ times are read.
   -silu:       down reads the gate half (no silu_mul)
   gemms:       only the four GEMMs a layer, each on the previous one's output (no norms either)
 
-    python3 scripts/gpu-lease/layer_ablation.py [--models 1.5B,8B] [--reps 40] [--rounds 3]
+    python3 benchmarks/layer_ablation.py [--models 1.5B,8B] [--reps 40] [--rounds 3]
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Held-out prompts for the bf16 lossless sweep (issue 13), as a `bench --prompts` JSONL.
+"""Held-out prompts for the bf16 lossless sweep, as a `bench --prompts` JSONL.
 
 Only prompts no head was trained on: first user turns of ShareGPT conversations on the dev side
 of the train/dev split (`prompts.is_dev`; training drops such conversations whole) and dev-side
 prompts of the built-in coding/reasoning generators. Runs on the CPU (needs the `train` extra):
 
-    python3 scripts/gpu-lease/heldout_prompts.py --sharegpt 100 --builtin 60 > .stage/heldout.jsonl
+    python3 tools/remote-gpu/heldout_prompts.py --sharegpt 100 --builtin 60 > .stage/heldout.jsonl
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ the same split length.
 
 Runs from the repository root without installing the package.
 
-    python3 scripts/gpu-lease/attention_bench.py [--old main|FILE] [--capacity 33792] [--sweep | --split-sweep | --tile-sweep]
+    python3 benchmarks/tree_attention.py [--old main|FILE] [--capacity 33792] [--sweep | --split-sweep | --tile-sweep]
         [--json-out FILE]
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import jetspec_chat  # noqa: E402  (the repo's jetspec_chat/; kernels/ joins its path: no install needed)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU lease (device tool) that measures the engine before/after a change in one run:
+# Remote GPU calls that measure the engine before/after a change in one run:
 #   setup                 installs this checkout and stages the carried GGUF chunk
 #   stage                 copies the carried chunk(s) into /root/stage
 #   assemble MODEL        (carry, for a baseline, its source in .stage/old, e.g. `git archive BASE |
@@ -10,7 +10,7 @@
 #   mismatch MODEL HEADDIR the greedy mismatch rate of spec vs AR (bf16) on the coding, chat and math sets
 #   datagen MODEL BATCH N the data stage of train-head alone on N prompts (its tokens/s)
 # Each verb fits one device call (<10 min); issue them back to back. Results in $OUT.
-# Keep the working tree under 64 MiB: scripts/gpu-lease/heads_aside.sh out (and in afterwards); carry the head.
+# Keep the working tree under 64 MiB: tools/remote-gpu/heads_aside.sh out (and in afterwards); carry the head.
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site JETSPEC_CHAT_CACHE=/root/cache

@@ -11,9 +11,9 @@ path) give the same bits.
 Variants: `new` (kernels/moe.py's TILE: the per-token down + combine up to TILE.token_rows
 tokens), `grouped` (the same kernels with token_rows = 0: grouped down + combine at every row
 count), and with --old FILE a previous kernels/moe.py (e.g. `git show b8bab39:kernels/moe.py >
-old_moe.py`: session 8, 6 launches at one row), timed in the same process.
+old_moe.py`: the first fused version, 6 launches at one row), timed in the same process.
 
-With --old, `new == old bitwise` per row count: TILE keeps session 8's block_k, and the
+With --old, `new == old bitwise` per row count: TILE keeps the first version's block_k, and the
 routing fold and the per-token down change no bit, so it should read True everywhere.
 
 Then the kernels of one layer at 1, 4, 16 and 256 rows, from the profiler (device time per launch, no
@@ -21,7 +21,7 @@ gaps): where the time over the bound goes.
 
 --sweep: (1) the per-token down's knobs (token_n, token_warps, token_stages) at rows <= 4;
 (2) the crossover: per-token vs grouped at 1, 2, 4, 8, 16 rows -> token_rows; (3) the grouped
-tiles (as in session 8) at every row count; prints the TILE line to paste into kernels/moe.py
+tiles (as first tuned) at every row count; prints the TILE line to paste into kernels/moe.py
 (~1-2 min more, --budget-s caps it).
 
 --tiny: tiny shapes on the CPU (TRITON_INTERPRET=1) or GPU, wall-clock timing, no graphs: a
@@ -29,7 +29,7 @@ smoke test of this script, its numbers mean nothing (under the interpreter `inva
 False: numpy's matmul sums tiles of other widths differently; the tests patch it, see
 tests/kernels/test_moe_kernel.py).
 
-    python scripts/gpu-lease/moe_kernel_bench.py [--rows 1,2,4,16,64,128,256] [--layers 8] [--old FILE] [--sweep]
+    python benchmarks/moe_block.py [--rows 1,2,4,16,64,128,256] [--layers 8] [--old FILE] [--sweep]
 """
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def bound_ms(p: Problem, t: int) -> tuple[float, float]:
 
 def time_layer(p: Problem, block: Block, t: int, reps: int = 20) -> float:
     """Median ms per layer of the layers chained in one graph (each output plus the first
-    input is the next layer's input, as a residual would be; session 9 rescaled the output by 30,
+    input is the next layer's input, as a residual would be; an earlier version rescaled the output by 30,
     which overflowed to NaN within 8 layers and emptied those layers' routing)."""
     x0 = p.x[:t]
 
@@ -324,7 +324,7 @@ def main() -> None:
                    bound_us=round(bound * 1e3, 2))
         for name, block in variants.items():
             row[name] = measure(prob, block, t, bound, bigs[name])
-        if old is not None:  # same block_k as session 8: the same bits expected at every row count
+        if old is not None:  # the same block_k as the first version: the same bits expected at every row count
             r, gu, d = prob.layers[0]
             row["new_equals_old"] = torch.equal(variants["new"](prob.x[:t], r, gu, d), variants["old"](prob.x[:t], r, gu, d))
         results.append(row)

@@ -9,9 +9,9 @@ GB/s at M=1 = (weight + x + y bytes) / time. `inv`: bitwise M-invariance, i.e. o
 the first m rows of ours(x[:256]) for every m, and single rows 0, 100, 255 alone; the same check
 for cuBLAS is shown beside it. `err`: |y - exact| / |exact| (Frobenius, exact = fp32 arithmetic)
 for ours and for cuBLAS. `64-row µs` (M > 64, where `block_m_for` picks 128-row programs): the
-same GEMM with 64-row programs, the faster of its split and fused launches (session 7's kernel).
-(Session 8 also timed a gate_up GEMM with SiLU*up in its epilogue here: slower at every M, dropped;
-PERF_NOTES.)
+same GEMM with 64-row programs, the faster of its split and fused launches (the first batch-invariant kernel).
+(An earlier version also timed a gate_up GEMM with SiLU*up in its epilogue here: slower at every M, dropped;
+docs/performance.md.)
 
 --sweep also times, per shape, a handful of candidate configs (block_n, block_k, K groups,
 warps, stages) at every M, each with both launches (split over K groups, groups summed in-kernel, and
@@ -23,7 +23,7 @@ per shape the best launch per (candidate, M) and a pick (lowest sum over M of ti
 The tables alone: under a minute on an H200 (estimated, mostly compiles); with --sweep about
 2 min more (split it with --models if it runs long).
 
-    python3 scripts/gpu-lease/linear_bench.py [--sweep [--jobs 12] [--no-table]] [--ms 1,16,64,128,256]
+    python3 benchmarks/linear.py [--sweep [--jobs 12] [--no-table]] [--ms 1,16,64,128,256]
         [--models 1.5B,8B] [--names qkv,o_proj,gate_up,down,lm_head]
 
 Runs from the repository root without installing the package (engine/ and kernels/ are mapped
@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import jetspec_chat  # noqa: E402  (the repo's jetspec_chat/; kernels/ and engine/ join its path)
 

@@ -5,14 +5,14 @@
   tuned:  the engine as it is (kernels/matmul.py: TUNED configs where measured, else the rule);
   rule:   TUNED emptied, every weight on `rule_config`;
   cublas: F.linear (cuBLAS) for every linear: faster or slower, but a row's bits then depend on
-          how many rows share the GEMM, so bf16 speculation no longer equals bf16 AR (issue 13).
+          how many rows share the GEMM, so bf16 speculation no longer equals bf16 AR.
 
 One CUDA graph of TargetModel.forward per variant (the lm_head is not in it), replayed --reps times
 (median), the variants alternating for --rounds rounds (median of the rounds). Prints new/`tuned`
-ratios. (Session 19's L2-prefetch probe, scripts/gpu-lease/prefetch_probe.py in c567824, measured
-a side-stream weight prefetch in the same way; PERF_NOTES "Session 19".)
+ratios. (An L2-prefetch probe, prefetch_probe.py in c567824, measured a side-stream weight prefetch
+the same way; docs/performance.md, "Prefetch".)
 
-    python3 scripts/gpu-lease/linear_cost_bench.py [--models 0.5B,1.5B,8B] [--ts 1,64,128] [--reps 40]
+    python3 benchmarks/linear_in_stack.py [--models 0.5B,1.5B,8B] [--ts 1,64,128] [--reps 40]
 
 Runs from the repository root without installing the package. JSON to $OUT/linear_cost_bench.json.
 """

@@ -1,6 +1,6 @@
 """Where a start goes: time each loading phase of MODEL in a fresh process.
 
-    JETSPEC_CHAT_CACHE=DIR python scripts/startup_phases.py qwen2.5-coder-0.5b [--device cpu] [--dtype auto]
+    JETSPEC_CHAT_CACHE=DIR python benchmarks/startup_phases.py qwen2.5-coder-0.5b [--device cpu] [--dtype auto]
 
 Run it twice: the first run converts an embedded model (the one-time cost), the second shows a
 cached start. The phases are load_engine's, timed one by one.
