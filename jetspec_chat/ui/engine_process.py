@@ -23,7 +23,6 @@ import os
 import queue
 import sys
 import threading
-import time
 import traceback
 from typing import Any
 
@@ -32,12 +31,6 @@ from jetspec_chat.engine.params import SpecParams
 from . import engine_worker as ew
 
 MAX_ITEMS_PER_MESSAGE = 256  # outbox items pickled together into one pipe message
-# After the first item of a batch the forwarder sleeps this long (without the GIL) and sends what
-# has come by then in one message. Sending each round as it came meant ~600 pickles and pipe
-# writes a second at AR speed on a GPU, each taking the GIL from the engine's own Python loop:
-# the app decoded at 0.92x the engine there (H200, the 1.5B's shape). The app draws at most
-# ~12 frames a second, so 20 ms of batching is never seen.
-FORWARD_BATCH_S = 0.02
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -216,8 +209,6 @@ def _quiet_output() -> None:
 def _forward(outbox: queue.SimpleQueue, events: Any) -> None:
     while True:
         item = outbox.get()
-        if item is not None:
-            time.sleep(FORWARD_BATCH_S)
         batch = [item]
         while len(batch) < MAX_ITEMS_PER_MESSAGE:
             try:

@@ -166,29 +166,3 @@ def test_worker_warms_the_budgets_before_they_are_timed():
         assert run.new_tokens <= 1, run
     finally:
         worker.shutdown(timeout=2.0)
-
-
-def test_the_forwarder_batches_what_comes_within_its_interval():
-    """At AR speed on a GPU rounds come every ~1.7 ms: they cross the pipe in a few messages,
-    not one pickle and write each (the engine's Python loop would share its GIL with them)."""
-    import queue as _queue
-    import threading as _threading
-
-    from jetspec_chat.ui import engine_process as ep
-
-    class Pipe:
-        def __init__(self):
-            self.sent = []
-
-        def send(self, batch):
-            self.sent.append(list(batch))
-
-    outbox, pipe = _queue.SimpleQueue(), Pipe()
-    forward = _threading.Thread(target=ep._forward, args=(outbox, pipe))
-    forward.start()
-    for i in range(40):  # 40 rounds within one batching interval
-        outbox.put(i)
-    outbox.put(None)
-    forward.join(5.0)
-    assert [i for batch in pipe.sent for i in batch] == list(range(40))  # all of them, in order
-    assert len(pipe.sent) <= 2
