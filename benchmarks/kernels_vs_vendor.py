@@ -2,8 +2,9 @@
 
 GEMM (x [M, K] @ W[N, K].T, bf16) at every linear shape of Qwen2.5-1.5B, Qwen3-8B and
 Qwen3-30B-A3B (the dense linears; its experts run in kernels/moe.py) for M in {1, 16, 64, 128, 256}:
-  base   kernels.matmul.linear_triton (the engine's launch)
+  base   kernels.matmul.linear_triton(tma=False): the pointer-fed kernel (split or fused launch)
   tma*   kernels.matmul_tma.linear_tma variants (persistent grid, TMA-fed), same arithmetic
+  engine linear_triton as the engine calls it (the TMA form where matmul.use_tma picks it)
   cublas torch.matmul (its algorithm depends on M: not batch-invariant)
   bound  max(weight + activation + output bytes / copy bandwidth, 2MNK / matmul rate), both
          measured here first (a large device copy; an 8192^3 bf16 torch.matmul)
@@ -93,7 +94,7 @@ def main() -> None:
     torch.manual_seed(0)
     bw, rate = ceilings()
     print(f"device {torch.cuda.get_device_name()}  read {bw / 1e12:.2f} TB/s  bf16 matmul {rate / 1e12:.0f} TFLOP/s")
-    head = f"{'model':5} {'linear':8} {'N':>6} {'K':>5} {'M':>4} {'bound':>7} {'cublas':>7} {'base':>7}"
+    head = f"{'model':5} {'linear':8} {'N':>6} {'K':>5} {'M':>4} {'bound':>7} {'cublas':>7} {'base':>7} {'engine':>7}"
     head += "".join(f" {v:>7}" for v in TMA_VARIANTS) + "".join(f" {v:>7}" for v in WIDE_VARIANTS)
     head += f" {'best/base':>9} {'base/bnd':>8} {'cub/bnd':>7} {'bits':>5} {'wideN':>5}"
     rows_out = [head]
@@ -106,11 +107,12 @@ def main() -> None:
             for m in [int(r) for r in args.rows.split(",")]:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-                base_y = linear_triton(x, weights[0])
+                base_y = linear_triton(x, weights[0], tma=False)
                 bits = True
                 for r in sorted({0, m // 2, m - 1}):
-                    bits &= torch.equal(linear_triton(x[r:r + 1], weights[0])[0], base_y[r])
-                t_base = graph_time_us(lambda i: linear_triton(x, weights[i], out=outs[i]), copies)
+                    bits &= torch.equal(linear_triton(x[r:r + 1], weights[0], tma=False)[0], base_y[r])
+                t_base = graph_time_us(lambda i: linear_triton(x, weights[i], out=outs[i], tma=False), copies)
+                t_engine = graph_time_us(lambda i: linear_triton(x, weights[i], out=outs[i]), copies)
                 t_cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T, out=outs[i]), copies)
                 times = {}
                 for v, kw in TMA_VARIANTS.items():
@@ -135,7 +137,7 @@ def main() -> None:
                         times[v] = float("nan")
                 bound = max((wbytes + 2 * m * k + 2 * m * n) / bw, 2 * m * n * k / rate) * 1e6
                 best = min((times[v] for v in TMA_VARIANTS if times[v] == times[v]), default=float("nan"))
-                line = f"{model:5} {name:8} {n:6} {k:5} {m:4} {bound:7.1f} {t_cublas:7.1f} {t_base:7.1f}"
+                line = f"{model:5} {name:8} {n:6} {k:5} {m:4} {bound:7.1f} {t_cublas:7.1f} {t_base:7.1f} {t_engine:7.1f}"
                 line += "".join(f" {times[v]:7.1f}" for v in [*TMA_VARIANTS, *WIDE_VARIANTS])
                 line += f" {best / t_base:9.2f} {t_base / bound:8.2f} {t_cublas / bound:7.2f} {'ok' if bits else 'DIFF':>5}"
                 line += f" {'same' if wide_bits else 'DIFF':>5}"

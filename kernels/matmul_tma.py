@@ -22,6 +22,8 @@ whether this form can run here. Speed only: `linear_triton` stays the reference 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .launch import interpreting
@@ -44,7 +46,12 @@ def available(device: torch.device) -> bool:
     with host tensor descriptors."""
     if TensorDescriptor is None or device.type != "cuda" or interpreting():
         return False
-    return torch.cuda.get_device_capability(device) >= (9, 0)
+    return _device_has_tma(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_has_tma(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
 if triton is not None and TensorDescriptor is not None:

@@ -72,3 +72,18 @@ def test_gpu_tma_rows_match_the_linear_bitwise(name):
                 assert torch.equal(got, ref), f"{name} M={m} pps={pps} bias={bias is not None}"
                 rows = list(range(0, m, 17))
                 assert torch.equal(got[rows], alone[:len(rows)]), f"{name} M={m}: rows differ from AR"
+
+
+def test_tma_rule(monkeypatch):
+    """use_tma: fused launches of 128-row programs with >= TMA_MIN_TILES output tiles (the
+    lm_heads past 64 rows), on a device where the TMA form runs; never the AR step."""
+    from jetspec_chat.kernels import matmul
+
+    monkeypatch.setattr(matmul_tma, "available", lambda device: True)
+    cuda = torch.device("cuda")
+
+    def picks(m, n, k):
+        return matmul.use_tma(m, n, k, matmul.choose_config(n, k), None, cuda)
+
+    assert [picks(m, 151936, 4096) for m in (1, 64, 65, 128, 256)] == [False, False, True, True, True]
+    assert not any(picks(m, n, k) for m in (1, 128, 256) for n, k in REAL_SHAPES.values())
