@@ -3,7 +3,7 @@
 GEMM (x [M, K] @ W[N, K].T, bf16) at every linear shape of Qwen2.5-1.5B, Qwen3-8B and
 Qwen3-30B-A3B (the dense linears; its experts run in kernels/moe.py) for M in {1, 16, 64, 128, 256}:
   base   kernels.matmul.linear_triton(tma=False): the pointer-fed kernel (split or fused launch)
-  tma*   kernels.matmul_tma.linear_tma variants (persistent grid, TMA-fed), same arithmetic
+  tma*   kernels.matmul.linear_tma variants (kernels/matmul_tma.py: persistent grid, TMA-fed), same arithmetic
   engine linear_triton as the engine calls it (the TMA form where matmul.use_tma picks it)
   cublas torch.matmul (its algorithm depends on M: not batch-invariant)
   bound  max(weight + activation + output bytes / copy bandwidth, 2MNK / matmul rate), both
@@ -23,8 +23,7 @@ import statistics
 
 import torch
 
-from jetspec_chat.kernels.matmul import choose_config, linear_triton
-from jetspec_chat.kernels.matmul_tma import linear_tma
+from jetspec_chat.kernels.matmul import choose_config, linear_tma, linear_triton
 
 SHAPES = {  # (name, N, K)
     "1.5b": [("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960),

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 import torch
 
 from .launch import interpreting, launch_args, wait_for_previous
+from .matmul_tma import available as tma_available
+from .matmul_tma import launch_tma
 
 try:  # triton is optional: CPU-only installs use F.linear.
     import triton
@@ -221,10 +223,8 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
 
 def use_tma(m: int, n: int, k: int, config: LinearConfig, block_m: int | None, device: torch.device) -> bool:
     """Whether a fused launch runs the persistent TMA form (TMA_MIN_TILES; speed only, never bits)."""
-    from .matmul_tma import available
-
     block_m = block_m or block_m_for(m, config.num_groups(k), False)
-    if block_m != WIDE_BLOCK_M or not available(device):
+    if block_m != WIDE_BLOCK_M or not tma_available(device):
         return False
     return _cdiv(m, block_m) * _cdiv(n, config.block_n) >= TMA_MIN_TILES
 
@@ -391,6 +391,43 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return partials
 
 
+def linear_tma(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    config: LinearConfig | None = None,
+    block_m: int | None = None,
+    programs_per_sm: int = 1,
+    num_stages: int | None = None,
+    flatten: bool = False,
+) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T (+ bias) -> [M, N] through the persistent TMA-fed kernel
+    (matmul_tma.py), bitwise `linear_triton(x, weight, bias, config=config)`: its fused launch's
+    arithmetic. block_m: rows per tile (default `block_m_for`'s fused choice); programs_per_sm,
+    num_stages, flatten: speed only."""
+    assert tma_available(x.device), "linear_tma needs a CUDA device of sm_90+ and compiled Triton"
+    assert x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1]
+    assert x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    m, k = x.shape
+    n = weight.shape[0]
+    if out is None:
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if m == 0 or n == 0:
+        return out
+    config = config or choose_config(n, k)
+    groups = config.num_groups(k)
+    block_m = block_m or block_m_for(m, groups, split=False)
+    assert block_m in (BLOCK_M, 2 * BLOCK_M), f"block_m {block_m}"
+    launch_tma(x, weight, bias, out, block_m=block_m, block_n=config.block_n, block_k=config.block_k,
+               group_blocks=config.group_blocks(k), one_group=groups == 1, num_warps=warps_for(block_m, config),
+               num_stages=num_stages or stages_for(block_m, config), programs_per_sm=programs_per_sm, flatten=flatten)
+    return out
+
+
 def _operands(x, weight, bias):
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -419,8 +456,6 @@ def _launch(x, weight, bias, out, *, config, split, block_m, tma=None) -> None:
     if tma is None:
         tma = not split and use_tma(m, n, k, config, block_m, x.device)
     if tma and not split:
-        from .matmul_tma import linear_tma  # matmul_tma imports this module
-
         linear_tma(x, weight, bias, out, config=config, block_m=block_m, programs_per_sm=2)
         return
     partials = torch.empty(groups, m, n, device=x.device, dtype=torch.float32) if split else out
@@ -467,7 +502,9 @@ __all__ = [
     "linear_partials",
     "linear_partials_triton",
     "linear_ref",
+    "linear_tma",
     "linear_triton",
     "rule_config",
+    "use_tma",
     "use_split",
 ]

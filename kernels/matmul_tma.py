@@ -18,7 +18,8 @@ So a row's result does not depend on M, nor on which of the two kernels produced
 tests and benchmarks/kernels_vs_vendor.py check this bitwise at the real shapes.
 
 Needs a CUDA device with TMA (sm_90+) and Triton's host tensor descriptors; `available()` says
-whether this form can run here. Speed only: `linear_triton` stays the reference launch.
+whether this form can run here. matmul.py picks the tile config and calls `launch_tma`
+(`matmul.linear_tma`, and `linear_triton` where `matmul.use_tma` picks this form).
 """
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ import functools
 import torch
 
 from .launch import interpreting
-from .matmul import BLOCK_M, LinearConfig, _cdiv, block_m_for, choose_config, stages_for, warps_for
 
 try:
     import triton
@@ -92,49 +92,25 @@ if triton is not None and TensorDescriptor is not None:
             tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
 
 
-def linear_tma(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    *,
-    config: LinearConfig | None = None,
-    block_m: int | None = None,
-    programs_per_sm: int = 1,
-    num_stages: int | None = None,
-    flatten: bool = False,
-) -> torch.Tensor:
-    """x [M, K] @ weight[N, K].T (+ bias) -> [M, N], bitwise `linear_triton(x, weight, bias,
-    config=config)` (module docstring). block_m: rows per tile (default: matmul.block_m_for's
-    fused choice); programs_per_sm, num_stages, flatten: speed only."""
-    assert available(x.device), "linear_tma needs a CUDA device of sm_90+ and compiled Triton"
-    assert x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1]
-    assert x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
-    x = x if x.stride(1) == 1 else x.contiguous()
-    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+def launch_tma(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, *,
+    block_m: int, block_n: int, block_k: int, group_blocks: int, one_group: bool,
+    num_warps: int, num_stages: int, programs_per_sm: int = 1, flatten: bool = False,
+) -> None:
+    """_linear_tma_kernel over x [M, K] (unit column stride), weight [N, K] (unit column stride)
+    into out [M, N], with matmul.py's tile config (matmul.linear_tma chooses it)."""
     m, k = x.shape
     n = weight.shape[0]
-    if out is None:
-        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    if m == 0 or n == 0:
-        return out
-    config = config or choose_config(n, k)
-    groups = config.num_groups(k)
-    block_m = block_m or block_m_for(m, groups, split=False)
-    assert block_m in (BLOCK_M, 2 * BLOCK_M), f"block_m {block_m}"
-    x_desc = TensorDescriptor.from_tensor(x, [block_m, config.block_k])
-    w_desc = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
-    tiles = _cdiv(m, block_m) * _cdiv(n, config.block_n)
-    programs = min(tiles, SMS * programs_per_sm)
+    x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
+    w_desc = TensorDescriptor.from_tensor(weight, [block_n, block_k])
+    programs = min(-(-m // block_m) * -(-n // block_n), SMS * programs_per_sm)
     b = bias if bias is not None else out
     _linear_tma_kernel[(programs,)](
-        x_desc, w_desc, b, out, m, n, out.stride(0), config.group_blocks(k), _cdiv(k, config.block_k), programs,
-        ONE_GROUP=groups == 1, HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, FLATTEN=flatten,
-        num_warps=warps_for(block_m, config),
-        num_stages=num_stages or stages_for(block_m, config), enable_fp_fusion=False,
+        x_desc, w_desc, b, out, m, n, out.stride(0), group_blocks, -(-k // block_k), programs,
+        ONE_GROUP=one_group, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FLATTEN=flatten,
+        num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False,
     )
-    return out
 
 
-__all__ = ["available", "linear_tma"]
+__all__ = ["available", "launch_tma"]

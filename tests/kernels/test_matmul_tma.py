@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton")
 
 from sm90 import run_compile_script  # noqa: E402
 
-from jetspec_chat.kernels.matmul import BLOCK_M, TUNED, WIDE_BLOCK_M, LinearConfig, linear_triton, stages_for  # noqa: E402
+from jetspec_chat.kernels.matmul import BLOCK_M, TUNED, WIDE_BLOCK_M, LinearConfig, linear_tma, linear_triton, stages_for  # noqa: E402
 from jetspec_chat.kernels import matmul_tma  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -68,7 +68,7 @@ def test_gpu_tma_rows_match_the_linear_bitwise(name):
             ref = linear_triton(x[:m], w, bias)
             for pps in (1, 2):
                 out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-                got = matmul_tma.linear_tma(x[:m], w, bias, out=out, programs_per_sm=pps)
+                got = linear_tma(x[:m], w, bias, out=out, programs_per_sm=pps)
                 assert torch.equal(got, ref), f"{name} M={m} pps={pps} bias={bias is not None}"
                 rows = list(range(0, m, 17))
                 assert torch.equal(got[rows], alone[:len(rows)]), f"{name} M={m}: rows differ from AR"
@@ -79,7 +79,7 @@ def test_tma_rule(monkeypatch):
     lm_heads past 64 rows), on a device where the TMA form runs; never the AR step."""
     from jetspec_chat.kernels import matmul
 
-    monkeypatch.setattr(matmul_tma, "available", lambda device: True)
+    monkeypatch.setattr(matmul, "tma_available", lambda device: True)
     cuda = torch.device("cuda")
 
     def picks(m, n, k):
