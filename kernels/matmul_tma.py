@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from .launch import interpreting
+from .launch import interpreting, launch_args, wait_for_previous
 
 try:
     import triton
@@ -61,9 +61,10 @@ if triton is not None and TensorDescriptor is not None:
         x_desc, w_desc, B, Y, M, N, stride_ym, group_blocks, k_blocks, programs,
         ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        FLATTEN: tl.constexpr,
+        FLATTEN: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (programs,): program p computes output tiles p, p + programs, ... (M tiles fastest)."""
+        wait_for_previous(PDL)
         m_tiles = tl.cdiv(M, BLOCK_M)
         tiles = m_tiles * tl.cdiv(N, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, programs, flatten=FLATTEN):
@@ -109,7 +110,7 @@ def launch_tma(
         x_desc, w_desc, b, out, m, n, out.stride(0), group_blocks, -(-k // block_k), programs,
         ONE_GROUP=one_group, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FLATTEN=flatten,
-        num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False,
+        num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False, **launch_args(x.device, m),
     )
 
 
