@@ -46,6 +46,8 @@ from dataclasses import dataclass
 import torch
 
 from .launch import interpreting, launch_args, wait_for_previous
+from .matmul_tma import available as tma_available
+from .matmul_tma import launch_tma
 
 try:  # triton is optional: CPU-only installs use F.linear.
     import triton
@@ -73,6 +75,11 @@ MIN_GROUP_BLOCKS = 2
 # SMs idle and the fp32 partials (8 * groups * M * N bytes, written and read back) stay within
 # 1.5x the weight's bytes.
 SPLIT_MAX_PARTIAL_RATIO = 1.5
+# Fused launches of 128-row programs with at least this many output tiles run the persistent
+# TMA-fed form (matmul_tma.py: the same arithmetic, the same bits). Read off the H200 timings of
+# benchmarks/kernels_vs_vendor.py: it won only where tiles are plentiful (the lm_heads at M = 128
+# and 256: 8B 677 -> 603 us at M = 256, 30B-A3B 370 -> 287) and lost at the per-layer linears.
+TMA_MIN_TILES = 8 * SMS
 
 
 @dataclass(frozen=True)
@@ -214,6 +221,14 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
     return groups > 1 and fused_programs <= SMS and partial_bytes <= SPLIT_MAX_PARTIAL_RATIO * weight_bytes
 
 
+def use_tma(m: int, n: int, k: int, config: LinearConfig, block_m: int | None, device: torch.device) -> bool:
+    """Whether a fused launch runs the persistent TMA form (TMA_MIN_TILES; speed only, never bits)."""
+    block_m = block_m or block_m_for(m, config.num_groups(k), False)
+    if block_m != WIDE_BLOCK_M or not tma_available(device):
+        return False
+    return _cdiv(m, block_m) * _cdiv(n, config.block_n) >= TMA_MIN_TILES
+
+
 # ----------------------------------------------------------------------------- triton kernels
 
 if triton is not None:
@@ -318,18 +333,20 @@ def linear_triton(
     config: LinearConfig | None = None,
     split: bool | None = None,
     block_m: int | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype, batch-invariant (module
     docstring). weight may be a row slice of a bigger weight (any row stride, unit column
     stride); x needs a unit column stride (else it is copied). out: an [M, N] destination with a
-    unit column stride. config / split / block_m override `choose_config` / `use_split` /
-    `block_m_for` (benchmarks and tests; split and block_m never change the result, config does)."""
+    unit column stride. config / split / block_m / tma override `choose_config` / `use_split` /
+    `block_m_for` / `use_tma` (benchmarks and tests; split, block_m and tma never change the
+    result, config does; tma=True only where `use_tma`'s device check holds)."""
     x, weight, bias = _operands(x, weight, bias)
     m, n = x.shape[0], weight.shape[0]
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1, "out: [M, N], x's dtype"
-    _launch(x, weight, bias, out, config=config, split=split, block_m=block_m)
+    _launch(x, weight, bias, out, config=config, split=split, block_m=block_m, tma=tma)
     return out
 
 
@@ -374,6 +391,43 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return partials
 
 
+def linear_tma(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    config: LinearConfig | None = None,
+    block_m: int | None = None,
+    programs_per_sm: int = 1,
+    num_stages: int | None = None,
+    flatten: bool = False,
+) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T (+ bias) -> [M, N] through the persistent TMA-fed kernel
+    (matmul_tma.py), bitwise `linear_triton(x, weight, bias, config=config)`: its fused launch's
+    arithmetic. block_m: rows per tile (default `block_m_for`'s fused choice); programs_per_sm,
+    num_stages, flatten: speed only."""
+    assert tma_available(x.device), "linear_tma needs a CUDA device of sm_90+ and compiled Triton"
+    assert x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1]
+    assert x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    m, k = x.shape
+    n = weight.shape[0]
+    if out is None:
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if m == 0 or n == 0:
+        return out
+    config = config or choose_config(n, k)
+    groups = config.num_groups(k)
+    block_m = block_m or block_m_for(m, groups, split=False)
+    assert block_m in (BLOCK_M, 2 * BLOCK_M), f"block_m {block_m}"
+    launch_tma(x, weight, bias, out, block_m=block_m, block_n=config.block_n, block_k=config.block_k,
+               group_blocks=config.group_blocks(k), one_group=groups == 1, num_warps=warps_for(block_m, config),
+               num_stages=num_stages or stages_for(block_m, config), programs_per_sm=programs_per_sm, flatten=flatten)
+    return out
+
+
 def _operands(x, weight, bias):
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -390,7 +444,7 @@ def _operands(x, weight, bias):
     return x, weight, bias
 
 
-def _launch(x, weight, bias, out, *, config, split, block_m) -> None:
+def _launch(x, weight, bias, out, *, config, split, block_m, tma=None) -> None:
     """The GEMM of x [M, K] and weight [N, K] into out [M, N]."""
     m, k = x.shape
     n = weight.shape[0]
@@ -399,6 +453,11 @@ def _launch(x, weight, bias, out, *, config, split, block_m) -> None:
     config = config or choose_config(n, k)
     groups = config.num_groups(k)
     split = use_split(m, n, k, config) if split is None else (split and groups > 1)
+    if tma is None:
+        tma = not split and use_tma(m, n, k, config, block_m, x.device)
+    if tma and not split:
+        linear_tma(x, weight, bias, out, config=config, block_m=block_m, programs_per_sm=2)
+        return
     partials = torch.empty(groups, m, n, device=x.device, dtype=torch.float32) if split else out
     _launch_gemm(x, weight, bias, out, partials, config=config, split=split, block_m=block_m)
     if split:
@@ -443,7 +502,9 @@ __all__ = [
     "linear_partials",
     "linear_partials_triton",
     "linear_ref",
+    "linear_tma",
     "linear_triton",
     "rule_config",
+    "use_tma",
     "use_split",
 ]

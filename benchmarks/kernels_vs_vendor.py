@@ -1,0 +1,151 @@
+"""Each batch-invariant kernel beside its vendor reference and its bound, with a bitwise check.
+
+GEMM (x [M, K] @ W[N, K].T, bf16) at every linear shape of Qwen2.5-1.5B, Qwen3-8B and
+Qwen3-30B-A3B (the dense linears; its experts run in kernels/moe.py) for M in {1, 16, 64, 128, 256}:
+  base   kernels.matmul.linear_triton(tma=False): the pointer-fed kernel (split or fused launch)
+  tma*   kernels.matmul.linear_tma variants (kernels/matmul_tma.py: persistent grid, TMA-fed), same arithmetic
+  engine linear_triton as the engine calls it (the TMA form where matmul.use_tma picks it)
+  cublas torch.matmul (its algorithm depends on M: not batch-invariant)
+  bound  max(weight + activation + output bytes / copy bandwidth, 2MNK / matmul rate), both
+         measured here first (a large device copy; an 8192^3 bf16 torch.matmul)
+  bits   'ok' when every variant's output equals base's bitwise and base's rows at M equal its
+         rows computed alone (M = 1, the AR step) for the first, middle and last row.
+Times: median over CUDA-graph replays of 16 back-to-back calls, rotating over enough weight
+copies to exceed the L2, in µs per call.
+
+  python3 benchmarks/kernels_vs_vendor.py [--models 1.5b,8b,30b] [--rows 1,16,64,128,256]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+
+import torch
+
+from jetspec_chat.kernels.matmul import choose_config, linear_tma, linear_triton
+
+SHAPES = {  # (name, N, K)
+    "1.5b": [("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960),
+             ("lm_head", 151936, 1536)],
+    "8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 24576, 4096), ("down", 4096, 12288),
+           ("lm_head", 151936, 4096)],
+    "30b": [("qkv", 5120, 2048), ("o", 2048, 4096), ("lm_head", 151936, 2048)],
+}
+TMA_VARIANTS = {
+    "tma1": dict(programs_per_sm=1),
+    "tma2": dict(programs_per_sm=2),
+}
+# Wider tiles (BLOCK_N 256, same BLOCK_K and K groups): a different wgmma N per warpgroup. Whether
+# that changes a single bit is what the 'wideN' column reports (vs base); not used by the engine.
+WIDE_VARIANTS = {
+    "w256": dict(programs_per_sm=1, num_stages=3),
+}
+CALLS = 16  # calls per graph replay
+L2_BYTES = 50e6
+
+
+def graph_time_us(fn, copies: int) -> float:
+    """Median µs per call: a graph of CALLS calls (call i on copy i mod copies), replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(3):
+            fn(i % copies)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(CALLS):
+            fn(i % copies)
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(15):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CALLS)
+    return statistics.median(times)
+
+
+def ceilings() -> tuple[float, float]:
+    """(copy bytes/s counting read + write, bf16 matmul FLOP/s) measured on this device."""
+    src = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)  # 1 GiB
+    dst = torch.empty_like(src)
+    t = graph_time_us(lambda i: dst.copy_(src), 1)
+    print(f"device copy {2 * src.numel() * 2 / (t * 1e-6) / 1e12:.2f} TB/s (read + write)")
+    t = graph_time_us(lambda i: torch.sum(src, dtype=torch.float32), 1)
+    bw = src.numel() * 2 / (t * 1e-6)  # a GEMM streams its weight: read bandwidth is its ceiling
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t = graph_time_us(lambda i: a @ b, 1)
+    return bw, 2 * 8192**3 / (t * 1e-6)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="1.5b,8b,30b")
+    ap.add_argument("--rows", default="1,16,64,128,256")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    bw, rate = ceilings()
+    print(f"device {torch.cuda.get_device_name()}  read {bw / 1e12:.2f} TB/s  bf16 matmul {rate / 1e12:.0f} TFLOP/s")
+    head = f"{'model':5} {'linear':8} {'N':>6} {'K':>5} {'M':>4} {'bound':>7} {'cublas':>7} {'base':>7} {'engine':>7}"
+    head += "".join(f" {v:>7}" for v in TMA_VARIANTS) + "".join(f" {v:>7}" for v in WIDE_VARIANTS)
+    head += f" {'best/base':>9} {'base/bnd':>8} {'cub/bnd':>7} {'bits':>5} {'wideN':>5}"
+    rows_out = [head]
+    print(head, flush=True)
+    for model in args.models.split(","):
+        for name, n, k in SHAPES[model]:
+            wbytes = 2 * n * k
+            copies = max(1, min(32, int(3 * L2_BYTES // wbytes) + 1))
+            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            for m in [int(r) for r in args.rows.split(",")]:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+                base_y = linear_triton(x, weights[0], tma=False)
+                bits = True
+                for r in sorted({0, m // 2, m - 1}):
+                    bits &= torch.equal(linear_triton(x[r:r + 1], weights[0], tma=False)[0], base_y[r])
+                t_base = graph_time_us(lambda i: linear_triton(x, weights[i], out=outs[i], tma=False), copies)
+                t_engine = graph_time_us(lambda i: linear_triton(x, weights[i], out=outs[i]), copies)
+                t_cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T, out=outs[i]), copies)
+                times = {}
+                for v, kw in TMA_VARIANTS.items():
+                    try:
+                        y = linear_tma(x, weights[0], **kw)
+                        torch.cuda.synchronize()
+                        bits &= torch.equal(y, base_y)
+                        times[v] = graph_time_us(lambda i, kw=kw: linear_tma(x, weights[i], out=outs[i], **kw), copies)
+                    except Exception as e:  # a variant that does not compile here: reported, not fatal
+                        print(f"  {v} failed at {name} M={m}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                        times[v] = float("nan")
+                wide = dataclasses.replace(choose_config(n, k), block_n=256)
+                wide_bits = True
+                for v, kw in WIDE_VARIANTS.items():
+                    try:
+                        y = linear_tma(x, weights[0], config=wide, **kw)
+                        torch.cuda.synchronize()
+                        wide_bits &= torch.equal(y, base_y)
+                        times[v] = graph_time_us(lambda i, kw=kw: linear_tma(x, weights[i], out=outs[i], config=wide, **kw), copies)
+                    except Exception as e:
+                        print(f"  {v} failed at {name} M={m}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                        times[v] = float("nan")
+                bound = max((wbytes + 2 * m * k + 2 * m * n) / bw, 2 * m * n * k / rate) * 1e6
+                best = min((times[v] for v in TMA_VARIANTS if times[v] == times[v]), default=float("nan"))
+                line = f"{model:5} {name:8} {n:6} {k:5} {m:4} {bound:7.1f} {t_cublas:7.1f} {t_base:7.1f} {t_engine:7.1f}"
+                line += "".join(f" {times[v]:7.1f}" for v in [*TMA_VARIANTS, *WIDE_VARIANTS])
+                line += f" {best / t_base:9.2f} {t_base / bound:8.2f} {t_cublas / bound:7.2f} {'ok' if bits else 'DIFF':>5}"
+                line += f" {'same' if wide_bits else 'DIFF':>5}"
+                rows_out.append(line)
+                print(line, flush=True)
+            del weights
+            torch.cuda.empty_cache()
+    print("\n".join(["", "summary (µs per call)"] + rows_out))
+
+
+if __name__ == "__main__":
+    main()
