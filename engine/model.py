@@ -1,4 +1,4 @@
-"""The target model: a compact Llama / Qwen2 / Qwen3 / Qwen3-MoE decoder over the paged KV cache.
+"""The target model: a compact Llama / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss decoder over the paged KV cache.
 
 Module names mirror transformers', except that q/k/v and gate/up are fused into one weight each
 (`qkv_proj`, `gate_up_proj`) and a MoE layer's experts are stacked; `hf_parameters` gives the transformers names (row slices of the
@@ -21,6 +21,7 @@ from .kv_cache import PagedKVCache
 from .layers import (
     MLP,
     AttentionWeights,
+    GptOssMoeBlock,
     Linear,
     RMSNorm,
     Rotary,
@@ -36,9 +37,15 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
         self.self_attn = AttentionWeights(
-            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias, cfg.qk_norm, cfg.rms_norm_eps
+            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias, cfg.qk_norm, cfg.rms_norm_eps,
+            o_bias=cfg.o_proj_bias, sinks=cfg.attention_sinks,
         )
-        if cfg.is_moe_layer(index):
+        if cfg.is_moe_layer(index) and cfg.moe_kind == "gpt_oss":
+            self.mlp = GptOssMoeBlock(
+                cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+                cfg.swiglu_alpha, cfg.swiglu_limit,
+            )
+        elif cfg.is_moe_layer(index):
             self.mlp = SparseMoeBlock(
                 cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob
             )
@@ -81,7 +88,7 @@ class TargetModel(nn.Module):
         self.cfg = cfg
         self.model = Backbone(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
         self.scale = cfg.head_dim**-0.5
 
     # -- weights ---------------------------------------------------------------------------
@@ -149,7 +156,8 @@ class TargetModel(nn.Module):
             attn = layer.self_attn
             k_pool, v_pool = kv.layer(i)
             q = attn.qkv_rope_write(x, cos, sin, k_pool, v_pool, slots)
-            o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, prefix, batch.tree_mask, self.scale, keys)
+            o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, prefix, batch.tree_mask, self.scale, keys,
+                                     self.cfg.window(i), attn.sinks)
             # Residual add fused with the next norm: h += o_proj(o); x = norm(h) (same for the MLP,
             # whose add also applies the next layer's input norm, or the final norm). The
             # projections hand over their K-group sums where they split (forward_partials).
@@ -172,5 +180,5 @@ def build_target(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> 
     with torch.device("meta"):
         model = TargetModel(cfg).to(dtype)
     model = model.to_empty(device=device)
-    model.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    model.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings).to(device)
     return model.eval().requires_grad_(False)

@@ -548,12 +548,19 @@ def paged_tree_attention(
     tree_mask: torch.Tensor,
     scale: float,
     keys: VisibleKeys | None = None,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Paged tree attention: Triton on CUDA tensors, the torch reference elsewhere.
 
     Same contract as `paged_tree_attention_ref`; `keys` (`visible_keys(tree_mask)`, built once
-    a forward) spares each layer rebuilding it on the GPU.
+    a forward) spares each layer rebuilding it on the GPU. A sliding window or attention sinks
+    (gpt-oss) run on the reference only: the Triton kernel has neither option yet.
     """
+    if window or sinks is not None:
+        if q.is_cuda:
+            raise NotImplementedError("sliding-window / attention-sink attention has no GPU kernel yet; run on the CPU")
+        return paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, window, sinks)
     if q.is_cuda and triton is not None:
         return paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len,
                                            keys if keys is not None else tree_mask, scale)
