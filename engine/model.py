@@ -31,6 +31,7 @@ from .layers import (
     linear,
 )
 from .model_config import ModelConfig
+from .mxfp4 import BLOCKS_SUFFIX, SCALES_SUFFIX, dequantize_mxfp4
 
 
 class DecoderLayer(nn.Module):
@@ -109,27 +110,41 @@ class TargetModel(nn.Module):
             files = sorted(directory.glob("*.safetensors"))
         params = dict(hf_parameters(self))  # checkpoint name -> parameter (or rows of a fused one)
         seen: set[str] = set()
+        packed: dict[str, torch.Tensor] = {}  # MXFP4 halves (gpt-oss experts) waiting for their pair
         with torch.no_grad():
             for f in files:
                 with safe_open(str(f), framework="pt", device="cpu") as st:
                     for key in st.keys():
+                        if key.endswith((BLOCKS_SUFFIX, SCALES_SUFFIX)) and key[:-len(BLOCKS_SUFFIX)] in params:
+                            name = key[:-len(BLOCKS_SUFFIX)]
+                            packed[key] = st.get_tensor(key)
+                            pair = (name + BLOCKS_SUFFIX, name + SCALES_SUFFIX)
+                            if all(k in packed for k in pair):
+                                t = dequantize_mxfp4(packed.pop(pair[0]), packed.pop(pair[1]), params[name].dtype)
+                                self._copy_weight(params, name, t, f.name)
+                                seen.add(name)
+                            continue
                         if key not in params:
                             if key == "lm_head.weight" and self.lm_head is None:
                                 continue  # tied checkpoints sometimes still store it
                             if "rotary_emb" in key:
                                 continue
                             raise ValueError(f"unexpected weight {key} in {f.name}")
-                        t = st.get_tensor(key)
-                        if t.shape != params[key].shape:
-                            raise ValueError(f"weight {key} in {f.name} has shape {tuple(t.shape)}, "
-                                             f"expected {tuple(params[key].shape)}")
-                        # copy_ converts dtype and device on the way: no full-size temporary
-                        # (bf16 -> fp32 on a CPU start: 7.0 -> 3.9 s for the 0.5B).
-                        params[key].copy_(t)
+                        self._copy_weight(params, key, st.get_tensor(key), f.name)
                         seen.add(key)
+        if packed:
+            raise ValueError(f"MXFP4 weight {sorted(packed)[0]} in {directory} has no matching blocks/scales half")
         missing = set(params) - seen
         if missing:
             raise ValueError(f"weights missing from {directory}: {', '.join(sorted(missing)[:5])} ...")
+
+    @staticmethod
+    def _copy_weight(params: dict[str, torch.Tensor], key: str, t: torch.Tensor, file: str) -> None:
+        if t.shape != params[key].shape:
+            raise ValueError(f"weight {key} in {file} has shape {tuple(t.shape)}, expected {tuple(params[key].shape)}")
+        # copy_ converts dtype and device on the way: no full-size temporary
+        # (bf16 -> fp32 on a CPU start: 7.0 -> 3.9 s for the 0.5B).
+        params[key].copy_(t)
 
     # -- forward ---------------------------------------------------------------------------
     def forward(

@@ -61,7 +61,10 @@ MODEL_PATTERNS = (
 )
 HEAD_PATTERNS = ("config.json", "model.safetensors")
 # Belt and braces on top of allow_patterns: never fetch code or pickled weights.
-NEVER_DOWNLOAD = ("*.py", "*.bin", "*.pt", "*.pth", "*.pkl", "*.ckpt", "*.msgpack", "*.h5")
+NEVER_DOWNLOAD = ("*.py", "*.bin", "*.pt", "*.pth", "*.pkl", "*.ckpt", "*.msgpack", "*.h5",
+                  # gpt-oss repos also ship the original and Metal checkpoints in subfolders (13 GB each
+                  # for the 20B); the model reads only the top-level safetensors.
+                  "original/*", "metal/*")
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
