@@ -402,6 +402,15 @@ def test_bf16_rows_equal_their_ar_step(t, prefix_len, mask, n_heads, n_kv):
 
 
 @gpu_only
+@pytest.mark.parametrize("t,prefix_len,mask", [(64, 1000, "tree"), (1, 700, "tree"), (33, 500, "causal")])
+@pytest.mark.parametrize("window", [0, 128])
+def test_bf16_window_and_sinks_rows_equal_their_ar_step(t, prefix_len, mask, window):
+    """gpt-oss-20b's heads (64 query, 8 KV, head_dim 64), its window 128 and sinks, in bf16."""
+    assert_batch_invariant(t, prefix_len, 64, 8, 64, mask=mask, split_len=256, dtype=torch.bfloat16,
+                           window=window, sinks=sink_logits(64))
+
+
+@gpu_only
 def test_write_kv_bf16_gpu():
     k_pool = torch.randn(64, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
     v_pool = torch.randn_like(k_pool)
