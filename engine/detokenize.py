@@ -1,6 +1,42 @@
 """Turning token ids into text, incrementally and per token."""
 from __future__ import annotations
 
+import re
+
+# gpt-oss's "harmony" answers: messages on channels, `<|channel|>analysis<|message|>...<|end|>`
+# (the reasoning) then `<|start|>assistant<|channel|>final<|message|>...` (the answer). Shown as
+# the Qwen3 form the app folds: `<think>reasoning</think>answer`.
+HARMONY_MARK = "<|channel|>"
+_HARMONY_HEADER = re.compile(r"(?:<\|end\|>)?(?:<\|start\|>[^<]*)?<\|channel\|>(\w+)[^<]*<\|message\|>")
+_HARMONY_TOKEN = re.compile(r"<\|[a-z_]+\|>")
+
+
+def harmony_text(raw: str, final: bool = False) -> str:
+    """Display text of a harmony answer decoded with its special tokens: the analysis channel in
+    `<think>...</think>`, the final channel after it, every other special token dropped. While
+    streaming, an unfinished header at the end is held back (the text so far never changes)."""
+    if not final:  # hold back from the first special token after the last whole header
+        last = None
+        for last in _HARMONY_HEADER.finditer(raw):
+            pass
+        cut = raw.find("<|", last.end() if last else 0)
+        if cut >= 0:
+            raw = raw[:cut]
+        elif raw.endswith("<"):  # perhaps the start of one
+            raw = raw[:-1]
+    out, pos, thinking = [], 0, False
+    for m in _HARMONY_HEADER.finditer(raw):
+        out.append(raw[pos:m.start()])
+        if thinking:
+            out.append("\n</think>\n\n")
+            thinking = False
+        if m.group(1) == "analysis":
+            out.append("<think>\n")
+            thinking = True
+        pos = m.end()
+    out.append(raw[pos:])
+    return _HARMONY_TOKEN.sub("", "".join(out))
+
 
 class IncrementalDecoder:
     """Streams text for a growing list of ids without re-decoding the whole answer each round.
@@ -14,9 +50,23 @@ class IncrementalDecoder:
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
+        # A harmony vocabulary (gpt-oss): the channel tokens carry the answer's structure, so the
+        # whole answer is decoded with them and rewritten (`harmony_text`) each round.
+        # (Its channel tokens are added tokens: the small added vocabulary, not the whole one.)
+        self.harmony = HARMONY_MARK in getattr(tokenizer, "get_added_vocab", dict)()
+        self.shown = 0  # harmony: characters of the rewritten text already returned
+
+    def _harmony_delta(self, final: bool) -> str:
+        text = harmony_text(self.tokenizer.decode(self.ids, skip_special_tokens=False), final)
+        if text.endswith("\ufffd") and not final:
+            return ""
+        delta, self.shown = text[self.shown:], max(self.shown, len(text))
+        return delta
 
     def push(self, new_ids: list[int]) -> str:
         self.ids.extend(new_ids)
+        if self.harmony:
+            return self._harmony_delta(final=False)
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         prefix = decode(self.ids[self.prefix_offset : self.read_offset])
         full = decode(self.ids[self.prefix_offset :])
@@ -28,6 +78,8 @@ class IncrementalDecoder:
 
     def flush(self) -> str:
         """Text still held back at the end (e.g. a dangling partial character)."""
+        if self.harmony:
+            return self._harmony_delta(final=True)
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         prefix = decode(self.ids[self.prefix_offset : self.read_offset])
         full = decode(self.ids[self.prefix_offset :])

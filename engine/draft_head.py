@@ -36,7 +36,7 @@ from .model_config import ModelConfig
 CAUSAL_KEYS = ("causal_head", "causal", "is_causal")  # JetSpec, vLLM, SGLang spellings
 INT8 = {"method": "int8", "granularity": "per_output_channel"}  # config.json's "quantization"
 SCALE_SUFFIX = "_scale"  # X.weight -> X.weight_scale
-ROPE_TYPES = ("default", "llama3")  # what layers.Rotary implements
+ROPE_TYPES = ("default", "llama3", "yarn")  # what layers.Rotary implements
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int) -> tuple[int, ...]:
@@ -201,7 +201,7 @@ def _rope_scaling(cfg: dict) -> dict | None:
         return None
     need = [k for k in ("factor", "original_max_position_embeddings") if k not in scaling]
     if need:
-        raise DraftHeadError(f"draft head rope_scaling (llama3) lacks {', '.join(need)}")
+        raise DraftHeadError(f"draft head rope_scaling ({kind}) lacks {', '.join(need)}")
     return dict(scaling)
 
 
@@ -255,7 +255,7 @@ class DraftHead(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (K, V) of context rows: [N, n_kv, head_dim] each, RoPE applied."""
@@ -366,7 +366,7 @@ def build_head(cfg: DraftHeadConfig, device: torch.device, dtype: torch.dtype) -
     with torch.device("meta"):
         head = DraftHead(cfg)
     head = head.to_empty(device=device).to(dtype)
-    head.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    head.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings).to(device)
     return head.eval().requires_grad_(False)
 
 

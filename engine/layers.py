@@ -16,7 +16,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import Partials, linear_partials_triton, linear_triton, moe_block, qk_norm_rope, qkv_rope_write, rms_norm, silu_mul
+from ..kernels import (
+    Partials,
+    linear_partials_triton,
+    linear_triton,
+    moe_block,
+    moe_block_gpt_oss_ref,
+    qk_norm_rope,
+    qkv_rope_write,
+    rms_norm,
+    silu_mul,
+)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -204,15 +214,54 @@ class SparseMoeBlock(nn.Module):
         return self(x)
 
 
-class AttentionWeights(nn.Module):
-    """Projections of one attention layer; the forward lives with the caller (paged or draft)."""
+class GptOssExperts(nn.Module):
+    """gpt-oss's experts in transformers 5's GptOssExperts layout (also its checkpoint names once
+    dequantized): gate_up_proj [E, H, 2I] with gate and up columns interleaved, down_proj [E, I, H],
+    and a bias for each."""
 
-    def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, bias: bool, qk_norm: bool, eps: float):
+    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden, 2 * intermediate))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden))
+
+
+class GptOssMoeBlock(nn.Module):
+    """gpt-oss's MLP: a router with a bias picks top_k experts, softmax over the chosen logits;
+    each runs the clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate)) with biases. The
+    plain-torch reference (kernels/reference.py) on every device: the Triton MoE has no gpt-oss
+    options yet."""
+
+    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, alpha: float, limit: float):
+        super().__init__()
+        self.top_k, self.alpha, self.limit = top_k, alpha, limit
+        self.router = nn.Linear(hidden, num_experts, bias=True)
+        self.experts = GptOssExperts(num_experts, hidden, intermediate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        e = self.experts
+        out = moe_block_gpt_oss_ref(rows, self.router.weight, self.router.bias, e.gate_up_proj, e.gate_up_proj_bias,
+                                    e.down_proj, e.down_proj_bias, self.top_k, self.alpha, self.limit)
+        return out.view(x.shape)
+
+    def forward_partials(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x)
+
+
+class AttentionWeights(nn.Module):
+    """Projections of one attention layer; the forward lives with the caller (paged or draft).
+    gpt-oss adds an o_proj bias and per-head attention sinks (`sinks`, [n_heads] logits)."""
+
+    def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, bias: bool, qk_norm: bool, eps: float,
+                 o_bias: bool = False, sinks: bool = False):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
         parts = {"q_proj": n_heads * head_dim, "k_proj": n_kv * head_dim, "v_proj": n_kv * head_dim}
         self.qkv_proj = FusedLinear(hidden, parts, bias=bias)
-        self.o_proj = Linear(n_heads * head_dim, hidden, bias=False)
+        self.o_proj = Linear(n_heads * head_dim, hidden, bias=o_bias)
+        self.sinks = nn.Parameter(torch.empty(n_heads)) if sinks else None
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, eps)
             self.k_norm = RMSNorm(head_dim, eps)
@@ -270,19 +319,26 @@ class AttentionWeights(nn.Module):
 class Rotary(nn.Module):
     """Rotary embedding with the half-split layout transformers uses for Llama/Qwen."""
 
-    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None):
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None, max_positions: int = 0):
         super().__init__()
         # On the CPU even inside torch.device("meta") (build_target): a meta arange imports
         # torch._dynamo, seconds of every start. The buffer is moved where the model lives.
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
-        if scaling is not None:
-            inv_freq = _llama3_inv_freq(inv_freq, scaling)
+        self.attention_factor = 1.0  # YaRN scales cos and sin by it
+        if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "yarn":
+            inv_freq, self.attention_factor = _yarn_inv_freq(head_dim, theta, scaling, max_positions)
+        else:
+            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
+            if scaling is not None:
+                inv_freq = _llama3_inv_freq(inv_freq, scaling)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+        cos, sin = emb.cos(), emb.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -302,3 +358,35 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(head_dim: int, theta: float, s: dict, max_positions: int) -> tuple[torch.Tensor, float]:
+    """YaRN (gpt-oss): per-frequency blend of interpolated (/ factor) and original frequencies
+    over a linear ramp between the beta_fast and beta_slow correction dims, and the cos/sin
+    scale 0.1 ln(factor) + 1. transformers' fp32 arithmetic, step for step."""
+    original = s["original_max_position_embeddings"]
+    factor = s.get("factor") or max_positions / original
+    attention_factor = s.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all = s.get("mscale"), s.get("mscale_all_dim")
+
+        def get_mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all) if mscale and mscale_all else get_mscale(factor)
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention_factor)

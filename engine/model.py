@@ -1,4 +1,4 @@
-"""The target model: a compact Llama / Qwen2 / Qwen3 / Qwen3-MoE decoder over the paged KV cache.
+"""The target model: a compact Llama / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss decoder over the paged KV cache.
 
 Module names mirror transformers', except that q/k/v and gate/up are fused into one weight each
 (`qkv_proj`, `gate_up_proj`) and a MoE layer's experts are stacked; `hf_parameters` gives the transformers names (row slices of the
@@ -21,6 +21,7 @@ from .kv_cache import PagedKVCache
 from .layers import (
     MLP,
     AttentionWeights,
+    GptOssMoeBlock,
     Linear,
     RMSNorm,
     Rotary,
@@ -30,15 +31,22 @@ from .layers import (
     linear,
 )
 from .model_config import ModelConfig
+from .mxfp4 import BLOCKS_SUFFIX, SCALES_SUFFIX, dequantize_mxfp4
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
         self.self_attn = AttentionWeights(
-            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias, cfg.qk_norm, cfg.rms_norm_eps
+            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias, cfg.qk_norm, cfg.rms_norm_eps,
+            o_bias=cfg.o_proj_bias, sinks=cfg.attention_sinks,
         )
-        if cfg.is_moe_layer(index):
+        if cfg.is_moe_layer(index) and cfg.moe_kind == "gpt_oss":
+            self.mlp = GptOssMoeBlock(
+                cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+                cfg.swiglu_alpha, cfg.swiglu_limit,
+            )
+        elif cfg.is_moe_layer(index):
             self.mlp = SparseMoeBlock(
                 cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob
             )
@@ -81,7 +89,7 @@ class TargetModel(nn.Module):
         self.cfg = cfg
         self.model = Backbone(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
         self.scale = cfg.head_dim**-0.5
 
     # -- weights ---------------------------------------------------------------------------
@@ -102,27 +110,41 @@ class TargetModel(nn.Module):
             files = sorted(directory.glob("*.safetensors"))
         params = dict(hf_parameters(self))  # checkpoint name -> parameter (or rows of a fused one)
         seen: set[str] = set()
+        packed: dict[str, torch.Tensor] = {}  # MXFP4 halves (gpt-oss experts) waiting for their pair
         with torch.no_grad():
             for f in files:
                 with safe_open(str(f), framework="pt", device="cpu") as st:
                     for key in st.keys():
+                        if key.endswith((BLOCKS_SUFFIX, SCALES_SUFFIX)) and key[:-len(BLOCKS_SUFFIX)] in params:
+                            name = key[:-len(BLOCKS_SUFFIX)]
+                            packed[key] = st.get_tensor(key)
+                            pair = (name + BLOCKS_SUFFIX, name + SCALES_SUFFIX)
+                            if all(k in packed for k in pair):
+                                t = dequantize_mxfp4(packed.pop(pair[0]), packed.pop(pair[1]), params[name].dtype)
+                                self._copy_weight(params, name, t, f.name)
+                                seen.add(name)
+                            continue
                         if key not in params:
                             if key == "lm_head.weight" and self.lm_head is None:
                                 continue  # tied checkpoints sometimes still store it
                             if "rotary_emb" in key:
                                 continue
                             raise ValueError(f"unexpected weight {key} in {f.name}")
-                        t = st.get_tensor(key)
-                        if t.shape != params[key].shape:
-                            raise ValueError(f"weight {key} in {f.name} has shape {tuple(t.shape)}, "
-                                             f"expected {tuple(params[key].shape)}")
-                        # copy_ converts dtype and device on the way: no full-size temporary
-                        # (bf16 -> fp32 on a CPU start: 7.0 -> 3.9 s for the 0.5B).
-                        params[key].copy_(t)
+                        self._copy_weight(params, key, st.get_tensor(key), f.name)
                         seen.add(key)
+        if packed:
+            raise ValueError(f"MXFP4 weight {sorted(packed)[0]} in {directory} has no matching blocks/scales half")
         missing = set(params) - seen
         if missing:
             raise ValueError(f"weights missing from {directory}: {', '.join(sorted(missing)[:5])} ...")
+
+    @staticmethod
+    def _copy_weight(params: dict[str, torch.Tensor], key: str, t: torch.Tensor, file: str) -> None:
+        if t.shape != params[key].shape:
+            raise ValueError(f"weight {key} in {file} has shape {tuple(t.shape)}, expected {tuple(params[key].shape)}")
+        # copy_ converts dtype and device on the way: no full-size temporary
+        # (bf16 -> fp32 on a CPU start: 7.0 -> 3.9 s for the 0.5B).
+        params[key].copy_(t)
 
     # -- forward ---------------------------------------------------------------------------
     def forward(
@@ -149,7 +171,8 @@ class TargetModel(nn.Module):
             attn = layer.self_attn
             k_pool, v_pool = kv.layer(i)
             q = attn.qkv_rope_write(x, cos, sin, k_pool, v_pool, slots)
-            o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, prefix, batch.tree_mask, self.scale, keys)
+            o = paged_tree_attention(q, k_pool, v_pool, kv.block_table, prefix, batch.tree_mask, self.scale, keys,
+                                     self.cfg.window(i), attn.sinks)
             # Residual add fused with the next norm: h += o_proj(o); x = norm(h) (same for the MLP,
             # whose add also applies the next layer's input norm, or the final norm). The
             # projections hand over their K-group sums where they split (forward_partials).
@@ -172,5 +195,5 @@ def build_target(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> 
     with torch.device("meta"):
         model = TargetModel(cfg).to(dtype)
     model = model.to_empty(device=device)
-    model.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    model.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings).to(device)
     return model.eval().requires_grad_(False)

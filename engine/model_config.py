@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from .errors import ModelNotFoundError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss")
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,20 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     moe_layers: tuple[int, ...] = ()  # decoder layers with a sparse MoE block (the others a dense MLP)
+    # gpt-oss: per-layer sliding window in logical positions (0: full attention), learned per-head
+    # attention sinks, an o_proj bias, and its MoE ("gpt_oss": router bias, softmax over the
+    # chosen experts, clamped SwiGLU alpha / limit, expert biases; "qwen3": Qwen3 MoE's).
+    layer_windows: tuple[int, ...] = ()
+    attention_sinks: bool = False
+    o_proj_bias: bool = False
+    moe_kind: str = "qwen3"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+
+    def window(self, i: int) -> int:
+        """Layer i's sliding window (a query at logical position p sees keys p - window + 1 .. p),
+        0 for full attention."""
+        return self.layer_windows[i] if self.layer_windows else 0
 
     def is_moe_layer(self, i: int) -> bool:
         return i in self.moe_layers
@@ -55,9 +69,12 @@ class ModelConfig:
         if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (
             "default",
             "llama3",
+            "yarn",
         ):
             raise ModelNotFoundError(f"rope scaling {rope_scaling!r} is not supported yet")
         num_layers = cfg["num_hidden_layers"]
+        if model_type == "gpt_oss":
+            return cls._from_gpt_oss(cfg, rope_scaling, float(rope_theta))
         moe = model_type == "qwen3_moe"
         # Missing fields take transformers' Qwen3MoeConfig defaults; transformers 5 writes
         # num_experts as num_local_experts.
@@ -80,7 +97,7 @@ class ModelConfig:
             head_dim=cfg.get("head_dim") or hidden // num_heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
-            rope_scaling=rope_scaling if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "llama3" else None,
+            rope_scaling=rope_scaling if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in ("llama3", "yarn") else None,
             max_position_embeddings=cfg.get("max_position_embeddings", 32768),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
@@ -90,4 +107,41 @@ class ModelConfig:
             moe_intermediate_size=int(cfg.get("moe_intermediate_size", 768)) if num_experts else 0,
             norm_topk_prob=bool(cfg.get("norm_topk_prob", False)) if num_experts else False,
             moe_layers=moe_layers,
+        )
+
+    @classmethod
+    def _from_gpt_oss(cls, cfg: dict, rope_scaling: dict | None, rope_theta: float) -> "ModelConfig":
+        """transformers' GptOssConfig (missing fields take its defaults): every layer MoE, sliding
+        and full attention layers as `layer_types` lists them (default: alternating, sliding first)."""
+        num_layers = cfg["num_hidden_layers"]
+        window = int(cfg.get("sliding_window") or 128)
+        types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+        num_heads = cfg["num_attention_heads"]
+        intermediate = int(cfg.get("intermediate_size", 2880))
+        return cls(
+            model_type="gpt_oss",
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=intermediate,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=cfg.get("max_position_embeddings", 131072),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", True)),
+            qk_norm=False,
+            num_experts=int(cfg.get("num_local_experts", 128)),
+            num_experts_per_tok=int(cfg.get("num_experts_per_tok", 4)),
+            moe_intermediate_size=intermediate,
+            moe_layers=tuple(range(num_layers)),
+            layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
+            attention_sinks=True,
+            o_proj_bias=bool(cfg.get("attention_bias", True)),
+            moe_kind="gpt_oss",
+            swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
+            swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
         )

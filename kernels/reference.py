@@ -34,6 +34,8 @@ def paged_tree_attention_ref(
     prefix_len: int | torch.Tensor,
     tree_mask: torch.Tensor,
     scale: float,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of T new tokens over a committed prefix plus themselves.
 
@@ -42,6 +44,12 @@ def paged_tree_attention_ref(
     tree_mask: [T, T] bool; query i sees new token j iff tree_mask[i, j] (ancestor-or-self for a
                draft tree, lower-triangular for a prefill chunk). The new tokens' K/V must already
                be written at logical positions prefix_len .. prefix_len + T - 1.
+    window:    sliding window (0: none): a query at logical position p sees only keys at logical
+               positions > p - window. Positions are logical: prefix key j sits at j, new token j at
+               prefix_len + depth(j) (depth = its visible new tokens - 1), the position it has once
+               accepted, so a tree node's window covers exactly what its AR step's would.
+    sinks:     [n_heads] learned logits (gpt-oss): one more term exp(sink) in each softmax
+               denominator, attached to no value.
     returns    [T, n_heads, head_dim] in q's dtype; softmax in fp32.
     """
     prefix_len = int(prefix_len)
@@ -57,8 +65,16 @@ def paged_tree_attention_ref(
     scores = torch.einsum("thd,lhd->htl", q.float(), k) * scale  # [H, T, L]
     visible = torch.ones(t, total, dtype=torch.bool, device=q.device)
     visible[:, prefix_len:] = tree_mask
+    if window > 0:
+        depth = tree_mask.sum(dim=1) - 1
+        key_pos = torch.cat([torch.arange(prefix_len, device=q.device), prefix_len + depth])
+        visible &= key_pos[None, :] > (prefix_len + depth)[:, None] - window
     scores = scores.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:  # softmax over [scores, sink], the sink's column dropped after
+        sink = sinks.float()[:, None, None].expand(n_heads, t, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("htl,lhd->thd", probs, v)
     return out.to(q.dtype)
 
@@ -268,5 +284,51 @@ def moe_experts_ref(
         token, slot = torch.where(ids == e)
         gate, up = torch.nn.functional.linear(x[token], gate_up[e]).chunk(2, dim=-1)
         h = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, down[e])
+        out.index_add_(0, token, (h * weights[token, slot, None]).to(out.dtype))
+    return out
+
+
+# gpt-oss's MoE (transformers 5's GptOssTopKRouter / GptOssExperts), step by step.
+
+
+def moe_route_gpt_oss_ref(
+    x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits with a bias, the top_k of them, softmax over those k only (in x's dtype).
+    Returns (weights [T, top_k], expert ids [T, top_k] int64), best first."""
+    logits = torch.nn.functional.linear(x, router_weight, router_bias)
+    top, ids = torch.topk(logits, top_k, dim=-1)
+    return torch.softmax(top, dim=1, dtype=top.dtype), ids
+
+
+def clamped_swiglu_ref(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's activation on an interleaved gate/up row (gate at even, up at odd columns):
+    gate clamped above at limit, up clamped to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate)."""
+    gate = gate_up[..., ::2].clamp(max=limit)
+    up = gate_up[..., 1::2].clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def moe_block_gpt_oss_ref(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    router_bias: torch.Tensor,
+    gate_up: torch.Tensor,
+    gate_up_bias: torch.Tensor,
+    down: torch.Tensor,
+    down_bias: torch.Tensor,
+    top_k: int,
+    alpha: float,
+    limit: float,
+) -> torch.Tensor:
+    """gpt-oss's sparse MoE block on tokens x [T, H], in transformers' layout and order:
+    router [E, H] + [E]; gate_up [E, H, 2I] (gate and up columns interleaved) + [E, 2I];
+    down [E, I, H] + [E, H]. Experts in ascending id, each group's weighted output index_add_-ed."""
+    weights, ids = moe_route_gpt_oss_ref(x, router_weight, router_bias, top_k)
+    out = torch.zeros_like(x)
+    for e in ids.unique().tolist():
+        token, slot = torch.where(ids == e)
+        h = clamped_swiglu_ref(x[token] @ gate_up[e] + gate_up_bias[e], alpha, limit)
+        h = h @ down[e] + down_bias[e]
         out.index_add_(0, token, (h * weights[token, slot, None]).to(out.dtype))
     return out

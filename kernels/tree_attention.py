@@ -187,6 +187,25 @@ if triton is not None:
         return m, l_i * c1 + l_t * c2, acc * c1[:, None] + a_t * c2[:, None]
 
     @triton.jit
+    def _row_sees(pos, length, WINDOW: tl.constexpr):
+        """[rows, BLOCK_N]: which logical key positions `pos` rows of `length` keys see: those
+        below length and, with a sliding WINDOW (gpt-oss; 0: none), only the last WINDOW of them.
+        A row's query sits at logical position length - 1 (prefix + depth), as in its AR step."""
+        sees = pos[None, :] < length[:, None]
+        if WINDOW > 0:
+            sees = sees & (pos[None, :] >= length[:, None] - WINDOW)
+        return sees
+
+    @triton.jit
+    def _sink_weights(m, SINKS, head):
+        """Attention sinks (gpt-oss): each head's learned logit is one more denominator term with
+        no value, folded into a row's final state as a last partial (sink, 1, 0). Returns the
+        weights (c1, c2) of l * c1 + c2 and a * c1."""
+        sink = tl.load(SINKS + head).to(tl.float32) * 1.4426950408889634  # log2 domain
+        _, c1, c2 = _fold_weights(m, sink)
+        return c1, c2
+
+    @triton.jit
     def _tile_slots_start(prefix, MODE: tl.constexpr, FLAT_TILES: tl.constexpr, BLOCK_N: tl.constexpr):
         """The first tile whose partial is stored alone (its slot 0) in an AR or TREE call: AR, tile
         0; TREE, the first past the whole prefix tiles, or tile 0 where the prefix's tiles went to
@@ -218,7 +237,7 @@ if triton is not None:
     # T is never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for every T.
     @triton.jit(do_not_specialize=["T"])
     def _tree_attn_kernel(
-        Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L,
+        Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, SINKS,
         T, N_HEADS, SPLIT_LEN, NUM_SPLITS, TILE_STRIDE, qk_scale,
         stride_qt, stride_qh,
         stride_kb, stride_ks, stride_kh,
@@ -226,7 +245,8 @@ if triton is not None:
         stride_ot, stride_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, FLAT_TILES: tl.constexpr,
-        PAGED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+        PAGED: tl.constexpr, PRECISION: tl.constexpr, WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
         kv = tl.program_id(0)
@@ -269,14 +289,14 @@ if triton is not None:
                     kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d,
                                           stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                           BLOCK_SIZE, False, PAGED)
-                    visible = pos[None, :] < length[:, None]
+                    visible = _row_sees(pos, length, WINDOW)
                     m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION)
                 if MODE == CHUNK_MODE:
                     # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
                     # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
                     for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
                         pos = start + cols
-                        sees = (pos[None, :] < length[:, None]) & row_valid[:, None]  # [BLOCK_M, BLOCK_N]
+                        sees = _row_sees(pos, length, WINDOW) & row_valid[:, None]  # [BLOCK_M, BLOCK_N]
                         depth = pos - prefix
                         new = sees & (depth >= 0)[None, :]
                         idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
@@ -303,7 +323,12 @@ if triton is not None:
                                     m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, mine, qk_scale, PRECISION)
                 mine_here = row_valid & (lo < length)
                 direct = mine_here & (tl.cdiv(length, SPLIT_LEN) == 1) & (MODE == CHUNK_MODE)
-                out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+                l_out, a_out = l_i, acc  # a direct row's final state (the stored state stays without the sink)
+                if HAS_SINKS:
+                    c1, c2 = _sink_weights(m_i, SINKS, head)
+                    l_out = l_i * c1 + c2
+                    a_out = acc * c1[:, None]
+                out = a_out / tl.where(l_out > 0.0, l_out, 1.0)[:, None]
                 o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
                 tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=direct[:, None])
                 state = mine_here & ~direct
@@ -323,7 +348,7 @@ if triton is not None:
                 kt, v = _load_kv_tile(K, V, BT, pos, pos < prefix, kv, d,
                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                       BLOCK_SIZE, False, PAGED)
-                visible = pos[None, :] < length[:, None]
+                visible = _row_sees(pos, length, WINDOW)
                 m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
                 _store_partial(TL_M, TL_L, TL_A, (j * T + tok) * N_HEADS + head, m_t, l_t, a_t, row_valid, d, HEAD_DIM)
         else:
@@ -356,16 +381,16 @@ if triton is not None:
                     kt, v = _load_kv_tile(K, V, BT, key_pos, valid, kv, d,
                                           stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                           BLOCK_SIZE, True, PAGED)
-                    visible = pos[None, :] < length[:, None]
+                    visible = _row_sees(pos, length, WINDOW)
                     m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
                     at = ((j - tail_start) * T + tau) * N_HEADS + head  # [tile slots, T, N_HEADS]
                     _store_partial(TL_M, TL_L, TL_A, at, m_t, l_t, a_t, row_valid, d, HEAD_DIM)
 
     @triton.jit(do_not_specialize=["T"])
     def _merge_kernel(
-        OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, PREFIX, COUNT, T, N_HEADS, stride_ot, stride_oh,
+        OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, PREFIX, COUNT, SINKS, T, N_HEADS, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, MODE: tl.constexpr,
-        FLAT_TILES: tl.constexpr, PDL: tl.constexpr,
+        FLAT_TILES: tl.constexpr, HAS_SINKS: tl.constexpr, PDL: tl.constexpr,
     ):
         """out[t, h] = the fold, split by split in order, of each split's fold of its tiles in
         order: a split's state from its split program (the tiles it folded) then its tiles'
@@ -408,6 +433,10 @@ if triton is not None:
                 den = den * c1 + sl * c2
                 a = a * c1 + sa * c2
                 m = fm
+            if HAS_SINKS:
+                c1, c2 = _sink_weights(m, SINKS, h)
+                den = den * c1 + c2
+                a = a * c1
             out = a / tl.where(den > 0.0, den, 1.0)
             tl.store(OUT + t * stride_ot + h * stride_oh + d, out.to(OUT.dtype.element_ty))
 
@@ -455,6 +484,8 @@ def paged_tree_attention_triton(
     scale: float,
     split_len: int | None = None,
     out: torch.Tensor | None = None,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of `paged_tree_attention_ref` (same arguments and result), batch-invariant.
 
@@ -466,6 +497,9 @@ def paged_tree_attention_triton(
     split_len: keys per split (a multiple of 64); None derives it from the cache's size
                (`split_len_for`). Calls whose results must agree need the same split_len.
     out: optional [T, n_heads, head_dim] destination (e.g. a CUDA-graph static buffer).
+    window, sinks: as the reference's; compile-time options (WINDOW, HAS_SINKS), so models without
+               them run the same binary as before. A row's tiles outside its window fold as empty
+               partials, which keep a state exactly: the bits stay those of its AR step.
     """
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -514,11 +548,15 @@ def paged_tree_attention_triton(
     def f32(*shape):  # at least one element: a kernel argument must be a real pointer
         return torch.empty(*shape, device=q.device, dtype=torch.float32) if shape[0] else q.new_empty(1, dtype=torch.float32)
 
+    if sinks is not None:
+        assert sinks.shape == (n_heads,), "sinks must be [n_heads]"
+        sinks = sinks.contiguous()
+    sink_arg = sinks if sinks is not None else prefix  # an unread stand-in without sinks
     ch_a, ch_m, ch_l = f32(states, t, n_heads, head_dim), f32(states, t, n_heads), f32(states, t, n_heads)
     tl_a, tl_m, tl_l = f32(tile_slots, t, n_heads, head_dim), f32(tile_slots, t, n_heads), f32(tile_slots, t, n_heads)
     _tree_attn_kernel[(n_kv, split_programs + flat_programs + tile_programs)](
         q, k_pool, v_pool, prefix if block_table is None else block_table,  # an unread stand-in
-        prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l,
+        prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, sink_arg,
         t, n_heads, split_len, num_splits, AR_TILE_PROGRAMS if mode == AR_MODE else 1, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
@@ -527,13 +565,15 @@ def paged_tree_attention_triton(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, MODE=mode, FLAT_TILES=flat_tiles, PAGED=block_table is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
+        WINDOW=int(window), HAS_SINKS=sinks is not None,
         num_warps=NUM_WARPS, num_stages=AR_NUM_STAGES if t == 1 else NUM_STAGES, enable_fp_fusion=False,
         **launch_args(q.device, t),
     )
     if mode != CHUNK_MODE or num_splits > 1:
         _merge_kernel[(t, n_heads)](
-            out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, t, n_heads, out.stride(0), out.stride(1),
+            out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, sink_arg, t, n_heads, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, SPLIT_TILES=split_len // BLOCK_N, MODE=mode, FLAT_TILES=flat_tiles,
+            HAS_SINKS=sinks is not None,
             num_warps=1, enable_fp_fusion=False, **launch_args(q.device, t),
         )
     return out
@@ -548,16 +588,19 @@ def paged_tree_attention(
     tree_mask: torch.Tensor,
     scale: float,
     keys: VisibleKeys | None = None,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Paged tree attention: Triton on CUDA tensors, the torch reference elsewhere.
 
     Same contract as `paged_tree_attention_ref`; `keys` (`visible_keys(tree_mask)`, built once
-    a forward) spares each layer rebuilding it on the GPU.
+    a forward) spares each layer rebuilding it on the GPU. window / sinks: gpt-oss's sliding
+    window and attention sinks (the reference's arguments).
     """
     if q.is_cuda and triton is not None:
         return paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len,
-                                           keys if keys is not None else tree_mask, scale)
-    return paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
+                                           keys if keys is not None else tree_mask, scale, window=window, sinks=sinks)
+    return paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, window, sinks)
 
 
 def write_kv_triton(

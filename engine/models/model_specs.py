@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 RANDOM_PREFIX = "random:"
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss")
 # Known architectures we mean to support later: a clearer message than "unknown".
 NOT_YET_SUPPORTED = {"qwen2_moe": "Qwen2 MoE"}
 GGUF_ARCH_TO_MODEL_TYPE = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
@@ -52,6 +52,7 @@ GGUF_ARCH_TO_MODEL_TYPE = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
 DEFAULT_HEADS = {
     "qwen/qwen3-8b": "JetSpec/jetspec-qwen3-8b",
     "qwen/qwen3-30b-a3b": "JetSpec/jetspec-qwen3-30b-a3b",
+    "openai/gpt-oss-20b": "JetSpec/jetspec-gpt-oss-20b",
 }
 
 MODEL_PATTERNS = (
@@ -60,7 +61,10 @@ MODEL_PATTERNS = (
 )
 HEAD_PATTERNS = ("config.json", "model.safetensors")
 # Belt and braces on top of allow_patterns: never fetch code or pickled weights.
-NEVER_DOWNLOAD = ("*.py", "*.bin", "*.pt", "*.pth", "*.pkl", "*.ckpt", "*.msgpack", "*.h5")
+NEVER_DOWNLOAD = ("*.py", "*.bin", "*.pt", "*.pth", "*.pkl", "*.ckpt", "*.msgpack", "*.h5",
+                  # gpt-oss repos also ship the original and Metal checkpoints in subfolders (13 GB each
+                  # for the 20B); the model reads only the top-level safetensors.
+                  "original/*", "metal/*")
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")

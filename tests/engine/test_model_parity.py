@@ -25,7 +25,7 @@ def our_logits(engine, ids, chunks):
     return torch.cat(out), kv
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"])
 def test_prefill_logits_match_transformers(name):
     engine = tiny_engine(name)
     ids = random_prompt(1, 45)
@@ -36,7 +36,7 @@ def test_prefill_logits_match_transformers(name):
             torch.testing.assert_close(ours, ref, rtol=1e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"])
 def test_tree_verify_logits_match_each_branch_run_alone(name):
     """Each tree node's logits equal transformers' logits for its own root-to-node sequence."""
     engine = tiny_engine(name)

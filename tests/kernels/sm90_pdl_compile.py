@@ -101,7 +101,7 @@ def kernels():
     yield compare("qkv_rope_write (partials)", fused._qkv_rope_write_kernel, rope,
                   dict(GROUPS=3, HAS_BIAS=True, HAS_QNORM=False, HAS_KNORM=False, HALF=64), 1)
     attn = dict(Q=p16, K=p16, V=p16, BT="*i32", PREFIX="*i32", ORDER="*i32", COUNT="*i32", OUT=p16,
-                CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, T=i32, N_HEADS=i32, SPLIT_LEN=i32,
+                CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, SINKS=p32, T=i32, N_HEADS=i32, SPLIT_LEN=i32,
                 NUM_SPLITS=i32, TILE_STRIDE=i32, qk_scale="fp32") | ints(
         ("stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
          "stride_ot", "stride_oh"), i32)
@@ -112,14 +112,14 @@ def kernels():
                               ("tree paged", modes[1], True)):
         consts = dict(GROUP=6, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=tree_attention.BLOCK_M,
                       BLOCK_N=tree_attention.BLOCK_N, MODE=mode, FLAT_TILES=tree_attention.FLAT_TILES, PAGED=paged,
-                      PRECISION="tf32")
+                      PRECISION="tf32", WINDOW=0, HAS_SINKS=False)
         yield compare(f"tree_attn {name}", tree_attention._tree_attn_kernel, attn, consts, tree_attention.NUM_WARPS,
                       tree_attention.AR_NUM_STAGES if mode == modes[0] else tree_attention.NUM_STAGES)  # as launched
     yield compare("merge", tree_attention._merge_kernel,
                   dict(OUT=p16, CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, PREFIX="*i32",
-                       COUNT="*i32", T=i32, N_HEADS=i32, stride_ot=i32, stride_oh=i32),
+                       COUNT="*i32", SINKS=p32, T=i32, N_HEADS=i32, stride_ot=i32, stride_oh=i32),
                   dict(HEAD_DIM=128, BLOCK_N=tree_attention.BLOCK_N, SPLIT_TILES=9, MODE=modes[1],
-                       FLAT_TILES=tree_attention.FLAT_TILES), 1)
+                       FLAT_TILES=tree_attention.FLAT_TILES, HAS_SINKS=False), 1)
     groups = {"BLOCK_EXPERT": "*i32", "BLOCK_ROWS": "*i32", "ROW_ASSIGN": "*i32"}
     tile = moe.TILE
     yield compare("moe gate_up", moe._gate_up_kernel, {"X": p16, "WGU": p16, "INTER": p16, "IDS": "*i32"} | groups | ints(

@@ -69,15 +69,15 @@ def make_inputs(t, prefix_len, n_heads, n_kv, head_dim, *, seed=0, dtype=torch.f
 
 
 def check(t, prefix_len, n_heads, n_kv, head_dim, *, mask="tree", split_len=None, seed=0,
-          dtype=torch.float32, block_size=16, rtol=1e-4, atol=1e-5):
+          dtype=torch.float32, block_size=16, rtol=1e-4, atol=1e-5, window=0, sinks=None):
     q, k_pool, v_pool, block_table, tree_mask = make_inputs(
         t, prefix_len, n_heads, n_kv, head_dim, seed=seed, dtype=dtype, block_size=block_size, mask=mask)
     scale = head_dim ** -0.5
     # Causal masks go in as the engine's prefill passes them: rows that share their keys.
     keys = visible_keys(tree_mask, shared=mask == "causal")
     out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, keys, scale,
-                                      split_len=split_len)
-    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
+                                      split_len=split_len, window=window, sinks=sinks)
+    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, window, sinks)
     assert out.dtype == q.dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)
     return out
@@ -250,7 +250,7 @@ def test_dispatch_matches_reference():
 # ----------------------------------------------------------------------------- batch invariance
 
 
-def ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, split_len):
+def ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, split_len, window=0, sinks=None):
     """For each new token j: the output of the AR step that would compute it, i.e. a T=1 call
     after j's visible new tokens were accepted (moved to logical prefix_len, prefix_len+1, ...)."""
     block_size, n_kv, d = k_pool.shape[1], k_pool.shape[2], k_pool.shape[3]
@@ -265,11 +265,12 @@ def ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale,
             new.view(-1, n_kv, d)[dst] = pool.view(-1, n_kv, d)[src]
         one = torch.ones(1, 1, dtype=torch.bool, device=tree_mask.device)
         outs.append(paged_tree_attention_triton(q[j : j + 1], k_ar, v_ar, block_table, prefix_len + len(order) - 1,
-                                                one, scale, split_len=split_len))
+                                                one, scale, split_len=split_len, window=window, sinks=sinks))
     return torch.cat(outs)
 
 
-def assert_batch_invariant(t, prefix_len, n_heads, n_kv, d, *, mask="tree", split_len=64, dtype=torch.float32, seed=0):
+def assert_batch_invariant(t, prefix_len, n_heads, n_kv, d, *, mask="tree", split_len=64, dtype=torch.float32, seed=0,
+                           window=0, sinks=None):
     q, k_pool, v_pool, block_table, tree_mask = make_inputs(t, prefix_len, n_heads, n_kv, d, seed=seed,
                                                             dtype=dtype, mask=mask)
     # The AR layouts write past the tree: give the table room (NaN-free spare blocks).
@@ -277,11 +278,13 @@ def assert_batch_invariant(t, prefix_len, n_heads, n_kv, d, *, mask="tree", spli
     v_pool[torch.isnan(v_pool)] = 0.0
     scale = d ** -0.5
     keys = visible_keys(tree_mask, shared=mask == "causal")  # as the engine's prefill and verify pass them
-    tree = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, keys, scale, split_len=split_len)
-    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale)
+    sinks = sinks.to(q.device) if sinks is not None else None
+    tree = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, keys, scale, split_len=split_len,
+                                       window=window, sinks=sinks)
+    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, window, sinks)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(tree.float(), ref.float(), rtol=tol, atol=tol)
-    ar = ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, split_len)
+    ar = ar_equivalents(q, k_pool, v_pool, block_table, prefix_len, tree_mask, scale, split_len, window, sinks)
     assert torch.equal(tree, ar), f"{int((tree != ar).any(-1).any(-1).sum())} of {t} rows differ from their AR step"
 
 
@@ -292,6 +295,36 @@ def test_rows_equal_their_ar_step(t, prefix_len, mask, ordered_dot):
     the prefix ends inside a tile, rows cross split bounds (splits of 64) and siblings share tiles.
     (ordered_dot: on the CPU, the interpreter's dot made per element, as the GPU's MMA is.)"""
     assert_batch_invariant(t, prefix_len, 4, 2, 16, mask=mask, seed=t)
+
+
+# ----------------------------------------------------------------------------- sliding window, sinks (gpt-oss)
+
+
+def sink_logits(n_heads: int) -> torch.Tensor:
+    return torch.linspace(-2.0, 3.0, n_heads, device=DEVICE)  # from negligible to dominant
+
+
+@pytest.mark.parametrize("t,prefix_len,mask,window", [
+    (1, 150, "tree", 8),     # AR: the window inside one tile
+    (1, 150, "tree", 70),    # AR: the window across tiles
+    (12, 100, "tree", 20),   # a tree: each node's window on its own logical positions
+    (9, 90, "causal", 5),    # a prefill chunk: shared keys, windows ending among the new tokens
+    (5, 3, "tree", 4),       # the window cuts into the new tokens only
+])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_window_and_sinks_match_reference(t, prefix_len, mask, window, with_sinks, poisoned_alloc):
+    check(t, prefix_len, 4, 2, 16, mask=mask, split_len=64, window=window,
+          sinks=sink_logits(4) if with_sinks else None)
+
+
+def test_sinks_without_window_match_reference(poisoned_alloc):
+    check(7, 40, 4, 2, 16, split_len=64, sinks=sink_logits(4))
+
+
+@pytest.mark.parametrize("t,prefix_len,mask,window", [(12, 57, "tree", 20), (9, 70, "causal", 6)])
+def test_window_and_sinks_rows_equal_their_ar_step(t, prefix_len, mask, window, ordered_dot):
+    """Bitwise, as without them: a tile outside a row's window folds as the empty partial."""
+    assert_batch_invariant(t, prefix_len, 4, 2, 16, mask=mask, seed=t, window=window, sinks=sink_logits(4))
 
 
 # ----------------------------------------------------------------------------- write_kv
@@ -366,6 +399,15 @@ def test_cuda_graph_replay_across_prefix_lengths():
 def test_bf16_rows_equal_their_ar_step(t, prefix_len, mask, n_heads, n_kv):
     """Batch invariance in bf16 on the GPU (Qwen2.5-1.5B and Qwen3-8B head shapes)."""
     assert_batch_invariant(t, prefix_len, n_heads, n_kv, 128, mask=mask, split_len=256, dtype=torch.bfloat16)
+
+
+@gpu_only
+@pytest.mark.parametrize("t,prefix_len,mask", [(64, 1000, "tree"), (1, 700, "tree"), (33, 500, "causal")])
+@pytest.mark.parametrize("window", [0, 128])
+def test_bf16_window_and_sinks_rows_equal_their_ar_step(t, prefix_len, mask, window):
+    """gpt-oss-20b's heads (64 query, 8 KV, head_dim 64), its window 128 and sinks, in bf16."""
+    assert_batch_invariant(t, prefix_len, 64, 8, 64, mask=mask, split_len=256, dtype=torch.bfloat16,
+                           window=window, sinks=sink_logits(64))
 
 
 @gpu_only

@@ -255,6 +255,13 @@ def test_hub_offline_cached(tmp_path):
     assert events
 
 
+def test_hub_gpt_oss_picks_its_published_head(tmp_path):
+    fake_hub_repo(tmp_path / "hf", "openai/gpt-oss-20b", tiny_config("tiny-gpt-oss"))
+    src = resolve_model("openai/gpt-oss-20b")
+    assert src.default_draft_head == "JetSpec/jetspec-gpt-oss-20b"
+    assert src.hf_config["model_type"] == "gpt_oss"
+
+
 def test_hub_offline_not_cached_no_network(monkeypatch):
     import socket
 
