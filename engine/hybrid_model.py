@@ -94,9 +94,8 @@ class HybridCache(PagedKVCache):
             self.length = length
             return
         best = max((n for n in self.snapshots if n <= length), default=0)
-        if best == 0:
-            self.conv.zero_()
-            self.state.zero_()
+        if best == 0:  # new tensors, not zero_(): the old ones may be inference tensors
+            self.conv, self.state = torch.zeros_like(self.conv), torch.zeros_like(self.state)
         else:
             conv, state = self.snapshots[best]
             self.conv, self.state = conv.clone(), state.clone()

@@ -124,7 +124,10 @@ class ModelConfig:
             model_type=model_type,
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"] if not (hybrid_model and moe) else int(cfg.get("intermediate_size") or 0),
+            # Qwen3.5-MoE has no dense MLP: its active MLP width (k experts) stands in for a random head's.
+            intermediate_size=cfg["intermediate_size"] if not (hybrid_model and moe) else int(
+                cfg.get("intermediate_size") or cfg.get("moe_intermediate_size", 512) * cfg.get("num_experts_per_tok", 8)
+            ),
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
@@ -140,6 +143,7 @@ class ModelConfig:
             hybrid=HybridConfig.from_hf(cfg, cfg.get("head_dim") or hidden // num_heads) if hybrid_model else None,
             num_experts_per_tok=int(cfg.get("num_experts_per_tok", 8)) if num_experts else 0,
             moe_intermediate_size=int(cfg.get("moe_intermediate_size", 768)) if num_experts else 0,
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)) if num_experts else False,
+            # Qwen3.5-MoE's router always renormalises its top-k probabilities.
+            norm_topk_prob=(hybrid_model or bool(cfg.get("norm_topk_prob", False))) if num_experts else False,
             moe_layers=moe_layers,
         )
