@@ -250,3 +250,12 @@ class HybridTargetModel(TargetModel):
         kv.stash = stash
         tapped = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
         return self.model.norm(h), tapped
+
+
+def build_hybrid_target(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> HybridTargetModel:
+    """model.build_target for the hybrid models: allocated on the device, no init pass."""
+    with torch.device("meta"):
+        model = HybridTargetModel(cfg).to(dtype)
+    model = model.to_empty(device=device)
+    model.rotary = PartialRotary(cfg.hybrid.rotary_dim, cfg.rope_theta).to(device)
+    return model.eval().requires_grad_(False)

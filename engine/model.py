@@ -169,14 +169,6 @@ class TargetModel(nn.Module):
 def build_target(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> TargetModel:
     """Allocate the model directly on the device in its dtype, without a CPU copy, an fp32 copy
     (Qwen3-30B-A3B is 61 GB in bf16, 122 GB in fp32) or an init pass."""
-    if cfg.hybrid is not None:
-        from .hybrid_model import HybridTargetModel, PartialRotary
-
-        with torch.device("meta"):
-            model = HybridTargetModel(cfg).to(dtype)
-        model = model.to_empty(device=device)
-        model.rotary = PartialRotary(cfg.hybrid.rotary_dim, cfg.rope_theta).to(device)
-        return model.eval().requires_grad_(False)
     with torch.device("meta"):
         model = TargetModel(cfg).to(dtype)
     model = model.to_empty(device=device)
