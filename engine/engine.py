@@ -149,10 +149,13 @@ class SpecEngine:
         cfg = self.target.cfg
         try:
             # One padded tree of scratch rows past the context limit.
-            self.kv = PagedKVCache(
-                cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.max_context + SCRATCH_ROWS,
-                self.torch_device, self.torch_dtype,
-            )
+            if cfg.hybrid is not None:  # full-attention KV plus the recurrent layers' state slots
+                self.kv = self.target.make_cache(self.max_context + SCRATCH_ROWS, self.torch_device, self.torch_dtype)
+            else:
+                self.kv = PagedKVCache(
+                    cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.max_context + SCRATCH_ROWS,
+                    self.torch_device, self.torch_dtype,
+                )
             append = None
             if self.head is not None:
                 # kv.capacity leaves SCRATCH_ROWS (>= block_size) past the context limit: room for
@@ -176,9 +179,9 @@ class SpecEngine:
 
     def rollback(self, length: int) -> None:
         """Roll the caches back to `length` committed tokens."""
-        self.kv.truncate(length)
+        self.kv.truncate(length)  # a recurrent cache may land earlier (HybridCache.truncate)
         if self.draft_kv is not None:
-            self.draft_kv.length = min(self.draft_kv.length, length)
+            self.draft_kv.length = min(self.draft_kv.length, self.kv.length)
         self.tokens = self.tokens[: length + 1]
 
     # -- timing ----------------------------------------------------------------------------
@@ -198,6 +201,7 @@ class SpecEngine:
             lcp += 1
         lcp = min(lcp, len(prompt_ids) - 1)  # at least one token must run to get the next logits
         self.rollback(lcp)
+        lcp = self.kv.length  # a recurrent cache may restore only an earlier length (HybridCache.truncate)
         self.tokens = list(prompt_ids)
         start = lcp
         logits = None
@@ -212,7 +216,7 @@ class SpecEngine:
                 causal=True,
             )
             hidden, taps = self.target(batch, self.kv, self.tap_layers)
-            self.kv.length = start + t
+            self.kv.commit_chunk(start + t)
             if self.head is not None:  # variable size, once per chunk: eagerly
                 self.head.append_context(self.draft_kv, taps)
             start += t

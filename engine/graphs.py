@@ -120,7 +120,8 @@ class VerifyRunner:
         self.draft_kv, self.draft_append = draft_kv, draft_append
         self.max_path = max_depth + 1  # no tree is deeper than the draft head drafts
         self.device = kv.pool.device
-        self.use_graphs = self.device.type == "cuda"
+        # A recurrent cache's state walk and commit run eagerly (no graph-capturable path yet).
+        self.use_graphs = self.device.type == "cuda" and not getattr(kv, "recurrent", False)
         self._buckets: dict[int, _TreeBucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 

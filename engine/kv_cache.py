@@ -77,6 +77,10 @@ class PagedKVCache(TrackedLength):
         """Physical slots of logical positions (device ops only: safe inside CUDA graphs)."""
         return logical_to_slots(self.block_table, positions, self.block_size)
 
+    def commit_chunk(self, length: int) -> None:
+        """A prefill chunk's rows are committed: the length becomes `length`."""
+        self.length = length
+
     def truncate(self, length: int) -> None:
         """Roll back to `length` committed tokens (later rows become scratch)."""
         assert 0 <= length <= self.length

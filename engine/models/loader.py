@@ -10,6 +10,7 @@ import torch
 from ..draft_head import DraftHead, DraftHeadConfig, build_head, load_head_dir
 from ..engine import SpecEngine
 from ..errors import ConfigError, DeviceMemoryError, DraftHeadError, ModelNotFoundError
+from ..hybrid_model import build_hybrid_target
 from ..model import TargetModel, build_target
 from ..model_config import ModelConfig
 from .model_specs import ModelSource, download_hub_dir, load_tokenizer, resolve_model
@@ -71,7 +72,7 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype) -
         raise ModelNotFoundError(f"{source.name} (gpt-oss) runs on the CPU only so far: its MoE has no GPU kernel "
                                  f"yet; use --device cpu.")
     try:
-        model = build_target(cfg, device, dtype)
+        model = (build_hybrid_target if cfg.hybrid is not None else build_target)(cfg, device, dtype)
         if source.path is None:
             model.init_random(source.seed)
         else:
