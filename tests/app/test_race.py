@@ -176,3 +176,21 @@ async def test_race_needs_two_finished_runs_and_race_flag_opens_it():
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, RaceScreen), what="the race to open by itself")
         assert [r.label for r in app.screen.recording.runs] == ["AR", "64"]
+
+
+def test_replay_clock_and_race_flag_on_the_command_line():
+    import argparse
+
+    from jetspec_chat.ui.launch import add_arguments, app_argv
+
+    now = StepClock()
+    clock = ReplayClock(now=now)
+    now.t += 2.0
+    assert clock.position() == pytest.approx(2.0)
+    assert clock.next_speed() == 0.25 and clock.next_speed() == 0.1 and clock.next_speed() == 1.0
+    clock.seek(-1.0)
+    assert clock.position() == 0.0
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--demo", "--race"])
+    assert args.race and "--race" in app_argv(args)
