@@ -213,11 +213,12 @@ class LaneView:
 
     def numbers(self) -> tuple[str, str]:
         tps, tau = self.tokens_per_second, self.tau
-        return f"{tps:.1f} tok/s" if tps else "— tok/s", f"τ {tau:.2f}" if tau else "τ —"
+        rate = "—" if not tps else (f"{tps:.0f}" if tps >= 100 else f"{tps:.1f}")
+        return f"{rate} tok/s", f"τ {tau:.2f}" if tau else "τ —"
 
 
 def lane_title(run: RunTrace) -> str:
-    return "AR (no speculation)" if run.budget is None else f"budget {run.budget}"
+    return "plain AR" if run.budget is None else f"budget {run.budget}"
 
 
 # -- asciinema v2 cast export

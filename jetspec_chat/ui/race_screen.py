@@ -38,9 +38,10 @@ class RaceScreen(Screen):
     #race-lanes { height: 1fr; padding: 0 1; }
     .race-lane { width: 1fr; height: 1fr; margin: 0 1 0 0; border: round $primary 60%; }
     .race-lane.-finished { border: round $success; }
-    .race-head { height: 2; padding: 0 1; }
+    .race-head { height: 2; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     .race-text-box { height: 1fr; padding: 0 1; }
-    .race-tree { height: 13; padding: 0 1; border-top: solid $primary 40%; }
+    .race-tree { height: 13; max-height: 45%; padding: 0 1; border-top: solid $primary 40%;
+                 text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
     BINDINGS = [
