@@ -169,6 +169,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         persist_settings: bool = True,
         engine_process: bool | None = None,
         demo: bool = False,
+        race: bool = False,
     ) -> None:
         """`backend`: an object with `load_engine`, `ChatSession` (and optionally `TREE_ALGOS`),
         e.g. `jetspec_chat.engine` (the default, imported on the engine thread) or
@@ -180,6 +181,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         self.settings = settings if settings is not None else load_settings()
         self.persist_settings = persist_settings
         self.demo = demo  # --demo: the header says the engine and its numbers are scripted
+        self.race_after_compare = race  # --race: each finished comparison opens its race
         self.requested_theme = theme
         self.requested_session = session
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()

@@ -23,6 +23,7 @@ class CompareMixin:
     compare_screen: CompareScreen | None
     _compare_params: dict[str, GenerationParams]  # label -> the run's parameters
     _compare_trace: AnswerTrace | None  # the run in progress
+    race_after_compare: bool  # --race
 
     def action_compare(self) -> None:
         if can_update(self.compare_screen):  # open: F6 closes it
@@ -103,11 +104,12 @@ class CompareMixin:
         state = self.compare
         if state is None or state.job_id != item.job_id:
             return
-        state.run_started(item.index)
+        row = state.run_started(item.index)
         params = self._compare_params.get(item.label, self.generation_params())
         trace = AnswerTrace(job_id=item.job_id, kind="compare", params=params, user_text=state.prompt)
         self.traces.append(trace)
         self._compare_trace = trace
+        row.trace = trace  # the race replays it
         self._dirty.add("compare")
 
     def _on_compare_event(self, item: ew.GenerationEvent) -> None:
@@ -138,3 +140,5 @@ class CompareMixin:
             return
         state.finished(item.cancelled)
         self._dirty.update({"compare", "stats"})
+        if self.race_after_compare and not item.cancelled and can_update(self.compare_screen):
+            self.compare_screen.action_race()  # --race

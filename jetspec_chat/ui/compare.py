@@ -19,6 +19,8 @@ from textual_plotext import PlotextPlot
 
 from .compare_state import AR_LABEL, BudgetListError, CompareRow, CompareState, parse_budget_list
 from .liveness import can_update, dismiss_if_current
+from .race import RaceError, RaceRecording
+from .race_screen import RaceScreen
 from .stats import fmt
 from .themes import SpecColors
 from .trace import result_round_ms
@@ -71,6 +73,7 @@ class CompareScreen(Screen):
     BINDINGS = [
         Binding("escape", "cancel_or_close", "Cancel / close"),
         Binding("ctrl+r", "run", "Run"),
+        Binding("f8", "race", "Race"),
         Binding("f6", "close", "Close", show=False),
     ]
 
@@ -126,6 +129,19 @@ class CompareScreen(Screen):
             self.app.cancel_compare()  # type: ignore[attr-defined]
         else:
             dismiss_if_current(self)
+
+    def action_race(self) -> None:
+        """Replay the finished runs side by side at their recorded pace (race_screen.py)."""
+        if self.state.running:
+            self.query_one("#compare-error", Static).update(Text("wait for the comparison to finish", style="bold red"))
+            return
+        try:
+            recording = RaceRecording.from_runs(((r.label, r.trace) for r in self.state.rows), self.state.prompt)
+        except RaceError as err:
+            self.query_one("#compare-error", Static).update(Text(str(err), style="bold red"))
+            return
+        self.query_one("#compare-error", Static).update("")
+        self.app.push_screen(RaceScreen(recording))
 
     def set_state(self, state: CompareState) -> None:
         self.state = state

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from jetspec_chat.engine.events import Event, GenerationResult, RoundEvent
 from jetspec_chat.engine.params import MAX_BUDGET
 
-from .trace import ArBaseline
+from .trace import AnswerTrace, ArBaseline
 
 AR_LABEL = "AR"
 _AR_WORDS = {"ar", "off", "none", "0", "plain"}
@@ -53,6 +53,7 @@ class CompareRow:
     live_tokens: int = 0
     live_tps: float | None = None
     prefill_ms: float = 0.0  # this run's prefill, for its live tokens/s
+    trace: AnswerTrace | None = None  # every round this run reported, for the race (race.py)
 
     @property
     def tps(self) -> float | None:

@@ -318,7 +318,9 @@ HELP = """\
 | **ctrl+Q** | quit |
 
 On the compare screen (**F6**): edit the budget list (`AR, 16, 64, …`), **Enter** or **ctrl+R** runs it,
-**Esc** stops a run or closes the screen, **F6** closes it, **F1** this help.
+**Esc** stops a run or closes the screen, **F6** closes it, **F8** races the finished runs, **F1** this help.
+The race replays the runs side by side at their measured pace: **r** restart, **space** pause,
+**s** slow motion, **c** export an asciinema `.cast`, **p** an SVG still, **Esc** back.
 
 Budget, depth, width, tree algorithm and speculation on/off apply **live**: changed during an
 answer, they take effect from its next round (the message's header records the change).

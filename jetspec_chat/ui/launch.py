@@ -69,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     app.add_argument("--web", action="store_true", help="serve the app in a browser on localhost (textual-serve)")
     app.add_argument("--port", type=_int_in(1, 65535, "port"), default=8000, help="port for --web (default 8000)")
     app.add_argument("--demo", action="store_true", help="run on a scripted fake engine (no model; to try the UI)")
+    app.add_argument("--race", action="store_true",
+                     help="open the race (the runs replayed side by side at their measured pace) as each comparison (F6) finishes")
 
 
 def _settings_from_args(args: argparse.Namespace):
@@ -118,6 +120,7 @@ def build_app(args: argparse.Namespace):
         theme=getattr(args, "theme", None),
         session=getattr(args, "session", None),
         demo=backend is not None,
+        race=getattr(args, "race", False),
     )
 
 
@@ -132,7 +135,7 @@ def app_argv(args: argparse.Namespace) -> list[str]:
         if value is None or (name in ("device", "dtype") and value == "auto"):
             continue
         out += [f"--{name.replace('_', '-')}", str(value)]
-    for flag in ("no_spec", "thinking", "demo"):
+    for flag in ("no_spec", "thinking", "demo", "race"):
         if getattr(args, flag, False):
             out.append(f"--{flag.replace('_', '-')}")
     return out

@@ -18,6 +18,8 @@ from app_support import (
 )
 
 from jetspec_chat.settings import Settings
+from jetspec_chat.ui.race import ReplayClock
+from jetspec_chat.ui.race_screen import RaceScreen
 from jetspec_chat.ui.tree_view import TreePanel
 
 MAIN_SIZE = (140, 44)
@@ -76,3 +78,32 @@ def test_snapshot_compare_screen(snap_compare):
 
     app = make_app()
     assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
+
+
+@pytest.mark.parametrize("theme", ["jetspec-dark", "jetspec-light", "jetspec-projector"])
+def test_snapshot_race_screen(snap_compare, theme):
+    """Mid-race on a frozen clock: AR still typing, budget 64 further along, trees per lane."""
+
+    async def run_before(pilot):
+        app = pilot.app
+        await wait_ready(pilot)
+        await send(pilot, "write python fib")
+        await pilot.press("f6")
+        await pilot.pause()
+        app.screen.query_one("#compare-budgets").value = "AR, 16, 64"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.compare is not None and not app.compare.running, what="comparison")
+        await wait_idle(pilot)
+        await pilot.press("f8")
+        await pilot.pause()
+        race = app.screen
+        assert isinstance(race, RaceScreen)
+        race.clock = ReplayClock(now=lambda: 0.0)
+        race.clock.seek(0.45 * race.recording.duration_s)
+        race.clock.toggle_pause()
+        race.tick()
+        await wait_idle(pilot)
+        await freeze(pilot)
+
+    app = make_app(settings=Settings(theme=theme))
+    assert snap_compare(app, terminal_size=(140, 40), run_before=run_before)
