@@ -80,7 +80,7 @@ SHAPES = [  # (model, projection, N, K, bias)
     ("8B", "gate_up", 24576, 4096, False),
     ("8B", "down", 4096, 12288, False),
     ("8B", "lm_head", 151936, 4096, False),
-    ("30B-A3B", "qkv", 5120, 2048, False),  # Qwen3-30B-A3B's dense linears (its experts: moe_kernel_bench.py)
+    ("30B-A3B", "qkv", 5120, 2048, False),  # Qwen3-30B-A3B's dense linears (its experts: moe_block.py)
     ("30B-A3B", "o_proj", 2048, 4096, False),
     ("30B-A3B", "lm_head", 151936, 2048, False),
 ]

@@ -16,7 +16,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)"),
 ]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "capture_app.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "capture_app.sh"
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
