@@ -1,0 +1,205 @@
+"""Tensor-parallel launch: rank 0 is the caller's process, ranks 1..N-1 are worker processes.
+
+Every rank loads the same model the same way (`load_engine`; random weights draw the same
+numbers), keeps its share (`parallel.shard_target`) and holds a full SpecEngine. Rank 0 drives:
+`TPEngine` stands in for its SpecEngine and sends each call that runs the model (generate,
+reset, set_max_context, allocate) to the workers before running it itself; a worker runs the
+same call on its own engine (`_follow`). Inside an answer the ranks meet at every row-parallel
+product (the all-gather) and once per round boundary, where rank 0 hands over the round's
+generation parameters (a live spec change) and whether the answer was cancelled
+(`SpecEngine.round_sync`). Everything else (tree, acceptance, stops) is computed identically on
+every rank from identical hidden states.
+
+A worker that dies is reported in one sentence and ends rank 0's process (exit code 1): the
+collectives of the others could wait for it forever.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .errors import ConfigError
+from .events import FinishEvent
+from .parallel import RANK_ENV, Ranks, check_splits, init_ranks, rank_device, shard_target
+
+
+@dataclass(frozen=True)
+class LoadArgs:
+    """load_engine's arguments, the same on every rank."""
+
+    model: str | None
+    draft_head: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_context: int | None = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _load_rank(load: LoadArgs, ranks: Ranks, progress=None):
+    from .models.loader import load_engine, resolve_device
+
+    device = rank_device(resolve_device(load.device), ranks.rank)
+    engine = load_engine(load.model, load.draft_head, device=str(device), dtype=load.dtype,
+                         max_context=load.max_context, progress=progress)
+    shard_target(engine.target, ranks.rank, ranks.world)
+    engine.round_sync = lambda params, cancelled: _round_sync(ranks, params, cancelled)
+    return engine
+
+
+def _broadcast(ranks: Ranks, obj=None):
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=ranks.control)
+    return box[0]
+
+
+def _round_sync(ranks: Ranks, params, cancelled: bool):
+    """Rank 0's (params, cancelled) on every rank, at a round boundary."""
+    return _broadcast(ranks, (params, cancelled) if ranks.rank == 0 else None)
+
+
+def _worker_main(rank: int, world: int, port: int, load: LoadArgs, threads: int) -> None:
+    os.environ.update(RANK_ENV)
+    torch.set_num_threads(threads)
+    from .models.loader import resolve_device
+
+    ranks = init_ranks(rank, world, port, rank_device(resolve_device(load.device), rank))
+    engine = _load_rank(load, ranks)
+    _follow(engine, ranks)
+
+
+def _follow(engine, ranks: Ranks) -> None:
+    """A worker's loop: run each of rank 0's calls on this rank's engine until "close"."""
+    while True:
+        name, args = _broadcast(ranks)
+        if name == "close":
+            break
+        result = getattr(engine, name)(*args)
+        if name == "generate":
+            for _ in result:
+                pass
+    dist.destroy_process_group()
+
+
+class TPEngine:
+    """Rank 0's SpecEngine, driving the workers (module docstring). Reads of its attributes go
+    to the local engine (its `target` is rank 0's shard)."""
+
+    def __init__(self, engine, ranks: Ranks, workers: list, load: LoadArgs):
+        self.engine, self.ranks, self.workers, self.load = engine, ranks, workers, load
+        self.tp = ranks.world
+        self._closing = False
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def _command(self, name: str, *args) -> None:
+        _broadcast(self.ranks, (name, args))
+
+    def generate(self, prompt_ids: list[int], params, cancel: threading.Event | None = None) -> Iterator:
+        if not params.sampling.greedy and params.sampling.seed is None:
+            # Every rank draws the same samples: rank 0 picks the seed.
+            params = dataclasses.replace(params, sampling=dataclasses.replace(params.sampling, seed=random.getrandbits(62)))
+        params.validate(self.engine.max_depth)  # a bad request fails here, before any rank starts
+        self._command("generate", prompt_ids, params)
+        finished = False
+        try:
+            for event in self.engine.generate(prompt_ids, params, cancel):
+                finished = finished or isinstance(event, FinishEvent)
+                yield event
+        finally:
+            if not finished:  # abandoned between rounds: the workers wait at the next round boundary
+                _round_sync(self.ranks, params, True)
+
+    def reset(self) -> None:
+        self._command("reset")
+        self.engine.reset()
+
+    def set_max_context(self, tokens: int) -> None:
+        self._command("set_max_context", tokens)
+        self.engine.set_max_context(tokens)
+
+    def allocate(self) -> None:
+        self._command("allocate")
+        self.engine.allocate()
+
+    def full_target(self):
+        """The unsharded target (for the transformers oracle): loaded again on rank 0's device."""
+        from .models.loader import load_target
+
+        return load_target(self.engine.source, self.engine.torch_device, self.engine.torch_dtype)
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._command("close")
+        for p in self.workers:
+            p.join(timeout=30)
+        dist.destroy_process_group()
+
+
+def _watch(workers: list, engine_box: list, on_dead: Callable[[str], None]) -> None:
+    """Rank 0's watchdog: a worker that exits while the engine is open is reported."""
+    while True:
+        time.sleep(0.2)
+        tp = engine_box[0]
+        if tp is not None and tp._closing:
+            return
+        for rank, p in enumerate(workers, start=1):
+            if p.exitcode is not None:
+                on_dead(f"the tensor-parallel worker of rank {rank} (pid {p.pid}) died with exit code {p.exitcode}; "
+                        f"the engine stopped")
+                return
+
+
+def _report_and_exit(message: str) -> None:
+    print(f"error: {message}.", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def launch(load: LoadArgs, tp: int, progress=None, on_dead: Callable[[str], None] = _report_and_exit) -> TPEngine:
+    """Start ranks 1..tp-1 as worker processes, join them as rank 0 and load this rank's share."""
+    from .model_config import ModelConfig
+    from .models.loader import resolve_device
+    from .models.model_specs import resolve_model
+
+    device = resolve_device(load.device)
+    if tp < 1:
+        raise ConfigError(f"--tp must be at least 1, not {tp}")
+    if device.type == "cuda" and tp > torch.cuda.device_count():
+        raise ConfigError(f"--tp {tp} needs {tp} GPUs but torch sees {torch.cuda.device_count()}")
+    try:
+        check_splits(ModelConfig.from_hf(resolve_model(load.model).hf_config), tp)
+    except ValueError as err:
+        raise ConfigError(f"--tp {tp} does not fit this model: {err}") from None
+    os.environ.update(RANK_ENV)
+    threads = max(1, torch.get_num_threads() // tp) if device.type == "cpu" else 1
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    workers = [ctx.Process(target=_worker_main, args=(r, tp, port, load, threads), daemon=True) for r in range(1, tp)]
+    for p in workers:
+        p.start()
+    box: list = [None]
+    threading.Thread(target=_watch, args=(workers, box, on_dead), daemon=True, name="tp-watchdog").start()
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
+    ranks = init_ranks(0, tp, port, rank_device(device, 0))
+    engine = TPEngine(_load_rank(load, ranks, progress), ranks, workers, load)
+    box[0] = engine
+    return engine
