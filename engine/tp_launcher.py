@@ -15,6 +15,7 @@ collectives of the others could wait for it forever.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
@@ -100,8 +101,8 @@ class TPEngine:
     """Rank 0's SpecEngine, driving the workers (module docstring). Reads of its attributes go
     to the local engine (its `target` is rank 0's shard)."""
 
-    def __init__(self, engine, ranks: Ranks, workers: list, load: LoadArgs):
-        self.engine, self.ranks, self.workers, self.load = engine, ranks, workers, load
+    def __init__(self, engine, ranks: Ranks, workers: list, on_dead: Callable[[str], None]):
+        self.engine, self.ranks, self.workers, self.on_dead = engine, ranks, workers, on_dead
         self.tp = ranks.world
         self._closing = False
 
@@ -109,7 +110,21 @@ class TPEngine:
         return getattr(self.engine, name)
 
     def _command(self, name: str, *args) -> None:
-        _broadcast(self.ranks, (name, args))
+        with self._worker_check():
+            _broadcast(self.ranks, (name, args))
+
+    @contextlib.contextmanager
+    def _worker_check(self):
+        """A collective that fails because a worker died reports the worker (not gloo's error)."""
+        try:
+            yield
+        except RuntimeError:
+            for p in self.workers:
+                p.join(timeout=2)
+            message = dead_worker_message(self.workers)
+            if message is not None:
+                self.on_dead(message)
+            raise
 
     def generate(self, prompt_ids: list[int], params, cancel: threading.Event | None = None) -> Iterator:
         if not params.sampling.greedy and params.sampling.seed is None:
@@ -118,13 +133,14 @@ class TPEngine:
         params.validate(self.engine.max_depth)  # a bad request fails here, before any rank starts
         self._command("generate", prompt_ids, params)
         finished = False
-        try:
-            for event in self.engine.generate(prompt_ids, params, cancel):
-                finished = finished or isinstance(event, FinishEvent)
-                yield event
-        finally:
-            if not finished:  # abandoned between rounds: the workers wait at the next round boundary
-                _round_sync(self.ranks, params, True)
+        with self._worker_check():
+            try:
+                for event in self.engine.generate(prompt_ids, params, cancel):
+                    finished = finished or isinstance(event, FinishEvent)
+                    yield event
+            finally:
+                if not finished:  # abandoned between rounds: the workers wait at the next round boundary
+                    _round_sync(self.ranks, params, True)
 
     def reset(self) -> None:
         self._command("reset")
@@ -154,18 +170,27 @@ class TPEngine:
         dist.destroy_process_group()
 
 
+def dead_worker_message(workers: list) -> str | None:
+    """One sentence for the first worker that has exited, or None."""
+    for rank, p in enumerate(workers, start=1):
+        if p.exitcode is not None:
+            return (f"the tensor-parallel worker of rank {rank} (pid {p.pid}) died with exit code {p.exitcode}; "
+                    f"the engine stopped")
+    return None
+
+
 def _watch(workers: list, engine_box: list, on_dead: Callable[[str], None]) -> None:
-    """Rank 0's watchdog: a worker that exits while the engine is open is reported."""
+    """Rank 0's watchdog: a worker that exits while the engine is open is reported (NCCL's
+    collectives would wait for it forever)."""
     while True:
         time.sleep(0.2)
         tp = engine_box[0]
         if tp is not None and tp._closing:
             return
-        for rank, p in enumerate(workers, start=1):
-            if p.exitcode is not None:
-                on_dead(f"the tensor-parallel worker of rank {rank} (pid {p.pid}) died with exit code {p.exitcode}; "
-                        f"the engine stopped")
-                return
+        message = dead_worker_message(workers)
+        if message is not None:
+            on_dead(message)
+            return
 
 
 def _report_and_exit(message: str) -> None:
@@ -200,6 +225,6 @@ def launch(load: LoadArgs, tp: int, progress=None, on_dead: Callable[[str], None
     if device.type == "cpu":
         torch.set_num_threads(threads)
     ranks = init_ranks(0, tp, port, rank_device(device, 0))
-    engine = TPEngine(_load_rank(load, ranks, progress), ranks, workers, load)
+    engine = TPEngine(_load_rank(load, ranks, progress), ranks, workers, on_dead)
     box[0] = engine
     return engine
