@@ -198,8 +198,11 @@ def _report_and_exit(message: str) -> None:
     os._exit(1)
 
 
-def launch(load: LoadArgs, tp: int, progress=None, on_dead: Callable[[str], None] = _report_and_exit) -> TPEngine:
-    """Start ranks 1..tp-1 as worker processes, join them as rank 0 and load this rank's share."""
+def launch(tp: int, model: str | None, draft_head: str | None = None, device: str = "auto", dtype: str = "auto",
+           max_context: int | None = None, progress=None, on_dead: Callable[[str], None] = _report_and_exit) -> TPEngine:
+    """load_engine's arguments, split over `tp` ranks: start ranks 1..tp-1 as worker processes,
+    join them as rank 0 and load this rank's share."""
+    load = LoadArgs(model, draft_head, device, dtype, max_context)
     from .model_config import ModelConfig
     from .models.loader import resolve_device
     from .models.model_specs import resolve_model

@@ -151,14 +151,7 @@ def load_engine(
     dtype: str = "auto",
     max_context: int | None = None,
     progress: ProgressFn | None = None,
-    tp: int = 1,
 ) -> SpecEngine:
-    """tp > 1: the model split over tp ranks (tp_launcher), each a process with its own device;
-    the engine returned is rank 0's, driving the others."""
-    if tp != 1:
-        from ..tp_launcher import LoadArgs, launch
-
-        return launch(LoadArgs(model, draft_head, device, dtype, max_context), tp, progress)
     report = progress or (lambda what, frac: None)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
