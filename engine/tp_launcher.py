@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .errors import ConfigError
+from .errors import ConfigError, EngineError
 from .events import FinishEvent
 from .parallel import RANK_ENV, Ranks, check_splits, init_ranks, rank_device, shard_target
 
@@ -90,10 +90,17 @@ def _follow(engine, ranks: Ranks) -> None:
         name, args = _broadcast(ranks)
         if name == "close":
             break
-        result = getattr(engine, name)(*args)
-        if name == "generate":
-            for _ in result:
-                pass
+        try:
+            if name == "run_on_ranks":
+                fn, args = args[0], args[1:]
+                fn(engine, *args)
+            else:
+                result = getattr(engine, name)(*args)
+                if name == "generate":
+                    for _ in result:
+                        pass
+        except EngineError:
+            pass  # rank 0 meets the same error (the same call on the same state) and reports it
     dist.destroy_process_group()
 
 
@@ -153,6 +160,14 @@ class TPEngine:
     def allocate(self) -> None:
         self._command("allocate")
         self.engine.allocate()
+
+    def run_on_ranks(self, fn: Callable, *args, **local_kwargs):
+        """fn(engine, *args) on every rank's engine (a module-level function: it travels by
+        name); returns rank 0's result. `local_kwargs` go to rank 0's call only (a progress
+        callback). For measurements that drive the engine's internals (the engine-only bench)."""
+        self._command("run_on_ranks", fn, *args)
+        with self._worker_check():
+            return fn(self.engine, *args, **local_kwargs)
 
     def full_target(self):
         """The unsharded target (for the transformers oracle): loaded again on rank 0's device."""

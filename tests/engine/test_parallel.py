@@ -118,3 +118,17 @@ def test_dead_worker_is_one_sentence():
     lines = [line for line in proc.stderr.splitlines() if "worker of rank 1" in line]
     assert lines and lines[-1].startswith("error: the tensor-parallel worker of rank 1") and lines[-1].endswith("stopped."), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_bench_engine_only_tp2(tmp_path):
+    # Every rank runs the measurements in step; rank 0 reports per-rank weight bytes.
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "jetspec_chat", "bench", "random:tiny-qwen3", "--engine-only", "--tp", "2",
+           "--device", "cpu", "--contexts", "32", "--tree-sizes", "1,4", "--round-budget", "4", "--warmup", "1",
+           "--reps", "2", "--copy-mib", "8", "--profile-rounds", "0", "--json-out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["options"]["tp"] == 2
+    (model,) = report["models"]
+    assert model["bars"]["ar_step_ms"] > 0 and model["bars"]["round_ms"] > 0
