@@ -24,3 +24,8 @@ class ContextOverflowError(EngineError):
 
 class DeviceMemoryError(EngineError):
     """Out of device memory; the message names the setting to lower."""
+
+
+# The exit code of an engine process whose tensor-parallel worker died (it reports that in one
+# sentence on stderr; the app's engine process watcher names it too).
+WORKER_DIED_EXIT_CODE = 3

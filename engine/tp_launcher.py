@@ -10,16 +10,19 @@ generation parameters (a live spec change) and whether the answer was cancelled
 (`SpecEngine.round_sync`). Everything else (tree, acceptance, stops) is computed identically on
 every rank from identical hidden states.
 
-A worker that dies is reported in one sentence and ends rank 0's process (exit code 1): the
-collectives of the others could wait for it forever.
+A worker that dies is reported in one sentence and ends rank 0's process (exit code
+WORKER_DIED_EXIT_CODE): the collectives of the others could wait for it forever. A worker whose
+rank 0 is gone ends itself.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import random
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -28,9 +31,8 @@ from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from .errors import ConfigError, EngineError
+from .errors import WORKER_DIED_EXIT_CODE, ConfigError, EngineError
 from .events import FinishEvent
 from .parallel import RANK_ENV, Ranks, check_splits, init_ranks, rank_device, shard_target
 
@@ -74,14 +76,22 @@ def _round_sync(ranks: Ranks, params, cancelled: bool):
     return _broadcast(ranks, (params, cancelled) if ranks.rank == 0 else None)
 
 
-def _worker_main(rank: int, world: int, port: int, load: LoadArgs, threads: int) -> None:
+def _worker_main(rank: int, world: int, port: int, load: LoadArgs, threads: int, parent: int) -> None:
     os.environ.update(RANK_ENV)
     torch.set_num_threads(threads)
     from .models.loader import resolve_device
 
+    # Rank 0 gone (killed, crashed): end too, even from inside a collective that would wait forever.
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="tp-parent-watch").start()
     ranks = init_ranks(rank, world, port, rank_device(resolve_device(load.device), rank))
     engine = _load_rank(load, ranks)
     _follow(engine, ranks)
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def _follow(engine, ranks: Ranks) -> None:
@@ -127,7 +137,10 @@ class TPEngine:
             yield
         except RuntimeError:
             for p in self.workers:
-                p.join(timeout=2)
+                try:
+                    p.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
             message = dead_worker_message(self.workers)
             if message is not None:
                 self.on_dead(message)
@@ -181,15 +194,15 @@ class TPEngine:
         self._closing = True
         self._command("close")
         for p in self.workers:
-            p.join(timeout=30)
+            p.wait(timeout=30)
         dist.destroy_process_group()
 
 
 def dead_worker_message(workers: list) -> str | None:
-    """One sentence for the first worker that has exited, or None."""
+    """One sentence for the first worker (a Popen) that has exited, or None."""
     for rank, p in enumerate(workers, start=1):
-        if p.exitcode is not None:
-            return (f"the tensor-parallel worker of rank {rank} (pid {p.pid}) died with exit code {p.exitcode}; "
+        if p.poll() is not None:
+            return (f"the tensor-parallel worker of rank {rank} (pid {p.pid}) died with exit code {p.returncode}; "
                     f"the engine stopped")
     return None
 
@@ -210,7 +223,7 @@ def _watch(workers: list, engine_box: list, on_dead: Callable[[str], None]) -> N
 
 def _report_and_exit(message: str) -> None:
     print(f"error: {message}.", file=sys.stderr, flush=True)
-    os._exit(1)
+    os._exit(WORKER_DIED_EXIT_CODE)
 
 
 def launch(tp: int, model: str | None, draft_head: str | None = None, device: str = "auto", dtype: str = "auto",
@@ -234,10 +247,13 @@ def launch(tp: int, model: str | None, draft_head: str | None = None, device: st
     os.environ.update(RANK_ENV)
     threads = max(1, torch.get_num_threads() // tp) if device.type == "cpu" else 1
     port = _free_port()
-    ctx = mp.get_context("spawn")
-    workers = [ctx.Process(target=_worker_main, args=(r, tp, port, load, threads), daemon=True) for r in range(1, tp)]
-    for p in workers:
-        p.start()
+    # Plain child processes (not multiprocessing's): the app's engine process is itself a
+    # daemonic multiprocessing child, which may not start multiprocessing children.
+    workers = [
+        subprocess.Popen([sys.executable, "-m", __name__, str(r), str(tp), str(port), str(threads), str(os.getpid()),
+                          json.dumps(dataclasses.asdict(load))])
+        for r in range(1, tp)
+    ]
     box: list = [None]
     threading.Thread(target=_watch, args=(workers, box, on_dead), daemon=True, name="tp-watchdog").start()
     if device.type == "cpu":
@@ -246,3 +262,8 @@ def launch(tp: int, model: str | None, draft_head: str | None = None, device: st
     engine = TPEngine(_load_rank(load, ranks, progress), ranks, workers, on_dead)
     box[0] = engine
     return engine
+
+
+if __name__ == "__main__":  # a worker rank: RANK WORLD PORT THREADS PARENT_PID LOAD_JSON
+    _rank, _world, _port, _threads, _parent = (int(a) for a in sys.argv[1:6])
+    _worker_main(_rank, _world, _port, LoadArgs(**json.loads(sys.argv[6])), _threads, _parent)

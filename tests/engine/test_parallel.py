@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 
+from jetspec_chat.engine.errors import WORKER_DIED_EXIT_CODE
 from jetspec_chat.engine.parallel import reduce_in_rank_order
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -107,13 +108,13 @@ def test_dead_worker_is_one_sentence():
         engine = load_engine("random:tiny-qwen3", device="cpu", tp=2)
         worker = engine.workers[0]
         os.kill(worker.pid, signal.SIGKILL)
-        worker.join()
+        worker.wait()
         for _ in engine.generate([1, 2, 3], GenerationParams(max_new_tokens=4)):
             pass
         print("not reached")
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=ENV)
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == WORKER_DIED_EXIT_CODE, proc.stderr[-3000:]
     assert "not reached" not in proc.stdout
     lines = [line for line in proc.stderr.splitlines() if "worker of rank 1" in line]
     assert lines and lines[-1].startswith("error: the tensor-parallel worker of rank 1") and lines[-1].endswith("stopped."), proc.stderr[-3000:]
