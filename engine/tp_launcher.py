@@ -61,7 +61,7 @@ def _load_rank(load: LoadArgs, ranks: Ranks, progress=None):
     engine = load_engine(load.model, load.draft_head, device=str(device), dtype=load.dtype,
                          max_context=load.max_context, progress=progress)
     shard_target(engine.target, ranks.rank, ranks.world)
-    engine.round_sync = lambda params, cancelled: _round_sync(ranks, params, cancelled)
+    engine.round_sync = RoundSync(ranks)
     return engine
 
 
@@ -71,9 +71,30 @@ def _broadcast(ranks: Ranks, obj=None):
     return box[0]
 
 
-def _round_sync(ranks: Ranks, params, cancelled: bool):
-    """Rank 0's (params, cancelled) on every rank, at a round boundary."""
-    return _broadcast(ranks, (params, cancelled) if ranks.rank == 0 else None)
+class RoundSync:
+    """Rank 0's (params, cancelled) on every rank, at a round boundary: one 8-byte broadcast
+    (continue / cancelled / new parameters follow), the pickled parameters only when they
+    changed (a live spec change, a new answer)."""
+
+    CONTINUE, CANCELLED, NEW_PARAMS = 0, 1, 2
+
+    def __init__(self, ranks: Ranks):
+        self.ranks = ranks
+        self.flag = torch.zeros(1, dtype=torch.long)  # gloo: a CPU tensor
+        self.params = None
+
+    def __call__(self, params, cancelled: bool):
+        if self.ranks.rank == 0:
+            code = self.CANCELLED if cancelled else self.NEW_PARAMS if params != self.params else self.CONTINUE
+            self.flag.fill_(code)
+        dist.broadcast(self.flag, src=0, group=self.ranks.control)
+        code = int(self.flag)
+        if code == self.NEW_PARAMS:
+            params = _broadcast(self.ranks, params if self.ranks.rank == 0 else None)
+        elif self.ranks.rank != 0:
+            params = self.params if self.params is not None else params
+        self.params = params
+        return params, code == self.CANCELLED
 
 
 def _worker_main(rank: int, world: int, port: int, load: LoadArgs, threads: int, parent: int) -> None:
@@ -160,7 +181,7 @@ class TPEngine:
                     yield event
             finally:
                 if not finished:  # abandoned between rounds: the workers wait at the next round boundary
-                    _round_sync(self.ranks, params, True)
+                    self.engine.round_sync(params, True)
 
     def reset(self) -> None:
         self._command("reset")
