@@ -15,8 +15,14 @@ from .events import Event, FinishEvent, GenerationResult, PhaseTimings, PrefillE
 from .params import TREE_ALGOS, GenerationParams, SamplingParams, SpecParams
 
 
-def load_engine(*args, **kwargs):
-    """See loader.load_engine. Imported on first use: it pulls in torch and transformers."""
+def load_engine(*args, tp: int = 1, **kwargs):
+    """See loader.load_engine. Imported on first use: it pulls in torch and transformers.
+    tp > 1: the model split over tp ranks (tp_launcher.launch), each a process with its own
+    device; the engine returned is rank 0's, driving the others."""
+    if tp != 1:
+        from .tp_launcher import launch
+
+        return launch(tp, *args, **kwargs)
     from .models.loader import load_engine as _load_engine
 
     return _load_engine(*args, **kwargs)

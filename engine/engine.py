@@ -108,6 +108,8 @@ class SpecEngine:
         self.anchor = torch.zeros((), dtype=torch.long, device=self.torch_device)
         self._root = root_only(self.anchor)  # the AR round's tree; its token is a view of the anchor
         self._live_spec = LiveSpec()  # set by update_spec, taken at a round boundary
+        # Tensor parallel (tp_launcher): (params, cancelled) -> rank 0's, at every round boundary.
+        self.round_sync = None
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -310,7 +312,11 @@ class SpecEngine:
         message = ""
         while answer.finish is None:
             params = self._live_spec.apply(params)
-            if answer.cancelled(cancel):
+            cancelled = answer.cancelled(cancel)
+            if self.round_sync is not None:  # every rank runs rank 0's round
+                params, cancelled = self.round_sync(params, cancelled)
+                answer.finish = "cancelled" if cancelled else answer.finish
+            if cancelled:
                 break
             if self.kv.length + 1 > self.max_context:
                 answer.finish = "context_full"

@@ -35,3 +35,8 @@ class MissingPackageError(EngineError):
         if not top:  # an ImportError without a module name: a broken install, not a missing one
             return cls(f"a package failed to import ({err}); reinstall jetspec-chat, then start it again")
         return cls(f"the Python package '{top}' is missing: install it (pip install {top}), then start again")
+
+
+# The exit code of an engine process whose tensor-parallel worker died (it reports that in one
+# sentence on stderr; the app's engine process watcher names it too).
+WORKER_DIED_EXIT_CODE = 3

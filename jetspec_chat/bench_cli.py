@@ -107,7 +107,7 @@ def end_to_end_options(args):
     return EndToEndOptions(
         models=list(args.models) or [None], prompt_sets=_prompt_sets(args), modes=tuple(args.modes),
         budgets=tuple(args.budgets), draft_head=args.draft_head, device=args.device, dtype=args.dtype,
-        max_context=args.max_context, width=args.width, depth=args.depth, tree_algo=args.tree_algo,
+        max_context=args.max_context, tp=args.tp, width=args.width, depth=args.depth, tree_algo=args.tree_algo,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         max_new_tokens=args.max_new_tokens, warmup=1 if args.warmup is None else args.warmup,
         reps=1 if args.reps is None else args.reps, thinking=args.thinking,
@@ -125,7 +125,7 @@ def engine_only_options(args):
         dtype=args.dtype, contexts=tuple(args.contexts), tree_sizes=tuple(args.tree_sizes),
         round_budget=args.round_budget, width=args.width, warmup=5 if args.warmup is None else args.warmup,
         reps=20 if args.reps is None else args.reps, copy_mib=args.copy_mib, profile_rounds=args.profile_rounds,
-        bar_context=args.bar_context[0] if args.bar_context else None, seed=args.seed or 0,
+        bar_context=args.bar_context[0] if args.bar_context else None, seed=args.seed or 0, tp=args.tp,
     )
 
 
@@ -146,8 +146,10 @@ def print_end_to_end(report, console) -> None:
     from rich.table import Table
 
     env = report.env
+    tp = report.options.get("tp", 1)
     console.print(f"[bold]jetspec-chat bench[/bold] end to end on {env.get('device_name')} ({env.get('device')}), "
-                  f"torch {env.get('torch')}, transformers {env.get('transformers')}")
+                  f"torch {env.get('torch')}, transformers {env.get('transformers')}"
+                  + (f", tensor parallel over {tp} ranks" if tp > 1 else ""))
     for m in report.models:
         for s in m.sets:
             t = Table(title=f"{m.model} · {s.name} ({s.prompts} prompts) · head {m.draft_head or '-'} · {m.dtype}",
@@ -173,8 +175,10 @@ def print_engine_only(report, console) -> None:
     from rich.table import Table
 
     env = report.env
+    tp = report.options.get("tp", 1)
     console.print(f"[bold]jetspec-chat bench --engine-only[/bold] on {env.get('device_name')} ({env.get('device')}), "
-                  f"torch {env.get('torch')}")
+                  f"torch {env.get('torch')}" + (f", tensor parallel over {tp} ranks (rank 0's times and "
+                                                 f"weight bytes, per rank)" if tp > 1 else ""))
     for m in report.models:
         console.print(f"[bold]{m.model}[/bold] · head {m.draft_head or '-'} · {m.dtype} · "
                       f"copy bandwidth {m.copy_bandwidth_gb_s:.1f} GB/s (read+write, {m.copy_bytes >> 20} MiB) · "
@@ -254,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
     progress = lambda msg: err.print(f"[dim]\\[bench] {msg}[/dim]")
     try:
         if args.app:
+            if args.tp != 1:
+                raise EngineError("bench --app runs the app, which takes no --tp yet; drop --tp or --app")
             from .app_bench import run as run_app_bench
 
             return run_app_bench(args, end_to_end_options, progress, Console(width=max(Console().width, 140)))

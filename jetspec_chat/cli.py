@@ -98,6 +98,8 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor parallel: split the model over N processes (one GPU each; N CPU processes on a CPU)")
 
 
 def add_generation_arguments(p: argparse.ArgumentParser) -> None:
@@ -163,7 +165,7 @@ def run_generate(argv: list[str]) -> int:
     try:
         head = "none" if args.no_spec else args.draft_head  # plain AR drafts nothing: load no head
         engine = load_engine(args.model, head, device=args.device, dtype=args.dtype,
-                             max_context=args.max_context, progress=progress, depth=args.depth)
+                             max_context=args.max_context, progress=progress, depth=args.depth, tp=args.tp)
     finally:
         if progress is not None:
             progress.close()
@@ -209,7 +211,8 @@ def run_generate(argv: list[str]) -> int:
         "temperature": params.sampling.temperature,
         "device": engine.device,
         "dtype": engine.dtype,
-        "kv_cache_bytes": engine.memory_bytes(),  # target paged KV + draft KV, sized to this job
+        "kv_cache_bytes": engine.memory_bytes(),  # target paged KV + draft KV, sized to this job (per rank)
+        "tp": args.tp,
     }
     if result.message:
         out["message"] = result.message
@@ -228,6 +231,8 @@ def run_generate(argv: list[str]) -> int:
         print(line, file=sys.stderr)
         if result.message:
             print(result.message, file=sys.stderr)
+    if args.tp > 1:
+        engine.close()  # the worker ranks exit with it
     return 0
 
 

@@ -82,6 +82,7 @@ class EndToEndOptions:
     device: str = "auto"
     dtype: str = "auto"
     max_context: int | None = None
+    tp: int = 1  # tensor-parallel ranks (one GPU each)
     width: int = DEFAULT_WIDTH
     depth: int | None = None
     tree_algo: str = "accum_logp"
@@ -328,7 +329,7 @@ def _summarize(name: str, mode: str, budget: int | None, runs: list[RunRecord], 
 
 
 def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) -> EndToEndReport:
-    from ..models.loader import load_engine
+    from .. import load_engine
 
     say = progress or (lambda msg: None)
     opts.validate()
@@ -338,7 +339,7 @@ def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) ->
         t0 = time.perf_counter()
         say(f"loading {model_spec or 'the default model'}")
         engine = load_engine(model_spec, opts.draft_head, device=opts.device, dtype=opts.dtype,
-                             max_context=opts.max_context)
+                             max_context=opts.max_context, tp=opts.tp)
         load_s = time.perf_counter() - t0
         device = engine.torch_device
         env = env or environment(device)
@@ -389,6 +390,8 @@ def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) ->
             model=engine.model_name, draft_head=engine.head_name, device=engine.device, dtype=engine.dtype,
             weight_bytes=weight_bytes(engine.target), sets=set_results, load_seconds=load_s,
         ))
+        if opts.tp > 1:
+            engine.close()
         del hf_model, engine
         free_device_memory(device)
     return EndToEndReport(mode="end_to_end", env=env or {}, options=options_dict(opts), models=results)

@@ -48,6 +48,7 @@ class EngineOnlyOptions:
     profile_rounds: int = 5  # rounds under the torch profiler for the GPU idle analysis (CUDA only)
     bar_context: int | None = None  # context of the headline numbers; None: the smallest context
     seed: int = 0
+    tp: int = 1  # tensor-parallel ranks (one GPU each); every rank runs the measurements, rank 0 reports
 
     def validate(self) -> None:
         if not self.models:
@@ -332,7 +333,7 @@ def _bars(opts: EngineOnlyOptions, bw: float, contexts: list[ContextResult], idl
 
 
 def run_engine_only(opts: EngineOnlyOptions, progress: ProgressFn | None = None) -> EngineOnlyReport:
-    from ..models.loader import load_engine
+    from .. import load_engine
 
     say = progress or (lambda msg: None)
     opts.validate()
@@ -341,46 +342,60 @@ def run_engine_only(opts: EngineOnlyOptions, progress: ProgressFn | None = None)
     for model_spec in opts.models:
         t0 = time.perf_counter()
         say(f"loading {model_spec}")
-        engine = load_engine(model_spec, opts.draft_head, device=opts.device, dtype=opts.dtype)
+        engine = load_engine(model_spec, opts.draft_head, device=opts.device, dtype=opts.dtype, tp=opts.tp)
         load_s = time.perf_counter() - t0
         device = engine.torch_device
         env = env or environment(device)
-        scratch = max(max(opts.tree_sizes), opts.round_budget) + 16
-        need = max(opts.contexts) + scratch
-        limit = engine.target.cfg.max_position_embeddings
-        if need > limit:
-            raise ConfigError(f"context {max(opts.contexts)} plus a {scratch - 16}-node tree exceeds the model's "
-                              f"{limit} positions; use smaller --contexts")
-        if engine.head is not None and opts.round_budget > 1:
-            SpecParams(budget=opts.round_budget, width=opts.width).validate(engine.max_depth)
-        say("filling the caches")
-        _prepare_engine(engine, need, opts.seed)
-        gen = torch.Generator().manual_seed(opts.seed)
-        peak_memory_reset(device)
-        copy_bytes = (opts.copy_mib or (1024 if device.type == "cuda" else 256)) << 20
-        say(f"copy bandwidth ({copy_bytes >> 20} MiB)")
-        copy_ms, bw = measure_copy_bandwidth(device, copy_bytes, opts.warmup, opts.reps)
-        contexts = []
-        with torch.inference_mode():
-            for c in sorted(opts.contexts):
-                say(f"context {c}: AR step, verify at {list(opts.tree_sizes)}, draft, round@{opts.round_budget}")
-                contexts.append(_measure_context(engine, opts, c, bw, gen))
-            head_ctx = next(c for c in contexts if c.context == opts.headline_context)
-            idle = None
-            if head_ctx.round_ms is not None:
-                say("profiling rounds for GPU idle time")
-                state = _State(engine, opts.headline_context, gen)
-                params = GenerationParams(spec=SpecParams(budget=opts.round_budget, width=opts.width))
-                idle = measure_gpu_idle(engine, state.restore, params, opts.profile_rounds, head_ctx.round_ms)
+        if opts.tp > 1:  # every rank runs the same measurements in step (their collectives meet); rank 0's count
+            copy_bytes, copy_ms, bw, contexts, idle, peak = engine.run_on_ranks(_measure_model, opts, say=say)
+        else:
+            copy_bytes, copy_ms, bw, contexts, idle, peak = _measure_model(engine, opts, say)
         results.append(EngineOnlyResult(
             model=engine.model_name, draft_head=engine.head_name, device=engine.device, dtype=engine.dtype,
             copy_bytes=copy_bytes, copy_ms=copy_ms, copy_bandwidth_gb_s=bw,
             weight_bytes_per_ar_step=weight_bytes_per_ar_step(engine.target),
             head_weight_bytes=head_weight_bytes(engine) if engine.head is not None else 0,
             contexts=contexts, bars=_bars(opts, bw, contexts, idle), gpu_idle=idle,
-            peak_memory_bytes=peak_memory(device), load_seconds=load_s,
+            peak_memory_bytes=peak, load_seconds=load_s,
         ))
         engine.reset()
+        if opts.tp > 1:
+            engine.close()
         del engine
         free_device_memory(device)
     return EngineOnlyReport(mode="engine_only", env=env or {}, options=options_dict(opts), models=results)
+
+
+def _measure_model(engine, opts: EngineOnlyOptions, say=None):
+    """Everything measured on a loaded engine (under TP: on each rank's own engine, the same
+    calls in the same order). Returns (copy_bytes, copy_ms, bandwidth, contexts, idle, peak)."""
+    say = say or (lambda msg: None)
+    device = engine.torch_device
+    scratch = max(max(opts.tree_sizes), opts.round_budget) + 16
+    need = max(opts.contexts) + scratch
+    limit = engine.target.cfg.max_position_embeddings
+    if need > limit:
+        raise ConfigError(f"context {max(opts.contexts)} plus a {scratch - 16}-node tree exceeds the model's "
+                          f"{limit} positions; use smaller --contexts")
+    if engine.head is not None and opts.round_budget > 1:
+        SpecParams(budget=opts.round_budget, width=opts.width).validate(engine.max_depth)
+    say("filling the caches")
+    _prepare_engine(engine, need, opts.seed)
+    gen = torch.Generator().manual_seed(opts.seed)
+    peak_memory_reset(device)
+    copy_bytes = (opts.copy_mib or (1024 if device.type == "cuda" else 256)) << 20
+    say(f"copy bandwidth ({copy_bytes >> 20} MiB)")
+    copy_ms, bw = measure_copy_bandwidth(device, copy_bytes, opts.warmup, opts.reps)
+    contexts = []
+    with torch.inference_mode():
+        for c in sorted(opts.contexts):
+            say(f"context {c}: AR step, verify at {list(opts.tree_sizes)}, draft, round@{opts.round_budget}")
+            contexts.append(_measure_context(engine, opts, c, bw, gen))
+        head_ctx = next(c for c in contexts if c.context == opts.headline_context)
+        idle = None
+        if head_ctx.round_ms is not None:
+            say("profiling rounds for GPU idle time")
+            state = _State(engine, opts.headline_context, gen)
+            params = GenerationParams(spec=SpecParams(budget=opts.round_budget, width=opts.width))
+            idle = measure_gpu_idle(engine, state.restore, params, opts.profile_rounds, head_ctx.round_ms)
+    return copy_bytes, copy_ms, bw, contexts, idle, peak_memory(device)

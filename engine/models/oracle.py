@@ -40,7 +40,9 @@ def transformers_model(engine: SpecEngine):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=engine.torch_dtype)
         # Checkpoint names, plus our own ones: transformers 5 keeps MoE experts stacked in memory
         # (mlp.experts.gate_up_proj / down_proj), exactly as we do.
-        ours = dict(hf_parameters(engine.target)) | dict(engine.target.named_parameters())
+        # Under tensor parallelism the local target is a shard: the oracle reads the whole one.
+        target = engine.full_target() if hasattr(engine, "full_target") else engine.target
+        ours = dict(hf_parameters(target)) | dict(target.named_parameters())
         theirs = model.state_dict()
         lacking = set(theirs) - set(ours) - {"lm_head.weight"}  # tied embeddings have no lm_head of ours
         assert not lacking, sorted(lacking)[:5]

@@ -162,6 +162,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         device: str = "auto",
         dtype: str = "auto",
         max_context: int | None = None,
+        tp: int = 1,
         backend: ew.Backend | None = None,
         settings: Settings | None = None,
         theme: str | None = None,
@@ -177,7 +178,7 @@ class JetspecApp(OutboxMixin, CompareMixin, LiveSpecMixin, SessionsMixin, Comman
         child process (the default for the real engine) rather than on a thread of this one
         (the default for a given backend such as the fake)."""
         super().__init__()
-        self.spec = ew.EngineSpec(model, draft_head, device, dtype, max_context)
+        self.spec = ew.EngineSpec(model, draft_head, device, dtype, max_context, tp)
         self.settings = settings if settings is not None else load_settings()
         self.persist_settings = persist_settings
         self.demo = demo  # --demo: the header says the engine and its numbers are scripted

@@ -26,6 +26,7 @@ import threading
 import traceback
 from typing import Any
 
+from jetspec_chat.engine.errors import WORKER_DIED_EXIT_CODE
 from jetspec_chat.engine.params import SpecParams
 
 from . import engine_worker as ew
@@ -46,6 +47,8 @@ def describe_exit(exitcode: int | None) -> str:
             name = f"signal {-exitcode}"
         why = " (out of memory, or killed)" if name == "SIGKILL" else ""
         return f"The engine process was killed by {name}{why}."
+    if exitcode == WORKER_DIED_EXIT_CODE:
+        return "A tensor-parallel worker of the engine died, and the engine stopped with it."
     return f"The engine process exited unexpectedly (exit code {exitcode})."
 
 

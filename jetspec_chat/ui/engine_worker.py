@@ -57,6 +57,7 @@ class EngineSpec:
     device: str = "auto"
     dtype: str = "auto"
     max_context: int | None = None
+    tp: int = 1  # tensor-parallel ranks: this process is rank 0 and starts the others
 
 
 @dataclass(frozen=True)
@@ -389,6 +390,7 @@ class EngineWorker:
                 dtype=spec.dtype,
                 max_context=spec.max_context,
                 progress=progress,
+                **({"tp": spec.tp} if spec.tp != 1 else {}),  # the fake backend has no tp
             )
             session = self.backend.ChatSession(engine, system_prompt=cmd.system_prompt, thinking=cmd.thinking)
         except BaseException as err:  # noqa: BLE001

@@ -61,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--device", default="auto", help="cuda, cuda:N, cpu or auto (default)")
     eng.add_argument("--dtype", default="auto", help="bfloat16, float16, float32 or auto (default)")
     eng.add_argument("--max-context", type=_int_in(16, 1 << 24, "max context"), metavar="N", help="context window to allocate")
+    eng.add_argument("--tp", type=_int_in(1, 64, "tp"), default=1, metavar="N",
+                     help="tensor parallel: split the model over N GPUs (default 1)")
     app = parser.add_argument_group("app")
     app.add_argument("--theme", metavar="NAME", help="dark, light, projector, or a theme file's name from the config dir")
     app.add_argument("--session", metavar="NAME", help="open the saved session NAME (or start one saved under that name)")
@@ -115,6 +117,7 @@ def build_app(args: argparse.Namespace):
         device=getattr(args, "device", "auto") or "auto",
         dtype=getattr(args, "dtype", "auto") or "auto",
         max_context=getattr(args, "max_context", None),
+        tp=getattr(args, "tp", 1) or 1,
         backend=backend,
         settings=_settings_from_args(args),
         theme=getattr(args, "theme", None),
@@ -130,9 +133,9 @@ def app_argv(args: argparse.Namespace) -> list[str]:
     if args.model:
         out.append(args.model)
     for name in ("draft_head", "budget", "depth", "width", "tree_algo", "temperature", "max_new_tokens",
-                 "device", "dtype", "max_context", "theme", "session", "system"):
+                 "device", "dtype", "max_context", "tp", "theme", "session", "system"):
         value = getattr(args, name, None)
-        if value is None or (name in ("device", "dtype") and value == "auto"):
+        if value is None or (name in ("device", "dtype") and value == "auto") or (name == "tp" and value == 1):
             continue
         out += [f"--{name.replace('_', '-')}", str(value)]
     for flag in ("no_spec", "thinking", "demo", "race"):

@@ -42,7 +42,8 @@ def test_events_and_outbox_items_pickle():
 
 def test_describe_exit():
     assert describe_exit(-9) == "The engine process was killed by SIGKILL (out of memory, or killed)."
-    assert describe_exit(3) == "The engine process exited unexpectedly (exit code 3)."
+    assert describe_exit(4) == "The engine process exited unexpectedly (exit code 4)."
+    assert describe_exit(3) == "A tensor-parallel worker of the engine died, and the engine stopped with it."
 
 
 @async_test

@@ -1,0 +1,190 @@
+"""Tensor parallelism: the target's weights split over N ranks, and the one collective it needs.
+
+Every rank holds the whole model outside the decoder layers (embedding, final norm, lm_head)
+and the whole draft head; inside each layer it holds 1/N of the attention heads (q/k/v rows of
+`qkv_proj`, the matching columns of `o_proj`, its KV heads of the paged cache) and 1/N of the
+MLP's intermediate columns (rows of `gate_up_proj`, columns of `down_proj`; for a MoE layer the
+same 1/N of every expert's columns, the router whole). The two row-parallel products per layer
+(o_proj, down_proj / the MoE experts) leave each rank a partial sum of the layer's output; the
+ranks exchange them with an all-gather and every rank adds the N partials in rank order in fp32
+(`reduce_in_rank_order`). That sum is the same bits on every rank (so every rank computes the
+same hidden states, draft and accepted tokens without further messages) and the same bits for a
+row whether it runs alone (an AR step) or among many (a verify tree): speculative decoding stays
+token-identical to AR under TP in bf16 as well. An all-reduce gives neither guarantee (NCCL
+picks its ring/tree order by message size).
+
+MoE by columns, not by experts: with top-8 of 128 experts a single token's experts fall unevenly
+on N expert-owners (the slowest rank sets every layer's pace), whereas a column split gives each
+rank exactly 1/N of the work of every token, keeps the router and routing whole and identical on
+every rank, and needs no token exchange (all-to-all) at all.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .layers import Linear, SparseMoeBlock, linear
+from .model import TargetModel
+
+# NVLink multicast (NVLS, symmetric-memory multicast) stays off in every rank: it has taken a
+# shared host's GPUs down. Set before the process group (and NCCL) starts.
+RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranks:
+    """This process's place in the tensor-parallel group. `data` carries the activations (NCCL on
+    CUDA, gloo on the CPU; None = the default group); `control` rank 0's commands (always gloo, so
+    a command never waits behind GPU work)."""
+
+    rank: int
+    world: int
+    control: object | None = None
+
+
+def reduce_in_rank_order(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """parts [N, ...] (rank r's partial sum at [r]) -> their sum, added in rank order in fp32 and
+    rounded once to `dtype`. Elementwise, so a row's sum does not depend on the other rows."""
+    acc = parts[0].float()
+    for r in range(1, parts.shape[0]):
+        acc = acc + parts[r].float()
+    return acc.to(dtype)
+
+
+def all_gather_sum(partial: torch.Tensor, world: int) -> torch.Tensor:
+    """Every rank's `partial` summed in rank order (`reduce_in_rank_order`), on every rank. One
+    all-gather into one buffer: capturable in a CUDA graph with NCCL."""
+    partial = partial.contiguous()
+    parts = partial.new_empty((world * partial.shape[0], *partial.shape[1:]))
+    _all_gather_single(parts, partial)
+    return reduce_in_rank_order(parts.view(world, *partial.shape), partial.dtype)
+
+
+# all_gather_into_tensor was renamed all_gather_single (torch 2.13); older torch has only the former.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class RowParallelLinear(Linear):
+    """A Linear holding 1/N of the input columns: the local product, then `all_gather_sum`."""
+
+    world: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_gather_sum(linear(x, self.weight, self.bias), self.world)
+
+    def forward_partials(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x)
+
+
+class RowParallelMoe(nn.Module):
+    """A SparseMoeBlock whose experts hold 1/N of their columns: the local block, then `all_gather_sum`."""
+
+    def __init__(self, block: SparseMoeBlock, world: int):
+        super().__init__()
+        self.block, self.world = block, world
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_gather_sum(self.block(x), self.world)
+
+    def forward_partials(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x)
+
+
+def _share(n: int, world: int, what: str) -> int:
+    if n % world:
+        raise ValueError(f"{what} ({n}) does not split over {world} ranks")
+    return n // world
+
+
+def _param(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.contiguous().clone(), requires_grad=False)
+
+
+def _row_parallel(weight: torch.Tensor, world: int) -> RowParallelLinear:
+    with torch.device("meta"):
+        m = RowParallelLinear(weight.shape[1], weight.shape[0], bias=False)
+    m.weight = _param(weight)
+    m.world = world
+    return m
+
+
+def check_splits(cfg, world: int) -> None:
+    """Raise ValueError naming the first dimension that does not split over `world` ranks."""
+    _share(cfg.num_kv_heads, world, "the KV heads")
+    _share(cfg.num_heads, world, "the attention heads")
+    if any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers)):
+        _share(cfg.intermediate_size, world, "the MLP width")
+    if cfg.moe_layers:
+        _share(cfg.moe_intermediate_size, world, "the experts' width")
+
+
+def shard_target(model: TargetModel, rank: int, world: int) -> None:
+    """Keep this rank's share of every decoder layer (module docstring), in place; `model.cfg`
+    becomes the rank's view (its heads and widths), from which the KV cache is sized."""
+    cfg = model.cfg
+    check_splits(cfg, world)
+    hd = cfg.head_dim
+    nh, nkv = cfg.num_heads // world, cfg.num_kv_heads // world
+    q_rows = torch.arange(rank * nh * hd, (rank + 1) * nh * hd)
+    k_rows = cfg.num_heads * hd + torch.arange(rank * nkv * hd, (rank + 1) * nkv * hd)
+    v_rows = k_rows + cfg.num_kv_heads * hd
+    qkv_rows = torch.cat([q_rows, k_rows, v_rows])
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            attn = layer.self_attn
+            qkv = attn.qkv_proj
+            rows = qkv_rows.to(qkv.weight.device)
+            qkv.weight = _param(qkv.weight[rows])
+            if qkv.bias is not None:
+                qkv.bias = _param(qkv.bias[rows])
+            qkv.parts = {"q_proj": nh * hd, "k_proj": nkv * hd, "v_proj": nkv * hd}
+            qkv.out_features = qkv.weight.shape[0]
+            attn.n_heads, attn.n_kv = nh, nkv
+            attn.o_proj = _row_parallel(attn.o_proj.weight[:, q_rows.to(attn.o_proj.weight.device)], world)
+            if cfg.is_moe_layer(i):
+                experts = layer.mlp.experts
+                n = cfg.moe_intermediate_size // world
+                cols = slice(rank * n, (rank + 1) * n)
+                gate, up = experts.gate_up_proj.chunk(2, dim=1)
+                experts.gate_up_proj = _param(torch.cat([gate[:, cols], up[:, cols]], dim=1))
+                experts.down_proj = _param(experts.down_proj[:, :, cols])
+                experts.intermediate = n
+                layer.mlp = RowParallelMoe(layer.mlp, world)
+            else:
+                mlp = layer.mlp
+                n = cfg.intermediate_size // world
+                cols = slice(rank * n, (rank + 1) * n)
+                gate, up = mlp.gate_up_proj.weight.chunk(2, dim=0)
+                mlp.gate_up_proj.weight = _param(torch.cat([gate[cols], up[cols]]))
+                mlp.gate_up_proj.parts = {"gate_proj": n, "up_proj": n}
+                mlp.gate_up_proj.out_features = 2 * n
+                mlp.down_proj = _row_parallel(mlp.down_proj.weight[:, cols], world)
+    model.cfg = dataclasses.replace(
+        cfg, num_heads=nh, num_kv_heads=nkv,
+        intermediate_size=cfg.intermediate_size // world if any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+        else cfg.intermediate_size,
+        moe_intermediate_size=cfg.moe_intermediate_size // world if cfg.moe_layers else 0,
+    )
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """Rank r's device: cuda:r on CUDA (one GPU per rank), the CPU for every rank otherwise."""
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+def init_ranks(rank: int, world: int, port: int, device: torch.device) -> Ranks:
+    """Join the group at tcp://127.0.0.1:port (NCCL on CUDA, gloo on the CPU) and open the
+    control group (gloo)."""
+    import os
+
+    os.environ.update(RANK_ENV)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=device if device.type == "cuda" else None)
+    control = dist.new_group(backend="gloo") if backend != "gloo" else None
+    return Ranks(rank, world, control)
