@@ -333,7 +333,7 @@ def test_rope_scaling_is_applied_as_the_reference_does(tmp_path):
     cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
     (d / "config.json").write_text(json.dumps(cfg))
     assert load_head_dir(d, CPU, torch.float32).cfg.rope_scaling is None
-    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    cfg["rope_scaling"] = {"rope_type": "longrope", "factor": 4.0}
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(DraftHeadError, match="rope_scaling of type 'yarn' is not supported"):
+    with pytest.raises(DraftHeadError, match="rope_scaling of type 'longrope' is not supported"):
         load_head_dir(d, CPU, torch.float32)
