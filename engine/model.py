@@ -91,6 +91,10 @@ class TargetModel(nn.Module):
     def init_random(self, seed: int, std: float = 0.02) -> None:
         init_random_(self, seed, std)
 
+    def checkpoint_key(self, key: str) -> str | None:
+        """Our name for a checkpoint tensor's key; None skips it (see HybridTargetModel)."""
+        return key
+
     def load_safetensors(self, directory: Path) -> None:
         from safetensors import safe_open
 
@@ -105,14 +109,17 @@ class TargetModel(nn.Module):
         with torch.no_grad():
             for f in files:
                 with safe_open(str(f), framework="pt", device="cpu") as st:
-                    for key in st.keys():
+                    for stored in st.keys():
+                        key = self.checkpoint_key(stored)
+                        if key is None:
+                            continue
                         if key not in params:
                             if key == "lm_head.weight" and self.lm_head is None:
                                 continue  # tied checkpoints sometimes still store it
                             if "rotary_emb" in key:
                                 continue
                             raise ValueError(f"unexpected weight {key} in {f.name}")
-                        t = st.get_tensor(key)
+                        t = st.get_tensor(stored)
                         if t.shape != params[key].shape:
                             raise ValueError(f"weight {key} in {f.name} has shape {tuple(t.shape)}, "
                                              f"expected {tuple(params[key].shape)}")

@@ -13,7 +13,7 @@ from ..errors import ConfigError, DeviceMemoryError, DraftHeadError, ModelNotFou
 from ..hybrid_model import build_hybrid_target
 from ..model import TargetModel, build_target
 from ..model_config import ModelConfig
-from .model_specs import ModelSource, download_hub_dir, load_tokenizer, resolve_model
+from .model_specs import HEAD_NOTES, ModelSource, download_hub_dir, load_tokenizer, resolve_model
 
 ProgressFn = Callable[[str, float | None], None]
 
@@ -164,6 +164,8 @@ def load_engine(
     tokenizer = load_tokenizer(source)
     report("Loading the draft head", None)
     head, head_name = load_draft_head(draft_head, source, target.cfg, dev, dt)
+    if head is None and draft_head is None and source.name.lower() in HEAD_NOTES:
+        report(HEAD_NOTES[source.name.lower()], None)
     if max_context is None:
         max_context = DEFAULT_MAX_CONTEXT_GPU if dev.type == "cuda" else DEFAULT_MAX_CONTEXT_CPU
     engine = SpecEngine(
