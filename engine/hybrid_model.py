@@ -197,6 +197,15 @@ class HybridTargetModel(TargetModel):
         # Decoder layer -> its slot in the KV pool (full attention) or in the state arrays (linear).
         self.slot = {i: j for j, i in enumerate(hy.full_layers)} | {i: j for j, i in enumerate(hy.linear_layers)}
 
+    def checkpoint_key(self, key: str) -> str | None:
+        """Qwen3.5-family checkpoints are multimodal: the text model under
+        `model.language_model.`, then the vision tower and the MTP layers, which we skip."""
+        if key.startswith(("mtp.", "model.visual.", "visual.")):
+            return None
+        if key.startswith("model.language_model."):
+            return "model." + key[len("model.language_model."):]
+        return key
+
     def make_cache(self, capacity: int, device: torch.device, dtype: torch.dtype) -> HybridCache:
         cache = HybridCache(self.cfg, capacity, device, dtype)
         by_slot = {self.slot[i]: layer.linear_attn for i, layer in enumerate(self.model.layers) if layer.is_linear}

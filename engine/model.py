@@ -99,6 +99,10 @@ class TargetModel(nn.Module):
     def init_random(self, seed: int, std: float = 0.02) -> None:
         init_random_(self, seed, std)
 
+    def checkpoint_key(self, key: str) -> str | None:
+        """Our name for a checkpoint tensor's key; None skips it (see HybridTargetModel)."""
+        return key
+
     def load_safetensors(self, directory: Path) -> None:
         from safetensors import safe_open
 
@@ -114,10 +118,13 @@ class TargetModel(nn.Module):
         with torch.no_grad():
             for f in files:
                 with safe_open(str(f), framework="pt", device="cpu") as st:
-                    for key in st.keys():
+                    for stored in st.keys():
+                        key = self.checkpoint_key(stored)
+                        if key is None:
+                            continue
                         if key.endswith((BLOCKS_SUFFIX, SCALES_SUFFIX)) and key[:-len(BLOCKS_SUFFIX)] in params:
                             name = key[:-len(BLOCKS_SUFFIX)]
-                            packed[key] = st.get_tensor(key)
+                            packed[key] = st.get_tensor(stored)
                             pair = (name + BLOCKS_SUFFIX, name + SCALES_SUFFIX)
                             if all(k in packed for k in pair):
                                 t = dequantize_mxfp4(packed.pop(pair[0]), packed.pop(pair[1]), params[name].dtype)
@@ -130,7 +137,7 @@ class TargetModel(nn.Module):
                             if "rotary_emb" in key:
                                 continue
                             raise ValueError(f"unexpected weight {key} in {f.name}")
-                        self._copy_weight(params, key, st.get_tensor(key), f.name)
+                        self._copy_weight(params, key, st.get_tensor(stored), f.name)
                         seen.add(key)
         if packed:
             raise ValueError(f"MXFP4 weight {sorted(packed)[0]} in {directory} has no matching blocks/scales half")

@@ -54,6 +54,15 @@ DEFAULT_HEADS = {
     "qwen/qwen3-8b": "JetSpec/jetspec-qwen3-8b",
     "qwen/qwen3-30b-a3b": "JetSpec/jetspec-qwen3-30b-a3b",
     "openai/gpt-oss-20b": "JetSpec/jetspec-gpt-oss-20b",
+    "qwen/qwen3.6-35b-a3b": "JetSpec/jetspec-Qwen3.6-35B-A3B",
+}
+# Hub targets whose only published head is in a format we do not read: said once at load.
+HEAD_NOTES = {
+    "qwen/qwen3.8-27b": (
+        "The published head for Qwen/Qwen3.8-27B (JetSpec/jetspec-plus-plus-qwen3p8-27b) is in the JetSpec++ "
+        "format (a drafter with an adapter and a decoder cut from the target), which jetspec-chat does not read: "
+        "running without a head; train one with `jetspec-chat train-head Qwen/Qwen3.8-27B`."
+    ),
 }
 
 MODEL_PATTERNS = (

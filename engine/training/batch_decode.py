@@ -41,7 +41,8 @@ class BatchDecoder:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.cap = _round_up(max_prompt + max_new_tokens, COLUMN_BUCKET)
-        shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, self.cap, cfg.head_dim)
+        # A hybrid target decodes through its own cache (_decode_recurrent): no batched KV.
+        shape = (cfg.num_layers if cfg.hybrid is None else 0, batch_size, cfg.num_kv_heads, self.cap, cfg.head_dim)
         self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.stop_ids = torch.tensor(sorted(stop_ids) or [-1], device=self.device)
@@ -129,6 +130,8 @@ class BatchDecoder:
         n = len(prompts)
         if not 0 < n <= self.b:
             raise ValueError(f"a batch holds 1..{self.b} prompts, got {n}")
+        if self.cfg.hybrid is not None:  # recurrent layers: one stream at a time through their own cache
+            return [self._decode_recurrent(p) for p in prompts]
         wide = max(len(p) for p in prompts)
         if wide + self.max_new > self.cap or min(len(p) for p in prompts) == 0:
             raise ValueError(f"prompts must have 1..{self.cap - self.max_new} tokens")
@@ -164,6 +167,30 @@ class BatchDecoder:
             end = next((j for j, t in enumerate(row) if t in stops), None)
             results.append((row[: end + 1], "eos") if end is not None else (row, "length"))
         return results
+
+
+    def _decode_recurrent(self, prompt: list[int]) -> tuple[list[int], str]:
+        """A hybrid target's answer, one token per step through its HybridCache (the batched
+        cache above holds attention layers only). Slower, same answers as the engine's AR."""
+        from ..model import ForwardBatch
+
+        dev = self.device
+        kv = self.model.make_cache(len(prompt) + self.max_new, dev, self.dtype)
+        ids, out = prompt, []
+        stops = set(self.stop_ids.tolist())
+        while len(out) < self.max_new:
+            n, start = len(ids), kv.length
+            batch = ForwardBatch(torch.tensor(ids, device=dev), torch.arange(start, start + n, device=dev),
+                                 torch.ones(n, n, dtype=torch.bool, device=dev).tril(), start, causal=True)
+            hidden = self.model(batch, kv)[0]
+            kv.commit_path(list(range(n)))  # the whole chunk (no turn-boundary copy: one stream, no reuse)
+            kv.length = start + n
+            tok = int(self._pick(hidden[-1:])[0])
+            out.append(tok)
+            if tok in stops:
+                return out, "eos"
+            ids = [tok]
+        return out, "length"
 
 
 def _round_up(x: int, m: int) -> int:

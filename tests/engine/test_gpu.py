@@ -186,3 +186,26 @@ def test_graphed_batch_sampling_runs_inside_the_graph():
     hot, _ = run(1.0)
     assert captured == 1 and cold == greedy
     assert hot != greedy and all(0 <= t < eng.target.cfg.vocab_size for row in hot for t in row)
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-qwen3.5-moe"])
+def test_hybrid_targets_on_cuda(model):
+    """Qwen3.5 hybrids (Gated DeltaNet + gated attention): fp32 speculative equals transformers;
+    bf16 speculative equals the same engine's AR (a node's recurrent step is the AR step's
+    arithmetic: one fp32 delta step per token, batch-invariant linears and attention)."""
+    fp32 = load_engine(f"random:{model}", None, device="cuda", dtype="float32", max_context=2048)
+    for budget, width, algo in [(1, 1, "accum_logp"), (16, 4, "accum_logp"), (64, 8, "adaptive"), (16, 1, "chain")]:
+        fp32.reset()
+        params = GenerationParams(max_new_tokens=48, spec=SpecParams(budget=budget, width=width, tree_algo=algo))
+        result = list(fp32.generate(PROMPT, params))[-1].result
+        verdict = check_lossless(fp32, PROMPT, result, 48)
+        assert verdict["lossless"], (budget, algo, verdict)
+    bf16 = load_engine(f"random:{model}", None, device="cuda", dtype="bfloat16", max_context=2048)
+    for prompt in BF16_PROMPTS:
+        for budget, width, algo in [(4, 2, "accum_logp"), (16, 4, "accum_logp"), (64, 8, "accum_logp"),
+                                    (16, 1, "chain"), (64, 8, "adaptive")]:
+            bf16.reset()
+            params = GenerationParams(max_new_tokens=64, spec=SpecParams(budget=budget, width=width, tree_algo=algo))
+            result = list(bf16.generate(prompt, params))[-1].result
+            verdict = check_lossless(bf16, prompt, result, 64, against="ar", params=params)
+            assert verdict["lossless"], (model, len(prompt), budget, algo, verdict)

@@ -164,3 +164,25 @@ def test_second_turn_reuses_the_committed_state():
     _, r3 = run(engine, p3, max_new_tokens=12, budget=16, width=4)
     assert r3.reused_tokens <= len(p1) + 3
     assert r3.decoded_ids == hf_greedy(name, p3, 12)
+
+
+def test_multimodal_checkpoint_loads_the_text_model(tmp_path):
+    """A checkpoint in the published layout (text model under model.language_model., vision
+    tower and MTP weights beside it) loads the text weights and skips the rest."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from jetspec_chat.engine.hybrid_model import build_hybrid_target
+    from jetspec_chat.engine.layers import hf_parameters
+
+    engine = tiny_engine("tiny-qwen3.5")
+    tensors = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v.contiguous().clone()
+               for k, v in hf_parameters(engine.target)}
+    tensors["mtp.fc.weight"] = torch.zeros(2, 2)
+    tensors["model.visual.patch_embed.proj.weight"] = torch.zeros(2, 2)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    loaded = build_hybrid_target(engine.target.cfg, torch.device("cpu"), torch.float32)
+    loaded.load_safetensors(tmp_path)
+    for (name, ours), (_, theirs) in zip(hf_parameters(loaded), hf_parameters(engine.target)):
+        assert torch.equal(ours, theirs), name

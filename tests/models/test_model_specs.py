@@ -539,3 +539,20 @@ def test_shipped_embedded_heads(alias):
 def test_model_source_is_hashable():
     src = ModelSource(name="x", kind="random", hf_config={"a": 1}, path=None, default_draft_head=None)
     assert hash(src) == hash(ModelSource(name="x", kind="random", hf_config={"a": 2}, path=None, default_draft_head=None))
+
+
+def test_hybrid_real_shapes_and_heads():
+    """The Qwen3.5-family real shapes parse as hybrid (3 linear : 1 full attention, partial
+    RoPE); the 35B-A3B maps to its published head; the 27B says why it has none."""
+    from jetspec_chat.engine.model_config import ModelConfig
+
+    moe = ModelConfig.from_hf(resolve_model("random:Qwen/Qwen3.6-35B-A3B").hf_config)
+    dense = ModelConfig.from_hf(resolve_model("random:Qwen/Qwen3.8-27B").hf_config)
+    assert moe.hybrid.full_layers == tuple(range(3, 40, 4)) and moe.num_experts == 256 and moe.norm_topk_prob
+    assert moe.hybrid.shared_expert_intermediate_size == 512 and moe.hybrid.rotary_dim == 64
+    assert len(dense.hybrid.linear_layers) == 48 and dense.hybrid.linear_v_heads == 48 and dense.num_experts == 0
+    assert model_specs.DEFAULT_HEADS["qwen/qwen3.6-35b-a3b"] == "JetSpec/jetspec-Qwen3.6-35B-A3B"
+    assert "train-head" in model_specs.HEAD_NOTES["qwen/qwen3.8-27b"]
+    # A multimodal checkpoint config (model_type qwen3_5 with a text_config) reads as its text model.
+    wrapped = ModelConfig.from_hf({"model_type": "qwen3_5", "text_config": resolve_model("random:Qwen/Qwen3.8-27B").hf_config})
+    assert wrapped == dense

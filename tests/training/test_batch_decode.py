@@ -25,7 +25,7 @@ def prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (7, 1, 19, 12)]
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen2", "tiny-llama"])
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen2", "tiny-llama", "tiny-qwen3.5"])
 def test_batched_answers_equal_single_stream_greedy(name):
     eng = engine(name)
     ps = prompts(eng.target.cfg.vocab_size)

@@ -784,3 +784,23 @@ def test_a_new_proposal_seed_asks_again_and_keeps_the_other_prompts(tmp_path, mo
     assert dev_again == dev and (tmp_path / "prompts.jsonl").read_text() == prompts_file
     # the same seed again reads them back
     assert prepare_prompts(tiny_cfg(tmp_path, proposal_seed=9, **common), quiet, ws)[0] == again and asked_with == [3, 9]
+
+
+def test_train_head_runs_on_a_hybrid_target(tmp_path, capsys):
+    """train-head end to end on a Gated DeltaNet hybrid (random:tiny-qwen3.5): the data stage
+    decodes through the recurrent cache, the taps come from transformers' model, the head exports
+    and the eval runs the real tree decoder."""
+    prompts = write_prompts(tmp_path / "p.jsonl", 8)
+    out = tmp_path / "run"
+    code = train_head_main([
+        "random:tiny-qwen3.5", "--out", str(out), "--prompts", str(prompts), "--num-prompts", "8",
+        "--max-new-tokens", "16", "--steps", "4", "--block-size", "4", "--batch-size", "2", "--anchors-per-seq", "4",
+        "--eval-budgets", "4", "--eval-prompts", "1", "--eval-max-new-tokens", "8", "--eval-sets", "",
+        "--device", "cpu", "--quiet", "--time-budget-min", "5",
+    ])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    head = load_head_dir(out / "head", CPU, torch.float32)
+    assert head.cfg.block_size == 4
+    assert json.loads((out / "summary.json").read_text())["train"]["steps"] == 4
+    assert all(r["tau"] >= 1.0 for r in json.loads((out / "eval.json").read_text())["dev"])
