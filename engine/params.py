@@ -7,6 +7,7 @@ from .errors import ConfigError
 
 MAX_BUDGET = 1024
 MAX_WIDTH = 64
+MAX_DEPTH = 64  # no head drafts deeper (block sizes are 16 or less); a parse-time bound
 # The tree algorithms by name; tree.TREE_ALGOS maps each to its builder (and imports torch).
 TREE_ALGOS = ("accum_logp", "chain", "adaptive")
 GPU_BUDGET = 64  # engine bench, 1.5B on an H200: budget 64 is the fastest (README)
@@ -50,8 +51,8 @@ class SpecParams:
             raise ConfigError(f"budget must be between 1 and {MAX_BUDGET}, got {self.budget}")
         if not 1 <= self.width <= MAX_WIDTH:
             raise ConfigError(f"width must be between 1 and {MAX_WIDTH}, got {self.width}")
-        if self.depth is not None and self.depth < 1:
-            raise ConfigError(f"depth must be at least 1, got {self.depth}")
+        if self.depth is not None and not 1 <= self.depth <= MAX_DEPTH:
+            raise ConfigError(f"depth must be between 1 and {MAX_DEPTH}, got {self.depth}")
         if self.depth is not None and max_depth is not None and self.depth > max_depth:
             raise ConfigError(
                 f"depth {self.depth} exceeds what the draft head drafts (block_size - 1 = {max_depth})"

@@ -70,7 +70,7 @@ def app_settings(opts, budget: int | None):
     from .settings import Settings
 
     return Settings(
-        budget=budget or 64, budget_auto=False, depth=opts.depth, width=opts.width, tree_algo=opts.tree_algo,
+        budget=budget if budget is not None else Settings.budget, budget_auto=False, depth=opts.depth, width=opts.width, tree_algo=opts.tree_algo,
         speculation=budget is not None, temperature=opts.temperature, top_p=opts.top_p, seed=opts.seed,
         max_new_tokens=opts.max_new_tokens, thinking=opts.thinking,
     )

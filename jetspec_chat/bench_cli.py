@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from .cli import add_load_arguments
-from .engine.params import DEFAULT_WIDTH
+from .options import ANSWER_OPTIONS, OptionParser, add_options, tree_depth
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -53,18 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "hf (transformers generate on the same weights); default: ar,spec,hf")
     g.add_argument("--budgets", type=_int_list, default=(16, 32, 64, 128, 256),
                    help="draft tree budgets for spec mode (default: 16,32,64,128,256)")
-    g.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"candidates per depth (top-K; default {DEFAULT_WIDTH})")
-    g.add_argument("--depth", type=int, default=None, help="tree depth (default: the head's block size - 1)")
-    g.add_argument("--tree-algo", default="accum_logp", help="accum_logp, chain or adaptive")
+    add_options(g, ("width", "depth", "tree_algo"))
     g.add_argument("--prompt-sets", type=_str_list, default=None,
                    help="built-in prompt sets: coding, chat, math (default: all three, unless --prompts is given)")
     g.add_argument("--prompts", default=None, metavar="FILE.jsonl", help='prompts file: one {"prompt": ...} per line')
     g.add_argument("--prompts-n", type=int, default=None, help="use only the first N prompts of each set")
-    g.add_argument("--max-new-tokens", type=int, default=256)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
+    add_options(g, ANSWER_OPTIONS)
     g.add_argument("--thinking", action="store_true", help="let Qwen3 models think (off by default)")
     g.add_argument("--app", action="store_true",
                    help="also drive the real app headless through the same prompts and configs (ar, spec): "
@@ -107,7 +101,7 @@ def end_to_end_options(args):
     return EndToEndOptions(
         models=list(args.models) or [None], prompt_sets=_prompt_sets(args), modes=tuple(args.modes),
         budgets=tuple(args.budgets), draft_head=args.draft_head, device=args.device, dtype=args.dtype,
-        max_context=args.max_context, tp=args.tp, width=args.width, depth=args.depth, tree_algo=args.tree_algo,
+        max_context=args.max_context, tp=args.tp, width=args.width, depth=tree_depth(args.depth), tree_algo=args.tree_algo,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         max_new_tokens=args.max_new_tokens, warmup=1 if args.warmup is None else args.warmup,
         reps=1 if args.reps is None else args.reps, thinking=args.thinking,
@@ -286,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="jetspec-chat bench",
+    p = OptionParser(prog="jetspec-chat bench",
                                 description="Measure tokens/s, tau and per-phase times (see engine/bench/BENCH.md).")
     add_arguments(p)
     return p

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from .engine.params import DEFAULT_WIDTH
+from .options import ANSWER_OPTIONS, LOAD_OPTIONS, TREE_OPTIONS, OptionParser, add_options, tree_depth
 
 # name -> one line for `jetspec-chat help`; the app itself is the default command.
 COMMANDS = {
@@ -92,29 +92,15 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
-    """Options shared by every command that loads a model (generate, bench)."""
-    p.add_argument("--draft-head", default=None,
-                   help="draft head dir or hub id, 'random[:LAYERS]', or 'none'; default: the model's own")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
-    p.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens")
-    p.add_argument("--tp", type=int, default=1,
-                   help="tensor parallel: split the model over N processes (one GPU each; N CPU processes on a CPU)")
+    """Options shared by every command that loads a model (generate, bench): declared in options.py."""
+    add_options(p, LOAD_OPTIONS)
 
 
 def add_generation_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget", type=int, default=None,
-                   help="draft tree nodes including the root (1-1024; default: 64 on a GPU, 4 on a CPU)")
-    p.add_argument("--depth", type=int, default=None, help="tree depth (default: the head's block size - 1)")
-    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"candidates per depth (top-K; default {DEFAULT_WIDTH})")
-    p.add_argument("--tree-algo", default="accum_logp", help="accum_logp, chain or adaptive")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    add_options(p, TREE_OPTIONS + ANSWER_OPTIONS)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding on the same engine")
+    p.add_argument("--no-spec", action="store_true",
+                   help="plain autoregressive decoding on the same engine (no draft head is loaded)")
 
 
 def generation_params(args: argparse.Namespace):
@@ -123,14 +109,14 @@ def generation_params(args: argparse.Namespace):
     return GenerationParams(
         max_new_tokens=args.max_new_tokens,
         stop=tuple(args.stop),
-        spec=SpecParams(budget=args.budget, depth=args.depth, width=args.width, tree_algo=args.tree_algo,
+        spec=SpecParams(budget=args.budget, depth=tree_depth(args.depth), width=args.width, tree_algo=args.tree_algo,
                         enabled=not args.no_spec),
         sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
     )
 
 
 def generate_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="jetspec-chat generate", description="Answer one prompt, non-interactively.")
+    p = OptionParser(prog="jetspec-chat generate", description="Answer one prompt, non-interactively.")
     add_engine_arguments(p)
     add_generation_arguments(p)
     p.add_argument("--prompt", default=None, help="the user message (default: read stdin)")
@@ -251,7 +237,7 @@ def app_parser() -> argparse.ArgumentParser:
     from .ui.launch import add_arguments
 
     commands = "\n".join(f"  {name:<11} {line}" for name, line in COMMANDS.items())
-    p = argparse.ArgumentParser(
+    p = OptionParser(
         prog="jetspec-chat", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Chat with a model and watch tree speculation live (the default command).",
         epilog=f"commands (`jetspec-chat COMMAND -h` for their options):\n{commands}",
@@ -309,7 +295,7 @@ def run_module_command(name: str, module: str, argv: list[str]) -> int:
     import importlib
 
     mod = importlib.import_module(module, __package__)
-    p = argparse.ArgumentParser(prog=f"jetspec-chat {name}")
+    p = OptionParser(prog=f"jetspec-chat {name}")
     mod.add_arguments(p)
     return mod.run(p.parse_args(argv))
 

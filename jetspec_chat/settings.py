@@ -23,7 +23,8 @@ from typing import Any
 
 import platformdirs
 
-from .engine.params import DEFAULT_WIDTH, GPU_COMPARE_BUDGETS
+from .engine.params import GPU_BUDGET, GPU_COMPARE_BUDGETS
+from .options import OPTIONS
 
 
 def compare_labels(budgets: tuple[int, ...]) -> list[str]:
@@ -116,16 +117,19 @@ class Settings:
     """What the app remembers between runs. Unknown or malformed keys on disk are ignored."""
 
     theme: str = "jetspec-dark"
-    budget: int = 64
-    budget_auto: bool = True  # the budget follows the device (auto_budget) until the user picks one
+    # the budget follows the device (auto_budget, set once the engine reports its device) until the
+    # user picks one; GPU_BUDGET stands in before that
+    budget: int = GPU_BUDGET
+    budget_auto: bool = True
     depth: int | None = None  # None: the head's full block
-    width: int = DEFAULT_WIDTH
-    tree_algo: str = "accum_logp"
+    # the defaults of the options the command line shares: declared once in options.py
+    width: int = OPTIONS["width"].default
+    tree_algo: str = OPTIONS["tree_algo"].default
     speculation: bool = True
-    temperature: float = 0.0
-    top_p: float = 1.0
+    temperature: float = OPTIONS["temperature"].default
+    top_p: float = OPTIONS["top_p"].default
     seed: int | None = None
-    max_new_tokens: int = 1024
+    max_new_tokens: int = OPTIONS["max_new_tokens"].default
     thinking: bool = False
     system_prompt: str | None = None
     compare_budgets: list[str] | None = None  # None: the list follows the device (auto_compare_budgets)

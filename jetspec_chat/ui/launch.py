@@ -8,36 +8,7 @@ import argparse
 import shlex
 import sys
 
-from jetspec_chat.engine.params import MAX_BUDGET, MAX_WIDTH
-
-
-def _int_in(lo: int, hi: int, what: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{what} must be between {lo} and {hi}, got {value}")
-        return value
-
-    return parse
-
-
-def _depth(text: str) -> int | str:
-    if text.lower() in ("full", "max", "auto"):
-        return "full"
-    return _int_in(1, 64, "depth")(text)
-
-
-def _temperature(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"temperature must be a number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("temperature must be >= 0 (0 = greedy)")
-    return value
+from jetspec_chat.options import TREE_OPTIONS, add_options, int_in, tree_depth
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,28 +19,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODEL",
         help="target model: hub id, local path or alias (default: the embedded model)",
     )
-    parser.add_argument("--draft-head", metavar="H", help="draft head: hub id, local directory, random[:LAYERS] or none (default: the model's known head)")
+    # Unset options stay None: the saved settings apply unless an option is given.
+    add_options(parser, ("draft_head",), keep_unset=True)
     spec = parser.add_argument_group("speculation (changeable live in the app)")
-    spec.add_argument("--budget", type=_int_in(1, MAX_BUDGET, "budget"), metavar="N", help="max draft tree nodes, root included")
-    spec.add_argument("--depth", type=_depth, metavar="D", help="max draft depth, or 'full' for the head's block")
-    spec.add_argument("--width", type=_int_in(1, MAX_WIDTH, "width"), metavar="W", help="top-K candidates per depth")
-    spec.add_argument("--tree-algo", metavar="A", help="tree algorithm: accum_logp, chain, adaptive")
+    add_options(spec, TREE_OPTIONS, keep_unset=True)
     spec.add_argument("--no-spec", action="store_true", help="start with speculation off (plain AR)")
-    spec.add_argument("--temperature", type=_temperature, metavar="T", help="sampling temperature (0 = greedy)")
-    spec.add_argument("--max-new-tokens", type=_int_in(1, 1 << 20, "max new tokens"), metavar="N", help="answer length limit")
+    add_options(spec, ("temperature", "top_p", "seed", "max_new_tokens"), keep_unset=True)
     eng = parser.add_argument_group("engine")
-    eng.add_argument("--device", default="auto", help="cuda, cuda:N, cpu or auto (default)")
-    eng.add_argument("--dtype", default="auto", help="bfloat16, float16, float32 or auto (default)")
-    eng.add_argument("--max-context", type=_int_in(16, 1 << 24, "max context"), metavar="N", help="context window to allocate")
-    eng.add_argument("--tp", type=_int_in(1, 64, "tp"), default=1, metavar="N",
-                     help="tensor parallel: split the model over N GPUs (default 1)")
+    add_options(eng, ("device", "dtype", "max_context", "tp"), keep_unset=True)
     app = parser.add_argument_group("app")
     app.add_argument("--theme", metavar="NAME", help="dark, light, projector, or a theme file's name from the config dir")
     app.add_argument("--session", metavar="NAME", help="open the saved session NAME (or start one saved under that name)")
     app.add_argument("--thinking", action="store_true", help="Qwen3 thinking mode for new chats")
     app.add_argument("--system", metavar="TEXT", help="system prompt for new chats")
     app.add_argument("--web", action="store_true", help="serve the app in a browser on localhost (textual-serve)")
-    app.add_argument("--port", type=_int_in(1, 65535, "port"), default=8000, help="port for --web (default 8000)")
+    app.add_argument("--port", type=int_in(1, 65535, "port"), default=8000, help="port for --web (default 8000)")
     app.add_argument("--demo", action="store_true", help="run on a scripted fake engine (no model; to try the UI)")
     app.add_argument("--race", action="store_true",
                      help="open the race (the runs replayed side by side at their measured pace) as each comparison (F6) finishes")
@@ -83,13 +47,17 @@ def _settings_from_args(args: argparse.Namespace):
         s.budget = args.budget
         s.budget_auto = False
     if getattr(args, "depth", None) is not None:
-        s.depth = None if args.depth == "full" else args.depth
+        s.depth = tree_depth(args.depth)
     if getattr(args, "width", None) is not None:
         s.width = args.width
     if getattr(args, "tree_algo", None):
         s.tree_algo = args.tree_algo
     if getattr(args, "temperature", None) is not None:
         s.temperature = args.temperature
+    if getattr(args, "top_p", None) is not None:
+        s.top_p = args.top_p
+    if getattr(args, "seed", None) is not None:
+        s.seed = args.seed
     if getattr(args, "max_new_tokens", None) is not None:
         s.max_new_tokens = args.max_new_tokens
     if getattr(args, "no_spec", False):
@@ -132,7 +100,7 @@ def app_argv(args: argparse.Namespace) -> list[str]:
     out: list[str] = []
     if args.model:
         out.append(args.model)
-    for name in ("draft_head", "budget", "depth", "width", "tree_algo", "temperature", "max_new_tokens",
+    for name in ("draft_head", "budget", "depth", "width", "tree_algo", "temperature", "top_p", "seed", "max_new_tokens",
                  "device", "dtype", "max_context", "tp", "theme", "session", "system"):
         value = getattr(args, name, None)
         if value is None or (name in ("device", "dtype") and value == "auto") or (name == "tp" and value == 1):
