@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from .engine.params import DEFAULT_WIDTH
+from .options import add_options
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -31,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "data: prompts + target answers; train: train + export; eval: τ of OUT/head (the real "
                         "decoder); replay: where OUT/head loses τ (per-depth top-1/top-K, τ per budget and width, "
                         "replayed on greedy answers without verify forwards); all (default: data, train, eval)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    add_options(p, ("device",))  # as for every command (options.py); --dtype and --max-new-tokens mean other things here
     p.add_argument("--dtype", default="auto", help="the frozen target's dtype: auto (bf16 on GPU, fp32 on CPU), "
                                                    "bfloat16, float32; the head trains in fp32 (+ bf16 autocast)")
     p.add_argument("--seed", type=int, default=0)
