@@ -287,7 +287,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(parser().parse_args(sys.argv[1:] if argv is None else argv))
+    from .cli import run_guarded  # a bad option or an engine error: one line, exit code 2
+
+    return run_guarded(lambda args: run(parser().parse_args(args)), sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

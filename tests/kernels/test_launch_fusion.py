@@ -398,8 +398,9 @@ def test_target_forward_equals_the_unfused_loop(model_type, monkeypatch, rtne_bf
     from jetspec_chat.engine.model_config import ModelConfig
     from jetspec_chat.kernels import fused, paged_tree_attention_triton
 
-    def attention(q, k_pool, v_pool, table, prefix, mask, scale, keys=None):
-        return paged_tree_attention_triton(q, k_pool, v_pool, table, prefix, keys if keys is not None else mask, scale)
+    def attention(q, k_pool, v_pool, table, prefix, mask, scale, keys=None, window=0, sinks=None):
+        return paged_tree_attention_triton(q, k_pool, v_pool, table, prefix, keys if keys is not None else mask, scale,
+                                           window=window, sinks=sinks)
 
     monkeypatch.setattr(fused, "_use_triton", lambda *tensors: True)
     monkeypatch.setattr(layers_mod, "_batch_invariant", lambda *args: True)
