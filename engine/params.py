@@ -36,6 +36,12 @@ def auto_compare_budgets(device: str) -> tuple[int, ...]:
     return GPU_COMPARE_BUDGETS if device.startswith("cuda") else CPU_COMPARE_BUDGETS
 
 
+def check_head_depth(depth: int | None, max_depth: int | None) -> None:
+    """A tree depth must not exceed what the draft head drafts (None: no depth or no head)."""
+    if depth is not None and max_depth is not None and depth > max_depth:
+        raise ConfigError(f"depth {depth} exceeds what the draft head drafts (block_size - 1 = {max_depth})")
+
+
 @dataclass(frozen=True)
 class SpecParams:
     """Shape of the draft tree. `depth=None` means the head's full block (block_size - 1)."""
@@ -53,10 +59,7 @@ class SpecParams:
             raise ConfigError(f"width must be between 1 and {MAX_WIDTH}, got {self.width}")
         if self.depth is not None and not 1 <= self.depth <= MAX_DEPTH:
             raise ConfigError(f"depth must be between 1 and {MAX_DEPTH}, got {self.depth}")
-        if self.depth is not None and max_depth is not None and self.depth > max_depth:
-            raise ConfigError(
-                f"depth {self.depth} exceeds what the draft head drafts (block_size - 1 = {max_depth})"
-            )
+        check_head_depth(self.depth, max_depth)
         if self.tree_algo not in TREE_ALGOS:
             raise ConfigError(
                 f"unknown tree algorithm {self.tree_algo!r}; choose one of {', '.join(sorted(TREE_ALGOS))}"

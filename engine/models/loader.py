@@ -13,6 +13,7 @@ from ..errors import ConfigError, DeviceMemoryError, DraftHeadError, ModelNotFou
 from ..hybrid_model import build_hybrid_target
 from ..model import TargetModel, build_target
 from ..model_config import ModelConfig
+from ..params import check_head_depth
 from .model_specs import HEAD_NOTES, ModelSource, download_hub_dir, load_tokenizer, resolve_model
 
 ProgressFn = Callable[[str, float | None], None]
@@ -175,8 +176,7 @@ def load_engine(
     head, head_name = load_draft_head(draft_head, source, target_cfg, dev, dt)
     if head is None and draft_head is None and source.name.lower() in HEAD_NOTES:
         report(HEAD_NOTES[source.name.lower()], None)
-    if depth is not None and head is not None and depth > head.cfg.max_depth:
-        raise ConfigError(f"depth {depth} exceeds what the draft head drafts (block_size - 1 = {head.cfg.max_depth})")
+    check_head_depth(depth, head.cfg.max_depth if head is not None else None)
     size = "" if source.path is None else f" ({sum(f.stat().st_size for f in source.path.glob('*.safetensors')) / 1e9:.1f} GB)"
     report(f"Loading {source.name}{size} on {dev} ({str(dt).removeprefix('torch.')})", None)
     target = load_target(source, dev, dt)

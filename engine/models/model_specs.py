@@ -36,6 +36,7 @@ from .embedded import (
     models_dir,
     staging,
 )
+from .. import model_config
 from ..errors import EngineError, ModelNotFoundError
 
 if TYPE_CHECKING:
@@ -43,8 +44,8 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 RANDOM_PREFIX = "random:"
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
-                         "qwen3_5_moe_text")
+# What ModelConfig reads, plus the multimodal wrappers whose text model it reads.
+SUPPORTED_MODEL_TYPES = model_config.SUPPORTED_MODEL_TYPES + tuple(model_config.MULTIMODAL_TEXT_TYPES)
 # Known architectures we mean to support later: a clearer message than "unknown".
 NOT_YET_SUPPORTED = {"qwen2_moe": "Qwen2 MoE"}
 GGUF_ARCH_TO_MODEL_TYPE = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}
