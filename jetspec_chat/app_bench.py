@@ -1,11 +1,16 @@
-"""`jetspec-chat bench --app MODEL ...`: the real app, headless, against the engine bench.
+"""`jetspec-chat bench --app MODEL ...`: the real app, headless, against the engine.
 
-One run does both: first the end-to-end engine bench (engine/bench/bench.py, modes ar and
-spec, the same prompts, budgets and generation options), then the Textual app driven by its
-pilot (`App.run_test`) through the same prompts and configs, each answer in a new chat (a
-fresh prefill, as the bench resets the engine). It prints app tok/s next to engine tok/s and
-their ratio per config, and the first answer after start against the second (cold vs warm).
-`--json-out` writes the engine bench's JSON with an "app" section (`app_json`).
+One run does both: first the end-to-end engine bench (engine/bench/end_to_end.py, modes ar and
+spec, the same prompts, budgets and generation options; its report goes to `--json-out`), then
+the Textual app driven by its pilot (`App.run_test`) through the same prompts and configs, each
+answer in a new chat (a fresh prefill, as the bench resets the engine).
+
+The app column is compared with an engine measured *beside it*: a second engine in this process,
+loaded with the same options, answers each prompt right before or right after the app does (the
+order alternates), so a drift of the GPU's clocks or of the machine's load touches both sides of
+a pair alike. Both are sized for the same context (the app's default when `--max-context` is not
+given), because the attention kernels' grids and split lengths follow the cache's size. Reported:
+app tok/s and engine tok/s (medians), their ratio, and the median of the per-pair ratios.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 APP_TIMEOUT_S = 1800.0  # one answer; a hung app fails the run instead of blocking it
 
@@ -23,11 +29,26 @@ APP_TIMEOUT_S = 1800.0  # one answer; a hung app fails the run instead of blocki
 class AppConfigResult:
     name: str  # "ar" or "spec@N", as the engine bench names them
     set_name: str
-    tokens_per_s: list[float] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)  # the app's answers
+    engine_tokens_per_s: list[float] = field(default_factory=list)  # the engine's, paired one to one
 
     @property
     def median(self) -> float:
         return statistics.median(self.tokens_per_s) if self.tokens_per_s else 0.0
+
+    @property
+    def engine_median(self) -> float:
+        return statistics.median(self.engine_tokens_per_s) if self.engine_tokens_per_s else 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        return self.median / self.engine_median if self.engine_median else None
+
+    @property
+    def paired_ratio(self) -> float | None:
+        """Median of app/engine over the pairs (each pair: the same prompt, back to back)."""
+        pairs = [a / e for a, e in zip(self.tokens_per_s, self.engine_tokens_per_s) if e > 0]
+        return statistics.median(pairs) if pairs else None
 
 
 @dataclass
@@ -42,22 +63,16 @@ class AppReport:
         return self.first_answer_tps / self.second_answer_tps if self.second_answer_tps else 0.0
 
 
-def engine_medians(engine_report) -> dict[tuple[str, str], float]:
-    """(prompt set, config) -> the engine bench's median decode tokens/s."""
-    m = engine_report.models[0]
-    return {(s.name, c.name): c.decode_tokens_per_s for s in m.sets for c in s.configs}
-
-
-def app_json(report: AppReport, engine: dict[tuple[str, str], float]) -> dict:
-    """The "app" section of `--json-out`: per config the app's samples and median next to the
-    engine's median and their ratio, the first answer against the second, the load time."""
+def app_json(report: AppReport) -> dict:
+    """The "app" section of `--json-out`: per config the app's samples and the paired engine's,
+    their medians and ratios, the first answer against the second, the load time."""
     configs = []
     for r in report.configs:
-        e = engine.get((r.set_name, r.name))
         configs.append({
             "set": r.set_name, "config": r.name, "app_tokens_per_s": r.tokens_per_s,
-            "app_median_tokens_per_s": r.median, "engine_median_tokens_per_s": e,
-            "app_over_engine": r.median / e if e else None,
+            "engine_tokens_per_s": r.engine_tokens_per_s,
+            "app_median_tokens_per_s": r.median, "engine_median_tokens_per_s": r.engine_median,
+            "app_over_engine": r.ratio, "paired_app_over_engine": r.paired_ratio,
         })
     return {
         "configs": configs, "first_answer_tokens_per_s": report.first_answer_tps,
@@ -101,7 +116,31 @@ async def _until(cond, timeout: float = APP_TIMEOUT_S) -> None:
         await asyncio.sleep(0.02)
 
 
-async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]], say) -> AppReport:
+EngineAnswer = Callable[[str, "int | None"], float]  # (prompt, budget or None for AR) -> decode tok/s
+
+
+def engine_beside(opts) -> tuple[EngineAnswer, Callable[[], None]]:
+    """An engine in this process, loaded as the app's is, answering one prompt at a time as the
+    engine bench does (fresh prefill); and a function that frees it."""
+    from .engine import load_engine
+    from .engine.bench.end_to_end import _engine_run, _prompt_ids
+
+    engine = load_engine(opts.models[0], opts.draft_head, device=opts.device, dtype=opts.dtype,
+                         max_context=opts.max_context)
+
+    def answer(prompt: str, budget: int | None) -> float:
+        record, _ = _engine_run(engine, _prompt_ids(engine, prompt, opts.thinking), opts.params(budget))
+        return record.decode_tokens_per_s
+
+    def close() -> None:
+        nonlocal engine
+        engine = None
+
+    return answer, close
+
+
+async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]], say,
+                  engine_answer: EngineAnswer) -> AppReport:
     from .ui.app import JetspecApp
 
     app = JetspecApp(
@@ -124,11 +163,19 @@ async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]]
                 app.settings = app_settings(opts, budget)
                 for _ in range(opts.warmup):
                     await _answer(app, pilot, prompts[0])
+                    engine_answer(prompts[0], budget)
                 result = AppConfigResult(name, set_name)
                 for i, prompt in enumerate(prompts):
                     for rep in range(opts.reps):
-                        say(f"app {set_name} {name}: prompt {i + 1}/{len(prompts)} rep {rep + 1}")
-                        result.tokens_per_s.append(await _answer(app, pilot, prompt))
+                        say(f"app and engine {set_name} {name}: prompt {i + 1}/{len(prompts)} rep {rep + 1}")
+                        if (i + rep) % 2 == 0:  # alternate who goes first, so a drift hits both alike
+                            e = engine_answer(prompt, budget)
+                            a = await _answer(app, pilot, prompt)
+                        else:
+                            a = await _answer(app, pilot, prompt)
+                            e = engine_answer(prompt, budget)
+                        result.tokens_per_s.append(a)
+                        result.engine_tokens_per_s.append(e)
                 results.append(result)
     return AppReport(results, first, second, load_s)
 
@@ -139,6 +186,7 @@ def run(args, end_to_end_options, say, console) -> int:
 
     from .engine.bench.end_to_end import run_end_to_end
     from .engine.bench.report import write_json
+    from .engine.models.loader import default_max_context, resolve_device
 
     opts = end_to_end_options(args)
     opts.modes = tuple(m for m in opts.modes if m in ("ar", "spec")) or ("ar", "spec")
@@ -146,29 +194,38 @@ def run(args, end_to_end_options, say, console) -> int:
     if len(opts.models) != 1:
         say("--app takes one model")
         return 2
+    if opts.max_context is None:  # both sides sized as the app sizes its engine
+        opts.max_context = default_max_context(resolve_device(opts.device))
     engine_report = run_end_to_end(opts, say)
     configs = [(name, budget) for name, mode, budget in opts.configs() if mode in ("ar", "spec")]
-    with tempfile.TemporaryDirectory(prefix="jetspec-app-bench-") as tmp:
-        # the app's history and settings go to a scratch directory, not the user's
-        os.environ["JETSPEC_CHAT_DATA"] = os.path.join(tmp, "data")
-        os.environ["JETSPEC_CHAT_CONFIG"] = os.path.join(tmp, "config")
-        app_report = asyncio.run(run_app(opts.models[0], opts, configs, say))
-    engine = engine_medians(engine_report)
+    say("loading the engine that runs beside the app")
+    engine_answer, close_engine = engine_beside(opts)
+    try:
+        with tempfile.TemporaryDirectory(prefix="jetspec-app-bench-") as tmp:
+            # the app's history and settings go to a scratch directory, not the user's
+            os.environ["JETSPEC_CHAT_DATA"] = os.path.join(tmp, "data")
+            os.environ["JETSPEC_CHAT_CONFIG"] = os.path.join(tmp, "config")
+            app_report = asyncio.run(run_app(opts.models[0], opts, configs, say, engine_answer))
+    finally:
+        close_engine()
     m = engine_report.models[0]
-    t = Table(title=f"app vs engine · {m.model} · head {m.draft_head or '-'} · {m.device} {m.dtype}", title_justify="left")
-    for col in ("set", "config", "engine tok/s", "app tok/s", "app/engine"):
+    t = Table(title=f"app vs engine · {m.model} · head {m.draft_head or '-'} · {m.device} {m.dtype} · "
+                    f"context {opts.max_context}", title_justify="left")
+    for col in ("set", "config", "engine tok/s", "app tok/s", "app/engine", "paired"):
         t.add_column(col, justify="left" if col in ("set", "config") else "right")
     for r in app_report.configs:
-        e = engine.get((r.set_name, r.name))
-        t.add_row(r.set_name, r.name, f"{e:.1f}" if e else "-", f"{r.median:.1f}",
-                  f"{r.median / e:.2f}×" if e else "-")
+        ratio, paired = r.ratio, r.paired_ratio
+        t.add_row(r.set_name, r.name, f"{r.engine_median:.1f}", f"{r.median:.1f}",
+                  f"{ratio:.2f}×" if ratio else "-", f"{paired:.2f}×" if paired else "-")
     console.print(t)
     console.print(
         f"first answer after start {app_report.first_answer_tps:.1f} tok/s, second {app_report.second_answer_tps:.1f} "
         f"tok/s (first/second {app_report.first_over_second:.2f}); app load {app_report.load_seconds:.1f} s. tok/s: "
-        "median decode tokens/s per config (prefill excluded), measured by the engine inside the app for the app column."
+        "median decode tokens/s per config (prefill excluded), each measured by the engine that ran it: the app's "
+        "engine process for the app column, an engine in this process answering the same prompt back to back with "
+        "the app for the engine column; paired: the median of the per-pair ratios."
     )
     if args.json_out:
-        write_json(engine_report, args.json_out, app=app_json(app_report, engine))
+        write_json(engine_report, args.json_out, app=app_json(app_report))
         say(f"wrote {args.json_out}")
     return 0

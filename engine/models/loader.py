@@ -20,6 +20,11 @@ ProgressFn = Callable[[str, float | None], None]
 
 DEFAULT_MAX_CONTEXT_CPU = 8192
 DEFAULT_MAX_CONTEXT_GPU = 32768
+
+
+def default_max_context(device: torch.device) -> int:
+    """The context the engine is sized for when the caller names none (the app's chats)."""
+    return DEFAULT_MAX_CONTEXT_GPU if device.type == "cuda" else DEFAULT_MAX_CONTEXT_CPU
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 
@@ -183,7 +188,7 @@ def load_engine(
     report(f"Reading the {source.name} tokenizer", None)
     tokenizer = load_tokenizer(source)
     if max_context is None:
-        max_context = DEFAULT_MAX_CONTEXT_GPU if dev.type == "cuda" else DEFAULT_MAX_CONTEXT_CPU
+        max_context = default_max_context(dev)
     engine = SpecEngine(
         target, tokenizer, head, model_name=source.name, head_name=head_name, max_context=max_context,
         stop_token_ids=stop_token_ids(tokenizer, source), source=source,

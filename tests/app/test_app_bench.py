@@ -38,9 +38,21 @@ def test_bench_app_prints_app_and_engine_tokens_per_second(capsys, tmp_path):
     app = report["app"]
     by_config = {c["config"]: c for c in app["configs"]}
     assert set(by_config) == {"ar", "spec@4"}
+    # both sides sized for the app's default context on the CPU, not shrunk to the job
+    assert report["options"]["max_context"] == 8192 and "context 8192" in out
     for c in by_config.values():
-        assert c["set"] == "coding" and len(c["app_tokens_per_s"]) == 1
+        assert c["set"] == "coding" and len(c["app_tokens_per_s"]) == 1 and len(c["engine_tokens_per_s"]) == 1
+        assert c["paired_app_over_engine"] == pytest.approx(c["app_tokens_per_s"][0] / c["engine_tokens_per_s"][0])
         assert c["app_median_tokens_per_s"] == pytest.approx(float(rows[c["config"]].group(3)), abs=0.051)
         assert c["engine_median_tokens_per_s"] == pytest.approx(float(rows[c["config"]].group(2)), abs=0.051)
         assert c["app_over_engine"] == pytest.approx(c["app_median_tokens_per_s"] / c["engine_median_tokens_per_s"])
     assert app["first_answer_tokens_per_s"] > 0 and app["second_answer_tokens_per_s"] > 0 and app["load_seconds"] > 0
+
+
+def test_paired_ratio_is_the_median_of_per_pair_ratios():
+    from jetspec_chat.app_bench import AppConfigResult
+
+    r = AppConfigResult("spec@4", "coding", tokens_per_s=[90.0, 50.0, 200.0], engine_tokens_per_s=[100.0, 100.0, 200.0])
+    assert r.median == 90.0 and r.engine_median == 100.0 and r.ratio == pytest.approx(0.9)
+    assert r.paired_ratio == pytest.approx(0.9)  # pairs: 0.9, 0.5, 1.0
+    assert AppConfigResult("ar", "coding").paired_ratio is None and AppConfigResult("ar", "coding").ratio is None
