@@ -80,10 +80,6 @@ SPLIT_MAX_PARTIAL_RATIO = 1.5
 # benchmarks/kernels_vs_vendor.py: it won only where tiles are plentiful (the lm_heads at M = 128
 # and 256: 8B 677 -> 603 us at M = 256, 30B-A3B 370 -> 287) and lost at the per-layer linears.
 TMA_MIN_TILES = 8 * SMS
-# Registers a thread of a paired launch of 64-wide tiles (`use_pair`) may use: unbounded, the
-# offline sm_90 compile took ~190 (one 128-row program an SM); capped at 128 it has no spills and
-# two fit an SM. (128-wide pairs hold 128 accumulator registers alone: left uncapped.)
-PAIR_MAX_REGISTERS = 128
 
 
 @dataclass(frozen=True)
@@ -225,18 +221,6 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
     return groups > 1 and fused_programs <= SMS and partial_bytes <= SPLIT_MAX_PARTIAL_RATIO * weight_bytes
 
 
-def use_pair(m: int, n: int, k: int, config: LinearConfig, split: bool, block_m: int) -> bool:
-    """Whether each program computes two adjacent N tiles (PAIR_N; speed only, never bits: each
-    tile runs its own dots, the MMA steps of a program of its own). Past 64 rows a 64-wide weight
-    tile's program reads as many x bytes from L2 as weight bytes (8B down at M = 128: 201 MB of x
-    for 101 MB of weight); a pair halves the x reads. Only while the paired launch still has a
-    wave of programs (SMS) and the tiles are 64 wide (128-wide pairs need 144 KB of shared memory)."""
-    if m <= BLOCK_M or config.block_n != 64:
-        return False
-    programs = _cdiv(m, block_m) * _cdiv(n, 2 * config.block_n) * (config.num_groups(k) if split else 1)
-    return programs >= SMS
-
-
 def use_tma(m: int, n: int, k: int, config: LinearConfig, block_m: int | None, device: torch.device) -> bool:
     """Whether a fused launch runs the persistent TMA form (TMA_MIN_TILES; speed only, never bits)."""
     block_m = block_m or block_m_for(m, config.num_groups(k), False)
@@ -253,19 +237,15 @@ if triton is not None:
     def _linear_kernel(
         X, W, B, Y, P, M, N, K, stride_xm, stride_wn, stride_ym, group_blocks, k_blocks,
         UPCAST: tl.constexpr, SPLIT: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIR_N: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):
-        """grid (M tiles, N tiles (pairs of them where PAIR_N)[, groups]). M tiles vary fastest,
-        so the programs that share a weight tile (and K group) run together and it is read from
-        HBM once. PAIR_N: the program computes two adjacent BLOCK_N-wide tiles, each with its own
-        dot (the same [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] MMA steps as alone) on the same x
-        tile, so x is read from L2 half as often; the bits are those of two programs."""
+        """grid (M tiles, N tiles[, groups]). M tiles vary fastest, so the programs that share a
+        weight tile (and K group) run together and it is read from HBM once."""
         wait_for_previous(PDL)
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = pid_n * (2 * BLOCK_N if PAIR_N else BLOCK_N) + tl.arange(0, BLOCK_N)
-        cols2 = cols + BLOCK_N  # the pair's second tile (PAIR_N only)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         # Rows past M are masked out of the x loads (zeros, no memory requests). Wrapped onto
         # valid rows instead, every x load at M=1 asked for one row 64 times, and M=1 ran at half
         # the speed of M=16 on the same grid.
@@ -273,7 +253,6 @@ if triton is not None:
         # reaches a stored result: the MMA computes each element from its own row and column.
         row_ok = (rows < M)[:, None]
         offs_n = cols % N
-        col2_ok = (cols2 < N)[None, :]  # the second tile masks its columns past N (no pointer tensor of its own)
         offs_k = tl.arange(0, BLOCK_K)
         if SPLIT:
             kb_start = tl.program_id(2) * group_blocks
@@ -284,31 +263,20 @@ if triton is not None:
         k0 = kb_start * BLOCK_K
         x_ptrs = X + rows[:, None].to(tl.int64) * stride_xm + (k0 + offs_k)[None, :]
         w_ptrs = W + offs_n[None, :].to(tl.int64) * stride_wn + (k0 + offs_k)[:, None]  # [BK, BN]
-        w2_step = BLOCK_N * stride_wn.to(tl.int64)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        total2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for kb in range(kb_start, kb_end):
             if EVEN_K:
                 x = tl.load(x_ptrs, mask=row_ok, other=0.0)
                 w = tl.load(w_ptrs)
-                if PAIR_N:
-                    w2 = tl.load(w_ptrs + w2_step, mask=col2_ok, other=0.0)
             else:
                 k_left = K - kb * BLOCK_K
                 x = tl.load(x_ptrs, mask=row_ok & (offs_k[None, :] < k_left), other=0.0)
                 w = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-                if PAIR_N:
-                    w2 = tl.load(w_ptrs + w2_step, mask=col2_ok & (offs_k[:, None] < k_left), other=0.0)
             if UPCAST:
                 acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-                if PAIR_N:
-                    acc2 = tl.dot(x.to(tl.float32), w2.to(tl.float32), acc2, input_precision="ieee")
             else:
                 acc = tl.dot(x, w, acc)
-                if PAIR_N:
-                    acc2 = tl.dot(x, w2, acc2)
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
             if not SPLIT and not ONE_GROUP:
@@ -316,17 +284,6 @@ if triton is not None:
                 if ((kb + 1) % group_blocks == 0) & (kb + 1 < kb_end):
                     total += acc
                     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                    if PAIR_N:
-                        total2 += acc2
-                        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        _store_tile(acc, total, B, Y, P, M, N, stride_ym, rows, row_ok, cols, offs_n, SPLIT, HAS_BIAS)
-        if PAIR_N:
-            _store_tile(acc2, total2, B, Y, P, M, N, stride_ym, rows, row_ok, cols2, cols2 % N, SPLIT, HAS_BIAS)
-
-    @triton.jit
-    def _store_tile(acc, total, B, Y, P, M, N, stride_ym, rows, row_ok, cols, offs_n, SPLIT: tl.constexpr,
-                    HAS_BIAS: tl.constexpr):
-        """A finished tile: its group sum into P (split) or total + last group (+ bias), cast, into Y."""
         mask = row_ok & (cols < N)[None, :]
         if SPLIT:
             # The group sum, for _sum_groups_kernel. P: [groups, M, N] fp32, contiguous.
@@ -377,21 +334,19 @@ def linear_triton(
     split: bool | None = None,
     block_m: int | None = None,
     tma: bool | None = None,
-    pair: bool | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype, batch-invariant (module
     docstring). weight may be a row slice of a bigger weight (any row stride, unit column
     stride); x needs a unit column stride (else it is copied). out: an [M, N] destination with a
-    unit column stride. config / split / block_m / tma / pair override `choose_config` /
-    `use_split` / `block_m_for` / `use_tma` / `use_pair` (benchmarks and tests; split, block_m,
-    tma and pair never change the result, config does; tma=True only where `use_tma`'s device
-    check holds)."""
+    unit column stride. config / split / block_m / tma override `choose_config` / `use_split` /
+    `block_m_for` / `use_tma` (benchmarks and tests; split, block_m and tma never change the
+    result, config does; tma=True only where `use_tma`'s device check holds)."""
     x, weight, bias = _operands(x, weight, bias)
     m, n = x.shape[0], weight.shape[0]
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1, "out: [M, N], x's dtype"
-    _launch(x, weight, bias, out, config=config, split=split, block_m=block_m, tma=tma, pair=pair)
+    _launch(x, weight, bias, out, config=config, split=split, block_m=block_m, tma=tma)
     return out
 
 
@@ -403,7 +358,6 @@ def linear_partials_triton(
     config: LinearConfig | None = None,
     split: bool | None = None,
     block_m: int | None = None,
-    pair: bool | None = None,
 ) -> torch.Tensor | Partials:
     """`linear_triton`, except that where it takes the split launch the group sums come back
     unsummed (`Partials`, no group-sum pass) for a consumer that adds them as it loads; else the
@@ -414,10 +368,10 @@ def linear_partials_triton(
     config = config or choose_config(n, k)
     split = use_split(m, n, k, config) if split is None else (split and config.num_groups(k) > 1)
     if not split or m == 0:
-        return linear_triton(x, weight, bias, config=config, split=False, block_m=block_m, pair=pair)
+        return linear_triton(x, weight, bias, config=config, split=False, block_m=block_m)
     partials = torch.empty(config.num_groups(k), m, n, device=x.device, dtype=torch.float32)
     # A split program never touches Y: x stands in (x's dtype, as the output would be).
-    _launch_gemm(x, weight, bias, x, partials, config=config, split=True, block_m=block_m, pair=pair)
+    _launch_gemm(x, weight, bias, x, partials, config=config, split=True, block_m=block_m)
     return Partials(partials, bias, x.dtype)
 
 
@@ -433,7 +387,7 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     partials = torch.empty(config.num_groups(k), m, n, device=x.device, dtype=torch.float32)
     # The split launch's kernel with one group is the fused launch's one-group sum: the same dots
     # from a zero accumulator, stored unrounded. A split program never touches Y: x stands in.
-    _launch_gemm(x, weight, None, x, partials, config=config, split=True, block_m=None, pair=None)
+    _launch_gemm(x, weight, None, x, partials, config=config, split=True, block_m=None)
     return partials
 
 
@@ -490,7 +444,7 @@ def _operands(x, weight, bias):
     return x, weight, bias
 
 
-def _launch(x, weight, bias, out, *, config, split, block_m, tma=None, pair=None) -> None:
+def _launch(x, weight, bias, out, *, config, split, block_m, tma=None) -> None:
     """The GEMM of x [M, K] and weight [N, K] into out [M, N]."""
     m, k = x.shape
     n = weight.shape[0]
@@ -505,7 +459,7 @@ def _launch(x, weight, bias, out, *, config, split, block_m, tma=None, pair=None
         linear_tma(x, weight, bias, out, config=config, block_m=block_m, programs_per_sm=2)
         return
     partials = torch.empty(groups, m, n, device=x.device, dtype=torch.float32) if split else out
-    _launch_gemm(x, weight, bias, out, partials, config=config, split=split, block_m=block_m, pair=pair)
+    _launch_gemm(x, weight, bias, out, partials, config=config, split=split, block_m=block_m)
     if split:
         b = bias if bias is not None else out  # unused without HAS_BIAS
         _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
@@ -515,7 +469,7 @@ def _launch(x, weight, bias, out, *, config, split, block_m, tma=None, pair=None
         )
 
 
-def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, pair) -> None:
+def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m) -> None:
     """_linear_kernel alone: into out [M, N] (fused launch) or partials [groups, M, N] (split)."""
     m, k = x.shape
     n = weight.shape[0]
@@ -525,17 +479,15 @@ def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, pair
     groups = config.num_groups(k)
     block_m = block_m or block_m_for(m, groups, split)
     assert block_m in (BLOCK_M, WIDE_BLOCK_M), f"block_m {block_m}"
-    if pair is None:
-        pair = use_pair(m, n, k, config, split, block_m)
     b = bias if bias is not None else out  # unused without HAS_BIAS
-    grid = (_cdiv(m, block_m), _cdiv(n, (2 if pair else 1) * config.block_n)) + ((groups,) if split else ())
+    grid = (_cdiv(m, block_m), _cdiv(n, config.block_n)) + ((groups,) if split else ())
     _linear_kernel[grid](
         x, weight, b, out, partials, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         config.group_blocks(k), _cdiv(k, config.block_k),
         UPCAST=interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PAIR_N=pair,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
-        **launch_args(x.device, m), **(dict(maxnreg=PAIR_MAX_REGISTERS) if pair and config.block_n == 64 else {}),
+        **launch_args(x.device, m),
     )
 
 
@@ -553,7 +505,6 @@ __all__ = [
     "linear_tma",
     "linear_triton",
     "rule_config",
-    "use_pair",
     "use_tma",
     "use_split",
 ]

@@ -82,7 +82,7 @@ def kernels():
         ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "group_blocks", "k_blocks"), i32)
     for split in (True, False):
         consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=False, HAS_BIAS=True, EVEN_K=True,
-                      BLOCK_M=matmul.BLOCK_M, BLOCK_N=64, BLOCK_K=64, PAIR_N=False)
+                      BLOCK_M=matmul.BLOCK_M, BLOCK_N=64, BLOCK_K=64)
         yield compare(f"linear split={split}", matmul._linear_kernel, linear, consts, 4, 4)
     yield compare("sum_groups", matmul._sum_groups_kernel,
                   dict(P=p32, B=p16, Y=p16, M=i32, N=i32, stride_ym=i32),

@@ -33,7 +33,6 @@ from jetspec_chat.kernels.matmul import (  # noqa: E402
     choose_config,
     linear_partials,
     rule_config,
-    use_pair,
     use_split,
 )
 
@@ -64,7 +63,6 @@ REAL_SHAPES = ({f"1.5B-{k}": v for k, v in QWEN25_1_5B.items()} | {f"8B-{k}": v 
 # Row counts on both sides of the 64 -> 128-row switch (block_m_for), for the GPU invariance tests
 GPU_MS = (1, 7, 64, 65, 128, 200, 256)
 LAUNCHES = [(split, bm) for split in (False, True) for bm in (BLOCK_M, WIDE_BLOCK_M)]
-PAIRED_LAUNCHES = [(split, bm, pair) for split, bm in LAUNCHES for pair in (False, True)]
 
 
 def randn(*shape, seed, dtype=torch.bfloat16, scale=1.0, device=DEVICE):
@@ -162,31 +160,6 @@ def test_row_tile_launches_agree_bitwise():
         assert torch.equal(linear_triton(x, w, b, config=SMALL, split=split, block_m=bm), expect), (split, bm)
 
 
-@pytest.mark.parametrize("n", [80, 96])  # 3 tiles of 32: the last pair half past N; 96: whole pairs
-def test_paired_tiles_agree_bitwise(n):
-    """A program that computes two adjacent N tiles (pair) gives the bits of two programs: every
-    launch (split / fused, 64 / 128 rows, paired or not), with a bias and ragged M and K."""
-    x, w, b = problem(200, n, 200, True, seed=16)
-    expect = linear_triton(x, w, b, config=SMALL, split=False, block_m=BLOCK_M, pair=False)
-    for split, bm, pair in PAIRED_LAUNCHES:
-        got = linear_triton(x, w, b, config=SMALL, split=split, block_m=bm, pair=pair)
-        assert torch.equal(got, expect), (split, bm, pair)
-    for m in (1, 70):
-        assert torch.equal(linear_triton(x[:m], w, b, config=SMALL, pair=True), expect[:m]), m
-
-
-def test_pair_rule():
-    """Pairs only past 64 rows, for 64-wide tiles, while the paired launch keeps a wave of programs:
-    8B down / o_proj split at 128 rows (160 programs) pair; 8B qkv's fused 64-row launch at 128
-    rows (96 paired programs) and the 128-wide tiles (gate_up, lm_head) do not."""
-    down, o, qkv, gate_up = (rule_config(*s) for s in ((4096, 12288), (4096, 4096), (6144, 4096), (24576, 4096)))
-    assert not use_pair(64, 4096, 12288, down, True, BLOCK_M)
-    assert use_pair(128, 4096, 12288, down, True, WIDE_BLOCK_M) and use_pair(128, 4096, 4096, o, True, WIDE_BLOCK_M)
-    assert not use_pair(128, 6144, 4096, qkv, False, BLOCK_M)
-    assert use_pair(256, 6144, 4096, qkv, False, BLOCK_M)
-    assert not use_pair(256, 24576, 4096, gate_up, False, WIDE_BLOCK_M)
-
-
 def test_block_m_rule():
     """64-row programs up to 64 rows (AR and small trees); past that 128 for one-group weights and
     split launches, 64 for a fused launch over K groups (block_m_for's measurements)."""
@@ -211,11 +184,6 @@ def test_sm90_wide_tile_runs_the_same_wgmma():
             for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
     out = run_compile_script("sm90_linear_compile.py", args)
     assert len(out) == len(args)
-    paired = run_compile_script("sm90_linear_compile.py", [f"{bm},64,64,4,{warps},{split},0,1"
-                                                           for split in (0, 1) for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))])
-    for p in paired:  # a paired program: the same instruction per tile, in its register cap without spills
-        assert p["mma"] == [[p["block_m"] // 16, 1, 16, 64, 16]] and p["wgmma"] == ["m64n64k16"], p
-        assert p["regs"] <= 128 and p["local"] == 0, p
     for narrow, wide in zip(out[::2], out[1::2]):
         bn = narrow["block_n"]
         assert narrow["mma"] == [[4, 1, 16, bn, 16]] and wide["mma"] == [[8, 1, 16, bn, 16]], (narrow, wide)
@@ -309,15 +277,14 @@ def test_linear_dispatch_cpu_unchanged():
 def test_gpu_m_invariant_real_shapes(name):
     """Qwen2.5-1.5B and Qwen3-8B shapes, bf16: bitwise the same rows at M = 1, 7, 64, 65, 128,
     200 and 256 (64- and 128-row programs) and every one of the 256 rows alone (M=1); every launch
-    (split / fused, 64 / 128 rows; at M = 200 also paired N tiles) at M = 1, 65 and 200 gives the
-    same bits; close to cuBLAS."""
+    (split / fused, 64 / 128 rows) at M = 1, 65 and 200 gives the same bits; close to cuBLAS."""
     n, k, bias = REAL_SHAPES[name]
     x, w, b = problem(256, n, k, bias, seed=11)
     full = assert_rows_invariant(x, w, b, ms=GPU_MS, alone="all")
     for m in (1, 65, 200):
-        for split, bm, pair in PAIRED_LAUNCHES if m == 200 else [(*launch, False) for launch in LAUNCHES]:
-            got = linear_triton(x[:m], w, b, split=split, block_m=bm, pair=pair)
-            assert torch.equal(got, full[:m]), f"M={m}: split={split} block_m={bm} pair={pair} differs"
+        for split, bm in LAUNCHES:
+            got = linear_triton(x[:m], w, b, split=split, block_m=bm)
+            assert torch.equal(got, full[:m]), f"M={m}: split={split} block_m={bm} differs"
     ref = F.linear(x, w, b)
     torch.testing.assert_close(full.float(), ref.float(), rtol=2e-2, atol=2e-2)
     exact = linear_ref(x, w, b).float()
