@@ -2,14 +2,9 @@
 
 GEMM (x [M, K] @ W[N, K].T, bf16) at every linear shape of Qwen2.5-1.5B, Qwen3-8B and
 Qwen3-30B-A3B (the dense linears; its experts run in kernels/moe.py) for M in {1, 16, 64, 128, 256}:
-  base   kernels.matmul.linear_triton(tma=False) in the config's own tile width: the pointer-fed
-         kernel (split or fused launch)
+  base   kernels.matmul.linear_triton(tma=False): the pointer-fed kernel (split or fused launch)
   tma*   kernels.matmul.linear_tma variants (kernels/matmul_tma.py: persistent grid, TMA-fed), same arithmetic
-  s128 .. launches of the pointer-fed kernel past 64 rows (LAUNCH_VARIANTS: split or fused, 64 or
-         128 rows a program; 'w' = 128-wide tiles for a 64-wide config, matmul.block_n_for); the
-         split ones include the group-sum pass, except 'ws128-' (the partials a consumer sums)
-  old    the launch choice before block_n_for (config width; TMA where use_tma picks it)
-  engine linear_triton as the engine calls it (use_split, block_m_for, block_n_for, use_tma)
+  engine linear_triton as the engine calls it (the TMA form where matmul.use_tma picks it)
   cublas torch.matmul (its algorithm depends on M: not batch-invariant)
   bound  max(weight + activation + output bytes / copy bandwidth, 2MNK / matmul rate), both
          measured here first (a large device copy; an 8192^3 bf16 torch.matmul)
@@ -23,19 +18,12 @@ copies to exceed the L2, in µs per call.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 
 import torch
 
-from jetspec_chat.kernels.matmul import (
-    BLOCK_M,
-    SMS,
-    SPLIT_MAX_PARTIAL_RATIO,
-    choose_config,
-    linear_partials_triton,
-    linear_tma,
-    linear_triton,
-)
+from jetspec_chat.kernels.matmul import choose_config, linear_tma, linear_triton
 
 SHAPES = {  # (name, N, K)
     "1.5b": [("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960),
@@ -45,26 +33,14 @@ SHAPES = {  # (name, N, K)
     "30b": [("qkv", 5120, 2048), ("o", 2048, 4096), ("lm_head", 151936, 2048)],
 }
 TMA_VARIANTS = {
+    "tma1": dict(programs_per_sm=1),
     "tma2": dict(programs_per_sm=2),
 }
-# The pointer-fed kernel's launches past 64 rows (speed only: all give base's bits).
-# The 'w' ones only for 64-wide configs (128-wide ones are their base).
-LAUNCH_VARIANTS = {
-    "s128": dict(split=True, block_m=128, block_n=64),
-    "f128": dict(split=False, block_m=128, block_n=64),
-    "ws64": dict(split=True, block_m=64, block_n=128),
-    "ws128": dict(split=True, block_m=128, block_n=128),
-    "wf64": dict(split=False, block_m=64, block_n=128),
-    "wf128": dict(split=False, block_m=128, block_n=128),
+# Wider tiles (BLOCK_N 256, same BLOCK_K and K groups): a different wgmma N per warpgroup. Whether
+# that changes a single bit is what the 'wideN' column reports (vs base); not used by the engine.
+WIDE_VARIANTS = {
+    "w256": dict(programs_per_sm=1, num_stages=3),
 }
-MIN_VARIANT_ROWS = 64
-
-
-def old_split(m: int, n: int, k: int, config) -> bool:
-    """matmul.use_split as it was before block_n_for (the 'old' column)."""
-    groups = config.num_groups(k)
-    fused_programs = -(-m // BLOCK_M) * -(-n // config.block_n)
-    return groups > 1 and fused_programs <= SMS and 8 * groups * m * n <= SPLIT_MAX_PARTIAL_RATIO * 2 * n * k
 CALLS = 16  # calls per graph replay
 L2_BYTES = 50e6
 
@@ -117,9 +93,9 @@ def main() -> None:
     torch.manual_seed(0)
     bw, rate = ceilings()
     print(f"device {torch.cuda.get_device_name()}  read {bw / 1e12:.2f} TB/s  bf16 matmul {rate / 1e12:.0f} TFLOP/s")
-    cols = ["cublas", "base", *TMA_VARIANTS, *LAUNCH_VARIANTS, "ws128-", "old", "engine"]
-    head = f"{'model':5} {'linear':8} {'N':>6} {'K':>5} {'M':>4} {'bound':>7}" + "".join(f" {c:>7}" for c in cols)
-    head += f" {'eng/old':>7} {'eng/cub':>7} {'eng/bnd':>7} {'bits':>5}"
+    head = f"{'model':5} {'linear':8} {'N':>6} {'K':>5} {'M':>4} {'bound':>7} {'cublas':>7} {'base':>7} {'engine':>7}"
+    head += "".join(f" {v:>7}" for v in TMA_VARIANTS) + "".join(f" {v:>7}" for v in WIDE_VARIANTS)
+    head += f" {'best/base':>9} {'base/bnd':>8} {'cub/bnd':>7} {'bits':>5} {'wideN':>5}"
     rows_out = [head]
     print(head, flush=True)
     for model in args.models.split(","):
@@ -130,39 +106,40 @@ def main() -> None:
             for m in [int(r) for r in args.rows.split(",")]:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-                config = choose_config(n, k)
-                bn = config.block_n
-                base_y = linear_triton(x, weights[0], tma=False, block_n=bn)
+                base_y = linear_triton(x, weights[0], tma=False)
                 bits = True
                 for r in sorted({0, m // 2, m - 1}):
-                    bits &= torch.equal(linear_triton(x[r:r + 1], weights[0])[0], base_y[r])
-                calls = {  # column -> (fn(i) for weight copy i, whose output is checked against base)
-                    "cublas": lambda i: torch.matmul(x, weights[i].T, out=outs[i]),
-                    "base": lambda i: linear_triton(x, weights[i], out=outs[i], tma=False, block_n=bn),
-                    "old": lambda i: linear_triton(x, weights[i], out=outs[i], block_n=bn, split=old_split(m, n, k, config)),
-                    "engine": lambda i: linear_triton(x, weights[i], out=outs[i]),
-                }
-                calls |= {v: lambda i, kw=kw: linear_tma(x, weights[i], out=outs[i], **kw) for v, kw in TMA_VARIANTS.items()}
-                if m >= MIN_VARIANT_ROWS:
-                    calls |= {v: lambda i, kw=kw: linear_triton(x, weights[i], out=outs[i], tma=False, **kw)
-                              for v, kw in LAUNCH_VARIANTS.items() if bn == 64 or not v.startswith("w")}
-                    if bn == 64:
-                        calls["ws128-"] = lambda i: linear_partials_triton(x, weights[i], split=True, block_m=128, block_n=128)
+                    bits &= torch.equal(linear_triton(x[r:r + 1], weights[0], tma=False)[0], base_y[r])
+                t_base = graph_time_us(lambda i: linear_triton(x, weights[i], out=outs[i], tma=False), copies)
+                t_engine = graph_time_us(lambda i: linear_triton(x, weights[i], out=outs[i]), copies)
+                t_cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T, out=outs[i]), copies)
                 times = {}
-                for v, fn in calls.items():
+                for v, kw in TMA_VARIANTS.items():
                     try:
-                        if v not in ("cublas", "ws128-"):
-                            fn(0)
-                            torch.cuda.synchronize()
-                            bits &= torch.equal(outs[0], base_y)
-                        times[v] = graph_time_us(fn, copies)
+                        y = linear_tma(x, weights[0], **kw)
+                        torch.cuda.synchronize()
+                        bits &= torch.equal(y, base_y)
+                        times[v] = graph_time_us(lambda i, kw=kw: linear_tma(x, weights[i], out=outs[i], **kw), copies)
                     except Exception as e:  # a variant that does not compile here: reported, not fatal
                         print(f"  {v} failed at {name} M={m}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                         times[v] = float("nan")
+                wide = dataclasses.replace(choose_config(n, k), block_n=256)
+                wide_bits = True
+                for v, kw in WIDE_VARIANTS.items():
+                    try:
+                        y = linear_tma(x, weights[0], config=wide, **kw)
+                        torch.cuda.synchronize()
+                        wide_bits &= torch.equal(y, base_y)
+                        times[v] = graph_time_us(lambda i, kw=kw: linear_tma(x, weights[i], out=outs[i], config=wide, **kw), copies)
+                    except Exception as e:
+                        print(f"  {v} failed at {name} M={m}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                        times[v] = float("nan")
                 bound = max((wbytes + 2 * m * k + 2 * m * n) / bw, 2 * m * n * k / rate) * 1e6
-                line = f"{model:5} {name:8} {n:6} {k:5} {m:4} {bound:7.1f}" + "".join(f" {times.get(c, float('nan')):7.1f}" for c in cols)
-                line += f" {times['engine'] / times['old']:7.2f} {times['engine'] / times['cublas']:7.2f}"
-                line += f" {times['engine'] / bound:7.2f} {'ok' if bits else 'DIFF':>5}"
+                best = min((times[v] for v in TMA_VARIANTS if times[v] == times[v]), default=float("nan"))
+                line = f"{model:5} {name:8} {n:6} {k:5} {m:4} {bound:7.1f} {t_cublas:7.1f} {t_base:7.1f} {t_engine:7.1f}"
+                line += "".join(f" {times[v]:7.1f}" for v in [*TMA_VARIANTS, *WIDE_VARIANTS])
+                line += f" {best / t_base:9.2f} {t_base / bound:8.2f} {t_cublas / bound:7.2f} {'ok' if bits else 'DIFF':>5}"
+                line += f" {'same' if wide_bits else 'DIFF':>5}"
                 rows_out.append(line)
                 print(line, flush=True)
             del weights

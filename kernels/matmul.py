@@ -58,7 +58,6 @@ except ImportError:  # pragma: no cover - exercised only without triton
 
 BLOCK_M = 64  # rows per warpgroup, for every M: see the module docstring (wgmma on Hopper)
 WIDE_BLOCK_M = 128  # rows per program past BLOCK_M rows: two warpgroups (`block_m_for`)
-WIDE_BLOCK_N = 128  # tile width past BLOCK_M rows for 64-wide configs with K groups (`block_n_for`)
 WIDE_NUM_STAGES = 3  # `stages_for`
 SUM_BLOCK = 256  # columns per program of the group-sum pass
 
@@ -210,29 +209,13 @@ def stages_for(block_m: int, config: LinearConfig) -> int:
     return WIDE_NUM_STAGES if block_m == WIDE_BLOCK_M else config.num_stages
 
 
-def block_n_for(m: int, n: int, k: int, config: LinearConfig) -> int:
-    """Tile width for M rows (speed only: the same K blocks, group boundaries and fp32 adds; only
-    the wgmma's N differs, n64 -> n128, which on Hopper computes each output element the same
-    way: bitwise equal on every real shape, `test_gpu_m_invariant_real_shapes`). Past 64 rows a
-    64-wide weight tile costs as many MMA issues and L2 reads of x as a 128-wide one for half the
-    output, so a weight with K groups runs 128-wide tiles in its split launch (`use_split`), while
-    the fp32 partials stay within SPLIT_MAX_PARTIAL_RATIO of the weight's bytes."""
-    groups = config.num_groups(k)
-    if m <= BLOCK_M or config.block_n != 64 or groups == 1:
-        return config.block_n
-    return WIDE_BLOCK_N if 8 * groups * m * n <= SPLIT_MAX_PARTIAL_RATIO * 2 * n * k else config.block_n
-
-
 def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
     """Launch choice for M rows (never changes the result). Measured on an H200 with the
     64-wide configs: 1.5B qkv splits up to M=64 (7.7 vs 9.5 us at M=1) and fuses from 128
     (9.6 vs 14.9); down splits at every M up to 256 (36.6 vs 43.3); 8B qkv splits up to 64
     (20.0 vs 25.2 at M=1) and fuses from 128, where its fused launch fills the SMs. The fused
-    launch this weighs against is a 64-row one (`block_m_for`: a fused launch over K groups).
-    Widened tiles (`block_n_for`) always split."""
+    launch this weighs against is a 64-row one (`block_m_for`: a fused launch over K groups)."""
     groups = config.num_groups(k)
-    if block_n_for(m, n, k, config) != config.block_n:
-        return True
     fused_programs = _cdiv(m, BLOCK_M) * _cdiv(n, config.block_n)
     partial_bytes, weight_bytes = 8 * groups * m * n, 2 * n * k
     return groups > 1 and fused_programs <= SMS and partial_bytes <= SPLIT_MAX_PARTIAL_RATIO * weight_bytes
@@ -351,21 +334,19 @@ def linear_triton(
     split: bool | None = None,
     block_m: int | None = None,
     tma: bool | None = None,
-    block_n: int | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype, batch-invariant (module
     docstring). weight may be a row slice of a bigger weight (any row stride, unit column
     stride); x needs a unit column stride (else it is copied). out: an [M, N] destination with a
-    unit column stride. config / split / block_m / tma / block_n override `choose_config` /
-    `use_split` / `block_m_for` / `use_tma` / `block_n_for` (benchmarks and tests; split,
-    block_m, tma and block_n never change the result, config does; tma=True only where
-    `use_tma`'s device check holds)."""
+    unit column stride. config / split / block_m / tma override `choose_config` / `use_split` /
+    `block_m_for` / `use_tma` (benchmarks and tests; split, block_m and tma never change the
+    result, config does; tma=True only where `use_tma`'s device check holds)."""
     x, weight, bias = _operands(x, weight, bias)
     m, n = x.shape[0], weight.shape[0]
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1, "out: [M, N], x's dtype"
-    _launch(x, weight, bias, out, config=config, split=split, block_m=block_m, tma=tma, block_n=block_n)
+    _launch(x, weight, bias, out, config=config, split=split, block_m=block_m, tma=tma)
     return out
 
 
@@ -377,7 +358,6 @@ def linear_partials_triton(
     config: LinearConfig | None = None,
     split: bool | None = None,
     block_m: int | None = None,
-    block_n: int | None = None,
 ) -> torch.Tensor | Partials:
     """`linear_triton`, except that where it takes the split launch the group sums come back
     unsummed (`Partials`, no group-sum pass) for a consumer that adds them as it loads; else the
@@ -388,10 +368,10 @@ def linear_partials_triton(
     config = config or choose_config(n, k)
     split = use_split(m, n, k, config) if split is None else (split and config.num_groups(k) > 1)
     if not split or m == 0:
-        return linear_triton(x, weight, bias, config=config, split=False, block_m=block_m, block_n=block_n)
+        return linear_triton(x, weight, bias, config=config, split=False, block_m=block_m)
     partials = torch.empty(config.num_groups(k), m, n, device=x.device, dtype=torch.float32)
     # A split program never touches Y: x stands in (x's dtype, as the output would be).
-    _launch_gemm(x, weight, bias, x, partials, config=config, split=True, block_m=block_m, block_n=block_n)
+    _launch_gemm(x, weight, bias, x, partials, config=config, split=True, block_m=block_m)
     return Partials(partials, bias, x.dtype)
 
 
@@ -407,7 +387,7 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     partials = torch.empty(config.num_groups(k), m, n, device=x.device, dtype=torch.float32)
     # The split launch's kernel with one group is the fused launch's one-group sum: the same dots
     # from a zero accumulator, stored unrounded. A split program never touches Y: x stands in.
-    _launch_gemm(x, weight, None, x, partials, config=config, split=True, block_m=None, block_n=None)
+    _launch_gemm(x, weight, None, x, partials, config=config, split=True, block_m=None)
     return partials
 
 
@@ -464,7 +444,7 @@ def _operands(x, weight, bias):
     return x, weight, bias
 
 
-def _launch(x, weight, bias, out, *, config, split, block_m, tma=None, block_n=None) -> None:
+def _launch(x, weight, bias, out, *, config, split, block_m, tma=None) -> None:
     """The GEMM of x [M, K] and weight [N, K] into out [M, N]."""
     m, k = x.shape
     n = weight.shape[0]
@@ -479,7 +459,7 @@ def _launch(x, weight, bias, out, *, config, split, block_m, tma=None, block_n=N
         linear_tma(x, weight, bias, out, config=config, block_m=block_m, programs_per_sm=2)
         return
     partials = torch.empty(groups, m, n, device=x.device, dtype=torch.float32) if split else out
-    _launch_gemm(x, weight, bias, out, partials, config=config, split=split, block_m=block_m, block_n=block_n)
+    _launch_gemm(x, weight, bias, out, partials, config=config, split=split, block_m=block_m)
     if split:
         b = bias if bias is not None else out  # unused without HAS_BIAS
         _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
@@ -489,7 +469,7 @@ def _launch(x, weight, bias, out, *, config, split, block_m, tma=None, block_n=N
         )
 
 
-def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, block_n) -> None:
+def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m) -> None:
     """_linear_kernel alone: into out [M, N] (fused launch) or partials [groups, M, N] (split)."""
     m, k = x.shape
     n = weight.shape[0]
@@ -499,14 +479,13 @@ def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m, bloc
     groups = config.num_groups(k)
     block_m = block_m or block_m_for(m, groups, split)
     assert block_m in (BLOCK_M, WIDE_BLOCK_M), f"block_m {block_m}"
-    block_n = block_n or block_n_for(m, n, k, config)
     b = bias if bias is not None else out  # unused without HAS_BIAS
-    grid = (_cdiv(m, block_m), _cdiv(n, block_n)) + ((groups,) if split else ())
+    grid = (_cdiv(m, block_m), _cdiv(n, config.block_n)) + ((groups,) if split else ())
     _linear_kernel[grid](
         x, weight, b, out, partials, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         config.group_blocks(k), _cdiv(k, config.block_k),
         UPCAST=interpreting(), SPLIT=split, ONE_GROUP=groups == 1, HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=config.block_k,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=warps_for(block_m, config), num_stages=stages_for(block_m, config), enable_fp_fusion=False,
         **launch_args(x.device, m),
     )
@@ -518,7 +497,6 @@ __all__ = [
     "LinearConfig",
     "Partials",
     "block_m_for",
-    "block_n_for",
     "choose_config",
     "groups_for",
     "linear_partials",

@@ -28,10 +28,8 @@ from jetspec_chat.kernels.matmul import (  # noqa: E402
     BLOCK_M,
     TUNED,
     WIDE_BLOCK_M,
-    WIDE_BLOCK_N,
     LinearConfig,
     block_m_for,
-    block_n_for,
     choose_config,
     linear_partials,
     rule_config,
@@ -162,29 +160,6 @@ def test_row_tile_launches_agree_bitwise():
         assert torch.equal(linear_triton(x, w, b, config=SMALL, split=split, block_m=bm), expect), (split, bm)
 
 
-def test_wide_tiles_agree_bitwise():
-    """A 64-wide config run in 128-wide tiles (block_n_for, past 64 rows) gives the 64-wide
-    launch's bits: the same K blocks and groups, split and fused, 64 and 128 rows, a ragged N
-    (200: the last wide tile mostly past N), K (200) and M (200)."""
-    config = LinearConfig(block_n=64, block_k=32, groups=3)
-    x, w, b = problem(200, 200, 200, True, seed=17)
-    expect = linear_triton(x, w, b, config=config, split=False, block_m=BLOCK_M, block_n=64)
-    for split, bm in LAUNCHES:
-        got = linear_triton(x, w, b, config=config, split=split, block_m=bm, block_n=WIDE_BLOCK_N)
-        assert torch.equal(got, expect), (split, bm)
-
-
-def test_block_n_rule():
-    """128-wide tiles only past 64 rows, for 64-wide configs with K groups whose split partials
-    stay within 1.5x the weight's bytes; such launches always split."""
-    qkv8, o8, gate_up8 = rule_config(6144, 4096), rule_config(4096, 4096), rule_config(24576, 4096)
-    assert [block_n_for(m, 6144, 4096, qkv8) for m in (1, 64, 65, 256)] == [64, 64, 128, 128]
-    assert block_n_for(256, 24576, 4096, gate_up8) == 128 == gate_up8.block_n  # its own width
-    o15 = choose_config(1536, 1536)  # 5 groups: at 128 rows 7.9 MB of partials for a 4.7 MB weight
-    assert block_n_for(128, 1536, 1536, o15) == 64 and not use_split(128, 1536, 1536, o15)
-    assert use_split(256, 4096, 4096, o8) and use_split(128, 6144, 4096, qkv8)
-
-
 def test_block_m_rule():
     """64-row programs up to 64 rows (AR and small trees); past that 128 for one-group weights and
     split launches, 64 for a fused launch over K groups (block_m_for's measurements)."""
@@ -209,11 +184,6 @@ def test_sm90_wide_tile_runs_the_same_wgmma():
             for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
     out = run_compile_script("sm90_linear_compile.py", args)
     assert len(out) == len(args)
-    widened = run_compile_script("sm90_linear_compile.py", [f"{bm},{WIDE_BLOCK_N},64,4,{warps},{split},0"
-                                                            for split in (0, 1) for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))])
-    for w in widened:  # block_n_for's 128-wide tiles of a K-grouped weight: n128 per warpgroup, no spills
-        assert w["mma"] == [[w["block_m"] // 16, 1, 16, WIDE_BLOCK_N, 16]] and w["wgmma"] == [f"m64n{WIDE_BLOCK_N}k16"], w
-        assert w["local"] == 0, w
     for narrow, wide in zip(out[::2], out[1::2]):
         bn = narrow["block_n"]
         assert narrow["mma"] == [[4, 1, 16, bn, 16]] and wide["mma"] == [[8, 1, 16, bn, 16]], (narrow, wide)
@@ -274,9 +244,10 @@ def test_rule_config():
         assert use_split(m, 1536, 1536, rule_config(1536, 1536))
     assert not use_split(256, 1536, 1536, rule_config(1536, 1536))
     assert not use_split(1, 151936, 1536, rule_config(151936, 1536))
-    # The fused launch weighed is a 64-row one in the config's width: 1.5B qkv (2048 x 1536, 8
-    # groups) splits at 64 rows and fuses from 128 (its partials would outweigh it 2.7x).
-    assert use_split(64, 2048, 1536, choose_config(2048, 1536)) and not use_split(128, 2048, 1536, choose_config(2048, 1536))
+    # The fused launch weighed is a 64-row one: 8B qkv fuses from 128 rows (192 programs), 8B
+    # o_proj splits at 128 (128 programs) and fuses at 256.
+    assert not use_split(128, 6144, 4096, rule_config(6144, 4096))
+    assert use_split(128, 4096, 4096, rule_config(4096, 4096)) and not use_split(256, 4096, 4096, rule_config(4096, 4096))
 
 
 def test_tuned_configs():
@@ -305,18 +276,15 @@ def test_linear_dispatch_cpu_unchanged():
 @pytest.mark.parametrize("name", list(REAL_SHAPES))
 def test_gpu_m_invariant_real_shapes(name):
     """Qwen2.5-1.5B and Qwen3-8B shapes, bf16: bitwise the same rows at M = 1, 7, 64, 65, 128,
-    200 and 256 (64- and 128-row programs, 64- and 128-wide tiles) and every one of the 256 rows
-    alone (M=1); every launch (split / fused, 64 / 128 rows, the config's width / 128) at M = 1,
-    65 and 200 gives the same bits; close to cuBLAS."""
+    200 and 256 (64- and 128-row programs) and every one of the 256 rows alone (M=1); every launch
+    (split / fused, 64 / 128 rows) at M = 1, 65 and 200 gives the same bits; close to cuBLAS."""
     n, k, bias = REAL_SHAPES[name]
     x, w, b = problem(256, n, k, bias, seed=11)
     full = assert_rows_invariant(x, w, b, ms=GPU_MS, alone="all")
-    widths = sorted({choose_config(n, k).block_n, WIDE_BLOCK_N})
     for m in (1, 65, 200):
         for split, bm in LAUNCHES:
-            for bn in widths:
-                got = linear_triton(x[:m], w, b, split=split, block_m=bm, block_n=bn)
-                assert torch.equal(got, full[:m]), f"M={m}: split={split} block_m={bm} block_n={bn} differs"
+            got = linear_triton(x[:m], w, b, split=split, block_m=bm)
+            assert torch.equal(got, full[:m]), f"M={m}: split={split} block_m={bm} differs"
     ref = F.linear(x, w, b)
     torch.testing.assert_close(full.float(), ref.float(), rtol=2e-2, atol=2e-2)
     exact = linear_ref(x, w, b).float()
