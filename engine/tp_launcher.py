@@ -36,6 +36,9 @@ from .errors import WORKER_DIED_EXIT_CODE, ConfigError, EngineError
 from .events import FinishEvent
 from .parallel import RANK_ENV, Ranks, check_splits, init_ranks, rank_device, shard_target
 
+CLOSE_WAIT_S = 30.0  # how long close() waits for the workers to exit before it stops them
+STACKS_ENV = "JETSPEC_TP_STACKS"  # set: every rank prints its stacks on SIGUSR1 (hang diagnosis)
+
 
 @dataclass(frozen=True)
 class LoadArgs:
@@ -101,6 +104,7 @@ class RoundSync:
 def _worker_main(rank: int, world: int, port: int, load: LoadArgs, threads: int, parent: int) -> None:
     os.environ.update(RANK_ENV)
     torch.set_num_threads(threads)
+    dump_stacks_when_stuck(rank)
     from .models.loader import resolve_device
 
     # Rank 0 gone (killed, crashed): end too, even from inside a collective that would wait forever.
@@ -108,6 +112,33 @@ def _worker_main(rank: int, world: int, port: int, load: LoadArgs, threads: int,
     ranks = init_ranks(rank, world, port, rank_device(resolve_device(load.device), rank))
     engine = _load_rank(load, ranks)
     _follow(engine, ranks)
+    leave_group(engine.torch_device)
+    # No interpreter teardown: CUDA and NCCL destructors at exit have hung a finished worker.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def dump_stacks_when_stuck(rank: int) -> None:
+    """With JETSPEC_TP_STACKS set (any value), SIGUSR1 makes this rank print every thread's Python
+    stack to stderr (faulthandler: works while the process waits inside a collective). Every rank
+    does it, so `timeout -s USR1` on a tensor-parallel run (it signals the whole process group)
+    shows where each rank was waiting."""
+    if not os.environ.get(STACKS_ENV):
+        return
+    import faulthandler
+    import signal
+
+    print(f"[tensor-parallel rank {rank}: pid {os.getpid()}; SIGUSR1 prints its stacks]", file=sys.stderr, flush=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+
+def leave_group(device: torch.device) -> None:
+    """Finish this rank's GPU work and leave the process group. Every rank calls it at the same
+    time (after "close"): destroying an NCCL communicator may wait for the other ranks."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.destroy_process_group()
 
 
 def _watch_parent(parent: int) -> None:
@@ -121,7 +152,7 @@ def _follow(engine, ranks: Ranks) -> None:
     while True:
         name, args = _broadcast(ranks)
         if name == "close":
-            break
+            return
         try:
             if name == "run_on_ranks":
                 fn, args = args[0], args[1:]
@@ -133,7 +164,6 @@ def _follow(engine, ranks: Ranks) -> None:
                         pass
         except EngineError:
             pass  # rank 0 meets the same error (the same call on the same state) and reports it
-    dist.destroy_process_group()
 
 
 class TPEngine:
@@ -211,13 +241,28 @@ class TPEngine:
         return load_target(self.engine.source, self.engine.torch_device, self.engine.torch_dtype)
 
     def close(self) -> None:
+        """Tell the workers to stop, leave the group with them, wait for them to exit (up to
+        CLOSE_WAIT_S) and end any that did not (one sentence on stderr, no traceback)."""
         if self._closing:
             return
         self._closing = True
-        self._command("close")
-        for p in self.workers:
-            p.wait(timeout=30)
-        dist.destroy_process_group()
+        try:
+            self._command("close")
+        except RuntimeError:
+            pass  # a worker already gone: _worker_check has reported it
+        # Leaving may wait for a stuck rank: give it the same deadline, from a daemon thread.
+        leaving = threading.Thread(target=leave_group, args=(self.engine.torch_device,), daemon=True, name="tp-leave")
+        leaving.start()
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        leaving.join(CLOSE_WAIT_S)
+        for rank, p in enumerate(self.workers, start=1):
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                print(f"note: the tensor-parallel worker of rank {rank} (pid {p.pid}) did not exit within "
+                      f"{CLOSE_WAIT_S:g} s of closing and was stopped.", file=sys.stderr, flush=True)
 
 
 def dead_worker_message(workers: list) -> str | None:
@@ -267,6 +312,7 @@ def launch(tp: int, model: str | None, draft_head: str | None = None, device: st
     except ValueError as err:
         raise ConfigError(f"--tp {tp} does not fit this model: {err}") from None
     os.environ.update(RANK_ENV)
+    dump_stacks_when_stuck(0)
     threads = max(1, torch.get_num_threads() // tp) if device.type == "cpu" else 1
     port = _free_port()
     # Plain child processes (not multiprocessing's): the app's engine process is itself a

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from jetspec_chat.engine.errors import WORKER_DIED_EXIT_CODE
-from jetspec_chat.engine.parallel import reduce_in_rank_order
+from jetspec_chat.kernels import Partials
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -22,9 +22,9 @@ def test_rank_order_sum_is_row_count_invariant():
     # the same as adding the ranks one by one in fp32.
     gen = torch.Generator().manual_seed(0)
     parts = torch.randn(3, 37, 64, generator=gen).to(torch.bfloat16)
-    full = reduce_in_rank_order(parts, torch.bfloat16)
+    full = Partials(parts, None, torch.bfloat16).sum()
     for i in range(37):
-        assert torch.equal(reduce_in_rank_order(parts[:, i : i + 1], torch.bfloat16)[0], full[i])
+        assert torch.equal(Partials(parts[:, i : i + 1].contiguous(), None, torch.bfloat16).sum()[0], full[i])
     expected = ((parts[0].float() + parts[1].float()) + parts[2].float()).to(torch.bfloat16)
     assert torch.equal(full, expected)
 
