@@ -6,39 +6,41 @@
 #  2. the engine-only bench on the Qwen3-8B shape (random weights, 5-layer random head) at
 #     --tp 1 and --tp N, context 512, trees of 1 and 128 nodes: AR step, verify, round@128;
 #  3. the GPU test file (STEPS=... picks steps: gen, bench, tests; default all three).
-# Logs and JSON land in $OUT; the TP=N / TP=1 ratios are printed at the end.
+# The TP=N / TP=1 ratios are printed at the end; every log and JSON goes into $OUT/tp_check.tgz.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 JETSPEC_TP_STACKS=1 PYTHONUNBUFFERED=1
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 OUT=${OUT:-tp_check_out}; mkdir -p "$OUT"
+LOGS=$(mktemp -d)
+trap 'tar -czf "$OUT/tp_check.tgz" -C "$LOGS" .' EXIT
 MODEL=${MODEL:-random:Qwen/Qwen3-8B}
 TP=${TP:-2}
 STEPS=${STEPS:-gen,bench,tests}
 REPS=${REPS:-10}
 
-step() {  # step NAME SECONDS CMD...: stdout -> $OUT/NAME.out, stderr -> $OUT/NAME.err
+step() {  # step NAME SECONDS CMD...: stdout -> NAME.out, stderr -> NAME.err
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  timeout -s USR1 -k 15 "$limit" "$@" >"$OUT/$name.out" 2>"$OUT/$name.err"
+  timeout -s USR1 -k 15 "$limit" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.err"
   local rc=$?
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit s)"
-  if [ $rc -ne 0 ]; then tail -c 4000 "$OUT/$name.err"; fi
-  tail -n 3 "$OUT/$name.out" | cut -c1-600
+  if [ $rc -ne 0 ]; then tail -c 4000 "$LOGS/$name.err"; fi
+  tail -n 3 "$LOGS/$name.out" | cut -c1-600
 }
 
 PROMPT="Write a function that reverses a list, then explain it."
 if [[ $STEPS == *gen* ]]; then
-  step gen_fp32 150 python -m jetspec_chat generate random:tiny-qwen3 --tp "$TP" --device cuda --dtype float32 \
+  step gen_fp32 "${GEN_S:-150}" python -m jetspec_chat generate random:tiny-qwen3 --tp "$TP" --device cuda --dtype float32 \
     --raw --budget 16 --max-new-tokens 48 --prompt "$PROMPT" --json --check-lossless
-  step gen_bf16 90 python -m jetspec_chat generate random:tiny-qwen3-moe --tp "$TP" --device cuda --dtype bfloat16 \
+  step gen_bf16 "${GEN_S:-90}" python -m jetspec_chat generate random:tiny-qwen3-moe --tp "$TP" --device cuda --dtype bfloat16 \
     --raw --budget 64 --max-new-tokens 64 --prompt "$PROMPT" --json --check-lossless=ar
 fi
 if [[ $STEPS == *bench* ]]; then
   for tp in 1 "$TP"; do
-    step "bench_tp$tp" 120 python -m jetspec_chat bench "$MODEL" --draft-head random:5 --engine-only --tp "$tp" \
-      --contexts 512 --tree-sizes 1,128 --reps "$REPS" --profile-rounds 0 --json-out "$OUT/bench_tp$tp.json"
+    step "bench_tp$tp" "${BENCH_S:-120}" python -m jetspec_chat bench "$MODEL" --draft-head random:5 --engine-only --tp "$tp" \
+      --contexts 512 --tree-sizes 1,128 --reps "$REPS" --profile-rounds 0 --json-out "$LOGS/bench_tp$tp.json"
   done
-  python - "$OUT" "$TP" <<'PY'
+  python - "$LOGS" "$TP" <<'PY'
 import json, sys
 out, tp = sys.argv[1], sys.argv[2]
 try:
