@@ -30,17 +30,17 @@ step() {  # step NAME SECONDS CMD...: stdout -> NAME.out, stderr -> NAME.err
 
 PROMPT="Write a function that reverses a list, then explain it."
 if [[ $STEPS == *gen* ]]; then
-  step gen_fp32 "${GEN_S:-150}" python -m jetspec_chat generate random:tiny-qwen3 --tp "$TP" --device cuda --dtype float32 \
+  step gen_fp32 "${GEN_S:-150}" python3 -m jetspec_chat generate random:tiny-qwen3 --tp "$TP" --device cuda --dtype float32 \
     --raw --budget 16 --max-new-tokens 48 --prompt "$PROMPT" --json --check-lossless
-  step gen_bf16 "${GEN_S:-90}" python -m jetspec_chat generate random:tiny-qwen3-moe --tp "$TP" --device cuda --dtype bfloat16 \
+  step gen_bf16 "${GEN_S:-90}" python3 -m jetspec_chat generate random:tiny-qwen3-moe --tp "$TP" --device cuda --dtype bfloat16 \
     --raw --budget 64 --max-new-tokens 64 --prompt "$PROMPT" --json --check-lossless=ar
 fi
 if [[ $STEPS == *bench* ]]; then
   for tp in 1 "$TP"; do
-    step "bench_tp$tp" "${BENCH_S:-120}" python -m jetspec_chat bench "$MODEL" --draft-head random:5 --engine-only --tp "$tp" \
+    step "bench_tp$tp" "${BENCH_S:-120}" python3 -m jetspec_chat bench "$MODEL" --draft-head random:5 --engine-only --tp "$tp" \
       --contexts 512 --tree-sizes 1,128 --reps "$REPS" --profile-rounds 0 --json-out "$LOGS/bench_tp$tp.json"
   done
-  python - "$LOGS" "$TP" <<'PY'
+  python3 - "$LOGS" "$TP" <<'PY'
 import json, sys
 out, tp = sys.argv[1], sys.argv[2]
 try:
@@ -56,5 +56,5 @@ for t in ("1", tp):
 PY
 fi
 if [[ $STEPS == *tests* ]]; then
-  step tests "${TESTS_S:-300}" python -m pytest -x -q tests/engine/test_gpu_parallel.py ${PYTEST_K:+-k "$PYTEST_K"}
+  step tests "${TESTS_S:-300}" python3 -m pytest -x -q tests/engine/test_gpu_parallel.py ${PYTEST_K:+-k "$PYTEST_K"}
 fi
