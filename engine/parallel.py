@@ -113,13 +113,49 @@ def _row_parallel(weight: torch.Tensor, world: int) -> RowParallelLinear:
 
 
 def check_splits(cfg, world: int) -> None:
-    """Raise ValueError naming the first dimension that does not split over `world` ranks."""
+    """Raise ValueError naming the first dimension that does not split over `world` ranks, or
+    the first part of the architecture that has no split yet."""
+    if cfg.hybrid is not None:
+        raise ValueError("its linear-attention layers have no tensor-parallel split yet")
+    if cfg.attention_sinks or cfg.o_proj_bias or cfg.moe_kind != "qwen3":
+        raise ValueError("its attention sinks, o_proj bias or MoE kind have no tensor-parallel split yet")
     _share(cfg.num_kv_heads, world, "the KV heads")
     _share(cfg.num_heads, world, "the attention heads")
     if any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers)):
         _share(cfg.intermediate_size, world, "the MLP width")
     if cfg.moe_layers:
         _share(cfg.moe_intermediate_size, world, "the experts' width")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Rank `rank` of `world`: which part of each checkpoint tensor it holds (module docstring).
+    Every split is `world` equal consecutive parts along one dimension, so `take` names the
+    dimension; the rank holds part `rank`."""
+
+    rank: int
+    world: int
+
+    # checkpoint name suffix -> the dimension split (0: output rows, 1: input columns)
+    SPLIT_DIMS = (
+        (".self_attn.q_proj.weight", 0), (".self_attn.q_proj.bias", 0),
+        (".self_attn.k_proj.weight", 0), (".self_attn.k_proj.bias", 0),
+        (".self_attn.v_proj.weight", 0), (".self_attn.v_proj.bias", 0),
+        (".self_attn.o_proj.weight", 1),
+        (".gate_proj.weight", 0), (".up_proj.weight", 0), (".down_proj.weight", 1),  # MLP and every expert
+    )
+
+    def take(self, name: str) -> int | None:
+        """The dimension along which this rank holds 1/world of checkpoint tensor `name`, or
+        None: the rank holds all of it (embedding, norms, router, lm_head)."""
+        if ".layers." not in name:
+            return None
+        return next((dim for suffix, dim in self.SPLIT_DIMS if name.endswith(suffix)), None)
+
+    def part(self, full: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's part of `full` along `dim` (a view)."""
+        n = _share(full.shape[dim], self.world, f"a dimension of {tuple(full.shape)}")
+        return full.narrow(dim, self.rank * n, n)
 
 
 def shard_target(model: TargetModel, rank: int, world: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -34,7 +35,7 @@ import torch.distributed as dist
 
 from .errors import WORKER_DIED_EXIT_CODE, ConfigError, EngineError
 from .events import FinishEvent
-from .parallel import RANK_ENV, Ranks, check_splits, init_ranks, rank_device, shard_target
+from .parallel import RANK_ENV, Ranks, Shard, check_splits, init_ranks, rank_device
 
 CLOSE_WAIT_S = 30.0  # how long close() waits for the workers to exit before it stops them
 STACKS_ENV = "JETSPEC_TP_STACKS"  # set: every rank prints its stacks on SIGUSR1 (hang diagnosis)
@@ -63,8 +64,8 @@ def _load_rank(load: LoadArgs, ranks: Ranks, progress=None):
 
     device = rank_device(resolve_device(load.device), ranks.rank)
     engine = load_engine(load.model, load.draft_head, device=str(device), dtype=load.dtype,
-                         max_context=load.max_context, progress=progress, depth=load.depth)
-    shard_target(engine.target, ranks.rank, ranks.world)
+                         max_context=load.max_context, progress=progress, depth=load.depth,
+                         shard=Shard(ranks.rank, ranks.world))
     engine.round_sync = RoundSync(ranks)
     return engine
 
@@ -112,7 +113,10 @@ def _worker_main(rank: int, world: int, port: int, load: LoadArgs, threads: int,
     ranks = init_ranks(rank, world, port, rank_device(resolve_device(load.device), rank))
     engine = _load_rank(load, ranks)
     _follow(engine, ranks)
-    leave_group(engine.torch_device)
+    device = engine.torch_device
+    engine.release()
+    del engine
+    leave_group(device)
     # No interpreter teardown: CUDA and NCCL destructors at exit have hung a finished worker.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -134,8 +138,10 @@ def dump_stacks_when_stuck(rank: int) -> None:
 
 
 def leave_group(device: torch.device) -> None:
-    """Finish this rank's GPU work and leave the process group. Every rank calls it at the same
-    time (after "close"): destroying an NCCL communicator may wait for the other ranks."""
+    """Leave the process group, once the engine's CUDA graphs are gone (`SpecEngine.release`:
+    NCCL's destroy waits for every graph that captured its collectives) and the GPU work has
+    finished. Every rank calls it at the same time (after "close")."""
+    gc.collect()  # the graphs of released runners still in a reference cycle
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dist.destroy_process_group()
@@ -250,6 +256,7 @@ class TPEngine:
             self._command("close")
         except RuntimeError:
             pass  # a worker already gone: _worker_check has reported it
+        self.engine.release()
         # Leaving may wait for a stuck rank: give it the same deadline, from a daemon thread.
         leaving = threading.Thread(target=leave_group, args=(self.engine.torch_device,), daemon=True, name="tp-leave")
         leaving.start()
@@ -263,6 +270,11 @@ class TPEngine:
                 p.wait()
                 print(f"note: the tensor-parallel worker of rank {rank} (pid {p.pid}) did not exit within "
                       f"{CLOSE_WAIT_S:g} s of closing and was stopped.", file=sys.stderr, flush=True)
+        if leaving.is_alive():  # this process cannot finish normally with a thread stuck in NCCL
+            print(f"error: this process could not leave the tensor-parallel group within {CLOSE_WAIT_S:g} s; "
+                  f"it exits now.", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(WORKER_DIED_EXIT_CODE)
 
 
 def dead_worker_message(workers: list) -> str | None:

@@ -5,7 +5,8 @@
 #  1. generate --tp N on random:tiny-qwen3: fp32 against transformers, bf16 speculative = AR;
 #  2. the engine-only bench on the Qwen3-8B shape (random weights, 5-layer random head) at
 #     --tp 1 and --tp N, context 512, trees of 1 and 128 nodes: AR step, verify, round@128;
-#  3. the GPU test file (STEPS=... picks steps: gen, bench, tests; default all three).
+#  3. tools/tp_exchange_bench.py: microseconds per rank-sum exchange (graphed, 1 and 128 rows);
+#  4. the GPU test file (STEPS=... picks steps: gen, bench, exchange, tests; default all four).
 # The TP=N / TP=1 ratios are printed at the end; every log and JSON goes into $OUT/tp_check.tgz.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 JETSPEC_TP_STACKS=1 PYTHONUNBUFFERED=1
@@ -15,7 +16,7 @@ LOGS=$(mktemp -d)
 trap 'tar -czf "$OUT/tp_check.tgz" -C "$LOGS" .' EXIT
 MODEL=${MODEL:-random:Qwen/Qwen3-8B}
 TP=${TP:-2}
-STEPS=${STEPS:-gen,bench,tests}
+STEPS=${STEPS:-gen,bench,exchange,tests}
 REPS=${REPS:-10}
 
 step() {  # step NAME SECONDS CMD...: stdout -> NAME.out, stderr -> NAME.err
@@ -25,7 +26,7 @@ step() {  # step NAME SECONDS CMD...: stdout -> NAME.out, stderr -> NAME.err
   local rc=$?
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit s)"
   if [ $rc -ne 0 ]; then tail -c 4000 "$LOGS/$name.err"; fi
-  tail -n 3 "$LOGS/$name.out" | cut -c1-600
+  tail -n 4 "$LOGS/$name.out" | cut -c1-400
 }
 
 PROMPT="Write a function that reverses a list, then explain it."
@@ -54,6 +55,10 @@ print(f"round@{one['round_budget']}: tp=1 {one['round_ms']:.3f} ms, tp={tp} {n['
 for t in ("1", tp):
     print(f"tp={t} verify ms {bars[t]['verify_ms']}, round phases {bars[t].get('round_phases_ms')}")
 PY
+fi
+if [[ $STEPS == *exchange* ]]; then
+  step exchange "${EXCHANGE_S:-60}" python3 -m torch.distributed.run --nproc-per-node "$TP" tools/tp_exchange_bench.py
+
 fi
 if [[ $STEPS == *tests* ]]; then
   step tests "${TESTS_S:-300}" python3 -m pytest -x -q tests/engine/test_gpu_parallel.py ${PYTEST_K:+-k "$PYTEST_K"}

@@ -53,6 +53,45 @@ MODELS = ("random:tiny-qwen3", "random:tiny-qwen3-moe")
 TOKENS = torch.tensor([3, 141, 59, 26, 5, 358, 97, 9])
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_a_rank_loads_only_its_part(name, tmp_path):
+    # Shard-on-load (random weights drawn whole and cut; safetensors read by slices) gives the
+    # rank exactly the parameters that cutting the whole model gives, and no more.
+    from safetensors.torch import save_file
+
+    from jetspec_chat.engine.layers import hf_parameters
+    from jetspec_chat.engine.models.loader import load_target
+    from jetspec_chat.engine.models.model_specs import resolve_model
+    from jetspec_chat.engine.parallel import Shard, shard_target
+
+    source = resolve_model(name)
+    whole = _load(name)
+    save_file({k: v.contiguous() for k, v in hf_parameters(whole)}, str(tmp_path / "model.safetensors"))
+    for rank in range(2):
+        want = _load(name)
+        shard_target(want, rank, 2)
+        random_part = load_target(source, torch.device("cpu"), torch.float32, Shard(rank, 2))
+        read_part = build_shard_like(random_part)
+        read_part.load_safetensors(tmp_path, shard=Shard(rank, 2))
+        for got in (random_part, read_part):
+            params, expected = dict(got.named_parameters()), dict(want.named_parameters())
+            assert params.keys() == expected.keys()
+            for key, value in expected.items():
+                assert torch.equal(params[key], value), key
+        assert sum(p.numel() for p in random_part.parameters()) < sum(p.numel() for p in whole.parameters())
+
+
+def build_shard_like(model):
+    """An empty copy of a rank's model (same shapes), to load a checkpoint into."""
+    import copy
+
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.fill_(float("nan"))
+    return other
+
+
 def _tp_rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     from jetspec_chat.engine.parallel import init_ranks, shard_target
