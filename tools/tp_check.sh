@@ -17,7 +17,7 @@ trap 'tar -czf "$OUT/tp_check.tgz" -C "$LOGS" .' EXIT
 MODEL=${MODEL:-random:Qwen/Qwen3-8B}
 TP=${TP:-2}
 STEPS=${STEPS:-gen,bench,exchange,tests}
-REPS=${REPS:-10}
+REPS=${REPS:-10}  # bench: timed repetitions (BENCH_TPS="1 2": the TP sizes benched)
 
 step() {  # step NAME SECONDS CMD...: stdout -> NAME.out, stderr -> NAME.err
   local name=$1 limit=$2; shift 2
@@ -37,7 +37,7 @@ if [[ $STEPS == *gen* ]]; then
     --raw --budget 64 --max-new-tokens 64 --prompt "$PROMPT" --json --check-lossless=ar
 fi
 if [[ $STEPS == *bench* ]]; then
-  for tp in 1 "$TP"; do
+  for tp in ${BENCH_TPS:-1 $TP}; do
     step "bench_tp$tp" "${BENCH_S:-120}" python3 -m jetspec_chat bench "$MODEL" --draft-head random:5 --engine-only --tp "$tp" \
       --contexts 512 --tree-sizes 1,128 --reps "$REPS" --profile-rounds 0 --json-out "$LOGS/bench_tp$tp.json"
   done
