@@ -130,6 +130,7 @@ def _generate(model: str, *extra: str) -> dict:
            "--prompt", "hi", "--raw", "--max-new-tokens", "8", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "did not exit" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]  # a clean close
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
