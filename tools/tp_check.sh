@@ -8,6 +8,8 @@
 #  3. tools/tp_exchange_bench.py: microseconds per rank-sum exchange (graphed, 1 and 128 rows);
 #  4. the GPU test file (STEPS=... picks steps: gen, bench, exchange, tests; default all four).
 # The TP=N / TP=1 ratios are printed at the end; every log and JSON goes into $OUT/tp_check.tgz.
+# The 235B shape on 4 H200s (about 120 GB of weights per GPU; it does not fit 80 GB cards):
+#   MODEL=random:Qwen/Qwen3-235B-A22B TP=4 STEPS=bench BENCH_TPS=4 TREES=1,16,64,128,256 BENCH_S=480 tools/tp_check.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 JETSPEC_TP_STACKS=1 PYTHONUNBUFFERED=1
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
@@ -39,7 +41,7 @@ fi
 if [[ $STEPS == *bench* ]]; then
   for tp in ${BENCH_TPS:-1 $TP}; do
     step "bench_tp$tp" "${BENCH_S:-120}" python3 -m jetspec_chat bench "$MODEL" --draft-head random:5 --engine-only --tp "$tp" \
-      --contexts 512 --tree-sizes 1,128 --reps "$REPS" --profile-rounds 0 --json-out "$LOGS/bench_tp$tp.json"
+      --contexts 512 --tree-sizes "${TREES:-1,128}" --reps "$REPS" --profile-rounds 0 --json-out "$LOGS/bench_tp$tp.json"
   done
   python3 - "$LOGS" "$TP" <<'PY'
 import json, sys
