@@ -1,7 +1,7 @@
 """Tensor-parallel launch: rank 0 is the caller's process, ranks 1..N-1 are worker processes.
 
-Every rank loads the same model the same way (`load_engine`; random weights draw the same
-numbers), keeps its share (`parallel.shard_target`) and holds a full SpecEngine. Rank 0 drives:
+Every rank loads only its share of the same model (`load_engine(..., shard=Shard(rank, N))`:
+shard-on-load; random weights draw the same numbers) and holds a full SpecEngine. Rank 0 drives:
 `TPEngine` stands in for its SpecEngine and sends each call that runs the model (generate,
 reset, set_max_context, allocate) to the workers before running it itself; a worker runs the
 same call on its own engine (`_follow`). Inside an answer the ranks meet at every row-parallel
@@ -12,7 +12,7 @@ every rank from identical hidden states.
 
 A worker that dies is reported in one sentence and ends rank 0's process (exit code
 WORKER_DIED_EXIT_CODE): the collectives of the others could wait for it forever. A worker whose
-rank 0 is gone ends itself.
+rank 0 is gone ends itself. `close()` ends them all in order (docs/DESIGN.md §3b, "Closing").
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from .errors import WORKER_DIED_EXIT_CODE, ConfigError, EngineError
 from .events import FinishEvent
 from .parallel import RANK_ENV, Ranks, Shard, check_splits, init_ranks, rank_device
 
+LOAD_FAILED_EXIT_CODE = 4  # a worker whose load raised an EngineError (rank 0 reports its own)
 CLOSE_WAIT_S = 30.0  # how long close() waits for the workers to exit before it stops them
 STACKS_ENV = "JETSPEC_TP_STACKS"  # set: every rank prints its stacks on SIGUSR1 (hang diagnosis)
 
@@ -111,7 +112,10 @@ def _worker_main(rank: int, world: int, port: int, load: LoadArgs, threads: int,
     # Rank 0 gone (killed, crashed): end too, even from inside a collective that would wait forever.
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="tp-parent-watch").start()
     ranks = init_ranks(rank, world, port, rank_device(resolve_device(load.device), rank))
-    engine = _load_rank(load, ranks)
+    try:
+        engine = _load_rank(load, ranks)
+    except EngineError:  # rank 0 loads the same model the same way and reports the same error
+        os._exit(LOAD_FAILED_EXIT_CODE)
     _follow(engine, ranks)
     device = engine.torch_device
     engine.release()
@@ -176,8 +180,8 @@ class TPEngine:
     """Rank 0's SpecEngine, driving the workers (module docstring). Reads of its attributes go
     to the local engine (its `target` is rank 0's shard)."""
 
-    def __init__(self, engine, ranks: Ranks, workers: list, on_dead: Callable[[str], None]):
-        self.engine, self.ranks, self.workers, self.on_dead = engine, ranks, workers, on_dead
+    def __init__(self, engine, ranks: Ranks, workers: list, on_dead: Callable[[str], None], watch: Watch):
+        self.engine, self.ranks, self.workers, self.on_dead, self.watch = engine, ranks, workers, on_dead, watch
         self.tp = ranks.world
         self._closing = False
 
@@ -252,6 +256,7 @@ class TPEngine:
         if self._closing:
             return
         self._closing = True
+        self.watch.stopped.set()  # the workers now exit on purpose
         try:
             self._command("close")
         except RuntimeError:
@@ -277,25 +282,31 @@ class TPEngine:
             os._exit(WORKER_DIED_EXIT_CODE)
 
 
-def dead_worker_message(workers: list) -> str | None:
-    """One sentence for the first worker (a Popen) that has exited, or None."""
+def dead_worker_message(workers: list, ignore: tuple[int, ...] = ()) -> str | None:
+    """One sentence for the first worker (a Popen) that has exited with a code not in `ignore`, or None."""
     for rank, p in enumerate(workers, start=1):
-        if p.poll() is not None:
+        if p.poll() is not None and p.returncode not in ignore:
             return (f"the tensor-parallel worker of rank {rank} (pid {p.pid}) died with exit code {p.returncode}; "
                     f"the engine stopped")
     return None
 
 
-def _watch(workers: list, engine_box: list, on_dead: Callable[[str], None]) -> None:
+@dataclass
+class Watch:
+    """The watchdog's state: `loaded` once rank 0 holds its engine (until then a worker that
+    failed its load is left to rank 0's own error), `stopped` once the workers are ended on purpose."""
+
+    loaded: threading.Event = dataclasses.field(default_factory=threading.Event)
+    stopped: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+def _watch(workers: list, watch: Watch, on_dead: Callable[[str], None]) -> None:
     """Rank 0's watchdog: a worker that exits while the engine is open is reported (NCCL's
     collectives would wait for it forever)."""
-    while True:
-        time.sleep(0.2)
-        tp = engine_box[0]
-        if tp is not None and tp._closing:
-            return
-        message = dead_worker_message(workers)
-        if message is not None:
+    while not watch.stopped.wait(0.2):
+        ignore = () if watch.loaded.is_set() else (LOAD_FAILED_EXIT_CODE,)
+        message = dead_worker_message(workers, ignore)
+        if message is not None and not watch.stopped.is_set():
             on_dead(message)
             return
 
@@ -334,13 +345,24 @@ def launch(tp: int, model: str | None, draft_head: str | None = None, device: st
                           json.dumps(dataclasses.asdict(load))])
         for r in range(1, tp)
     ]
-    box: list = [None]
-    threading.Thread(target=_watch, args=(workers, box, on_dead), daemon=True, name="tp-watchdog").start()
+    watch = Watch()
+    threading.Thread(target=_watch, args=(workers, watch, on_dead), daemon=True, name="tp-watchdog").start()
     if device.type == "cpu":
         torch.set_num_threads(threads)
-    ranks = init_ranks(0, tp, port, rank_device(device, 0))
-    engine = TPEngine(_load_rank(load, ranks, progress), ranks, workers, on_dead)
-    box[0] = engine
+    try:
+        ranks = init_ranks(0, tp, port, rank_device(device, 0))
+        engine = TPEngine(_load_rank(load, ranks, progress), ranks, workers, on_dead, watch)
+    except BaseException:  # a load error (rank 0 reports it): end the workers and the group, so a retry can start
+        watch.stopped.set()
+        for p in workers:
+            p.kill()
+            p.wait()
+        if dist.is_initialized():
+            leaving = threading.Thread(target=dist.destroy_process_group, daemon=True, name="tp-leave")
+            leaving.start()
+            leaving.join(CLOSE_WAIT_S)
+        raise
+    watch.loaded.set()
     return engine
 
 

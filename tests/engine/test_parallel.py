@@ -161,6 +161,27 @@ def test_dead_worker_is_one_sentence():
     assert "Traceback" not in proc.stderr
 
 
+def test_a_failed_load_ends_its_workers_and_a_retry_works():
+    # The load fails on every rank (a depth the head cannot draft): rank 0 raises its own error,
+    # no worker is reported dead, none is left running, and the next launch starts afresh.
+    script = textwrap.dedent("""
+        from jetspec_chat.engine import ConfigError, GenerationParams, load_engine
+        try:
+            load_engine("random:tiny-qwen3", device="cpu", tp=2, depth=99)
+        except ConfigError as err:
+            print("load failed:", err)
+        engine = load_engine("random:tiny-qwen3", device="cpu", tp=2)
+        for _ in engine.generate([1, 2, 3], GenerationParams(max_new_tokens=4)):
+            pass
+        engine.close()
+        print("retried")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "load failed:" in proc.stdout and "retried" in proc.stdout, proc.stdout
+    assert "worker of rank" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
 def test_bench_engine_only_tp2(tmp_path):
     # Every rank runs the measurements in step; rank 0 reports per-rank weight bytes.
     out = tmp_path / "bench.json"
