@@ -143,6 +143,13 @@ class SpecEngine:
             self.rollback(0)
         self.tokens = []
 
+    def release(self) -> None:
+        """Drop the caches and the graph runners with their CUDA graphs (allocate() makes them
+        again). Tensor parallelism calls it before leaving the process group: NCCL does not
+        destroy a communicator while a CUDA graph that captured its collectives is alive."""
+        self.kv = self.draft_kv = self.verify = self.drafter = None
+        self.tokens = []
+
     def allocate(self) -> None:
         """Allocate the KV caches and the graph runners for `max_context` (once; `generate` calls
         it, the bench calls it before timing rounds directly)."""

@@ -212,8 +212,8 @@ class HybridTargetModel(TargetModel):
         cache.replay = lambda slot, conv, state, c, path: by_slot[slot].replay(conv, state, c, path)
         return cache
 
-    def init_random(self, seed: int, std: float = 0.02) -> None:
-        super().init_random(seed, std)
+    def init_random(self, seed: int, std: float = 0.02, shard=None) -> None:
+        super().init_random(seed, std, shard)
         # (1 + w) norms: w = 0 is the identity scale (init_random_ set every norm weight to 1).
         with torch.no_grad():
             for name, p in self.named_parameters():

@@ -130,17 +130,25 @@ def hf_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield from mod.named_parameters(prefix=prefix, recurse=False)
 
 
-def init_random_(module: nn.Module, seed: int, std: float = 0.02) -> None:
+def init_random_(module: nn.Module, seed: int, std: float = 0.02, shard=None) -> None:
     """Random weights for benchmarks and tests: norm weights 1, everything else (biases too, so
-    tests exercise them) N(0, std^2), drawn on the parameters' device (fast for 8B shapes)."""
+    tests exercise them) N(0, std^2), drawn on the parameters' device (fast for 8B shapes).
+    `shard` (a parallel.Shard): `module` holds one rank's part of each split tensor; the whole
+    tensor is drawn (one at a time) and the part kept, so a rank's weights are exactly its part
+    of the unsplit model's."""
     device = next(module.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in hf_parameters(module):
+            dim = shard.take(name) if shard is not None else None
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
-            else:
+            elif dim is None:
                 p.normal_(0.0, std, generator=gen)
+            else:
+                shape = list(p.shape)
+                shape[dim] *= shard.world
+                p.copy_(shard.part(p.new_empty(shape).normal_(0.0, std, generator=gen), dim))
 
 
 class RMSNorm(nn.Module):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -96,14 +97,17 @@ class TargetModel(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def init_random(self, seed: int, std: float = 0.02) -> None:
-        init_random_(self, seed, std)
+    def init_random(self, seed: int, std: float = 0.02, shard=None) -> None:
+        """`shard`: see init_random_."""
+        init_random_(self, seed, std, shard)
 
     def checkpoint_key(self, key: str) -> str | None:
         """Our name for a checkpoint tensor's key; None skips it (see HybridTargetModel)."""
         return key
 
-    def load_safetensors(self, directory: Path) -> None:
+    def load_safetensors(self, directory: Path, shard=None) -> None:
+        """`shard` (a parallel.Shard): this model holds one rank's part of each split tensor; only
+        that part of the file is read (safetensors slices: the rest never leaves the disk)."""
         from safetensors import safe_open
 
         directory = Path(directory)
@@ -137,7 +141,9 @@ class TargetModel(nn.Module):
                             if "rotary_emb" in key:
                                 continue
                             raise ValueError(f"unexpected weight {key} in {f.name}")
-                        self._copy_weight(params, key, st.get_tensor(stored), f.name)
+                        dim = shard.take(key) if shard is not None else None
+                        t = st.get_tensor(stored) if dim is None else _read_part(st.get_slice(stored), dim, shard)
+                        self._copy_weight(params, key, t, f.name)
                         seen.add(key)
         if packed:
             raise ValueError(f"MXFP4 weight {sorted(packed)[0]} in {directory} has no matching blocks/scales half")
@@ -196,11 +202,25 @@ class TargetModel(nn.Module):
         return linear(hidden, self.lm_head_weight()).float()
 
 
-def build_target(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> TargetModel:
+def _read_part(stored, dim: int, shard) -> torch.Tensor:
+    """Rank `shard.rank`'s part along `dim` of a safetensors slice (read from the file alone)."""
+    shape = stored.get_shape()
+    if shape[dim] % shard.world:
+        raise ValueError(f"a weight of shape {tuple(shape)} does not split over {shard.world} ranks")
+    n = shape[dim] // shard.world
+    return stored[(slice(None),) * dim + (slice(shard.rank * n, (shard.rank + 1) * n),)]
+
+
+def build_target(
+    cfg: ModelConfig, device: torch.device, dtype: torch.dtype, split: Callable[[TargetModel], None] | None = None
+) -> TargetModel:
     """Allocate the model directly on the device in its dtype, without a CPU copy, an fp32 copy
-    (Qwen3-30B-A3B is 61 GB in bf16, 122 GB in fp32) or an init pass."""
+    (Qwen3-30B-A3B is 61 GB in bf16, 122 GB in fp32) or an init pass. `split`: reshapes the
+    unallocated model to one rank's part (parallel.shard_target) before anything is allocated."""
     with torch.device("meta"):
         model = TargetModel(cfg).to(dtype)
+    if split is not None:
+        split(model)
     model = model.to_empty(device=device)
     model.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings).to(device)
     return model.eval().requires_grad_(False)

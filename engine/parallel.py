@@ -7,7 +7,7 @@ MLP's intermediate columns (rows of `gate_up_proj`, columns of `down_proj`; for 
 same 1/N of every expert's columns, the router whole). The two row-parallel products per layer
 (o_proj, down_proj / the MoE experts) leave each rank a partial sum of the layer's output; the
 ranks exchange them with an all-gather and every rank adds the N partials in rank order in fp32
-(`reduce_in_rank_order`). That sum is the same bits on every rank (so every rank computes the
+(`gather_partials`; the add is fused into the next residual add + norm). That sum is the same bits on every rank (so every rank computes the
 same hidden states, draft and accepted tokens without further messages) and the same bits for a
 row whether it runs alone (an AR step) or among many (a verify tree): speculative decoding stays
 token-identical to AR under TP in bf16 as well. An all-reduce gives neither guarantee (NCCL
@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..kernels import Partials
 from .layers import Linear, SparseMoeBlock, linear
 from .model import TargetModel
 
@@ -45,22 +46,16 @@ class Ranks:
     control: object | None = None
 
 
-def reduce_in_rank_order(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """parts [N, ...] (rank r's partial sum at [r]) -> their sum, added in rank order in fp32 and
-    rounded once to `dtype`. Elementwise, so a row's sum does not depend on the other rows."""
-    acc = parts[0].float()
-    for r in range(1, parts.shape[0]):
-        acc = acc + parts[r].float()
-    return acc.to(dtype)
-
-
-def all_gather_sum(partial: torch.Tensor, world: int) -> torch.Tensor:
-    """Every rank's `partial` summed in rank order (`reduce_in_rank_order`), on every rank. One
-    all-gather into one buffer: capturable in a CUDA graph with NCCL."""
+def gather_partials(partial: torch.Tensor, world: int) -> Partials:
+    """Every rank's `partial` [T, H], as one `Partials` [N, T, H] (rank r's at [r]): its value is
+    their sum added in rank order onto a zero fp32 total, rounded once to partial's dtype, the
+    same on every rank. Elementwise, so a row's sum does not depend on the other rows. The
+    consumer (add_rms_norm) adds the parts as it loads them: one all-gather and no extra launch.
+    One all-gather into one buffer: capturable in a CUDA graph with NCCL."""
     partial = partial.contiguous()
     parts = partial.new_empty((world * partial.shape[0], *partial.shape[1:]))
     _all_gather_single(parts, partial)
-    return reduce_in_rank_order(parts.view(world, *partial.shape), partial.dtype)
+    return Partials(parts.view(world, *partial.shape), None, partial.dtype)
 
 
 # all_gather_into_tensor was renamed all_gather_single (torch 2.13); older torch has only the former.
@@ -68,29 +63,35 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 class RowParallelLinear(Linear):
-    """A Linear holding 1/N of the input columns: the local product, then `all_gather_sum`."""
+    """A Linear holding 1/N of the input columns: the local product, then `gather_partials`."""
 
     world: int
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_gather_sum(linear(x, self.weight, self.bias), self.world)
+        return self.forward_partials(x).sum()
 
-    def forward_partials(self, x: torch.Tensor) -> torch.Tensor:
-        return self(x)
+    def forward_partials(self, x: torch.Tensor) -> Partials:
+        return gather_partials(linear(x, self.weight, self.bias), self.world)
 
 
-class RowParallelMoe(nn.Module):
-    """A SparseMoeBlock whose experts hold 1/N of their columns: the local block, then `all_gather_sum`."""
+class RowParallelMoe(SparseMoeBlock):
+    """A SparseMoeBlock whose experts hold 1/N of their columns: the local block, then
+    `gather_partials`. A shard's block becomes one by a class change (`as_row_parallel`), which
+    keeps its parameters' names (the checkpoint's)."""
 
-    def __init__(self, block: SparseMoeBlock, world: int):
-        super().__init__()
-        self.block, self.world = block, world
+    world: int
+
+    @classmethod
+    def as_row_parallel(cls, block: SparseMoeBlock, world: int) -> RowParallelMoe:
+        block.__class__ = cls
+        block.world = world
+        return block
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_gather_sum(self.block(x), self.world)
+        return self.forward_partials(x).sum()
 
-    def forward_partials(self, x: torch.Tensor) -> torch.Tensor:
-        return self(x)
+    def forward_partials(self, x: torch.Tensor) -> Partials:
+        return gather_partials(super().forward(x), self.world)
 
 
 def _share(n: int, world: int, what: str) -> int:
@@ -112,13 +113,49 @@ def _row_parallel(weight: torch.Tensor, world: int) -> RowParallelLinear:
 
 
 def check_splits(cfg, world: int) -> None:
-    """Raise ValueError naming the first dimension that does not split over `world` ranks."""
+    """Raise ValueError naming the first dimension that does not split over `world` ranks, or
+    the first part of the architecture that has no split yet."""
+    if cfg.hybrid is not None:
+        raise ValueError("its linear-attention layers have no tensor-parallel split yet")
+    if cfg.attention_sinks or cfg.o_proj_bias or cfg.moe_kind != "qwen3":
+        raise ValueError("its attention sinks, o_proj bias or MoE kind have no tensor-parallel split yet")
     _share(cfg.num_kv_heads, world, "the KV heads")
     _share(cfg.num_heads, world, "the attention heads")
     if any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers)):
         _share(cfg.intermediate_size, world, "the MLP width")
     if cfg.moe_layers:
         _share(cfg.moe_intermediate_size, world, "the experts' width")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Rank `rank` of `world`: which part of each checkpoint tensor it holds (module docstring).
+    Every split is `world` equal consecutive parts along one dimension, so `take` names the
+    dimension; the rank holds part `rank`."""
+
+    rank: int
+    world: int
+
+    # checkpoint name suffix -> the dimension split (0: output rows, 1: input columns)
+    SPLIT_DIMS = (
+        (".self_attn.q_proj.weight", 0), (".self_attn.q_proj.bias", 0),
+        (".self_attn.k_proj.weight", 0), (".self_attn.k_proj.bias", 0),
+        (".self_attn.v_proj.weight", 0), (".self_attn.v_proj.bias", 0),
+        (".self_attn.o_proj.weight", 1),
+        (".gate_proj.weight", 0), (".up_proj.weight", 0), (".down_proj.weight", 1),  # MLP and every expert
+    )
+
+    def take(self, name: str) -> int | None:
+        """The dimension along which this rank holds 1/world of checkpoint tensor `name`, or
+        None: the rank holds all of it (embedding, norms, router, lm_head)."""
+        if ".layers." not in name:
+            return None
+        return next((dim for suffix, dim in self.SPLIT_DIMS if name.endswith(suffix)), None)
+
+    def part(self, full: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's part of `full` along `dim` (a view)."""
+        n = _share(full.shape[dim], self.world, f"a dimension of {tuple(full.shape)}")
+        return full.narrow(dim, self.rank * n, n)
 
 
 def shard_target(model: TargetModel, rank: int, world: int) -> None:
@@ -152,7 +189,7 @@ def shard_target(model: TargetModel, rank: int, world: int) -> None:
                 experts.gate_up_proj = _param(torch.cat([gate[:, cols], up[:, cols]], dim=1))
                 experts.down_proj = _param(experts.down_proj[:, :, cols])
                 experts.intermediate = n
-                layer.mlp = RowParallelMoe(layer.mlp, world)
+                RowParallelMoe.as_row_parallel(layer.mlp, world)
             else:
                 mlp = layer.mlp
                 n = cfg.intermediate_size // world

@@ -1,7 +1,7 @@
 """Tensor-parallel launch: rank 0 is the caller's process, ranks 1..N-1 are worker processes.
 
-Every rank loads the same model the same way (`load_engine`; random weights draw the same
-numbers), keeps its share (`parallel.shard_target`) and holds a full SpecEngine. Rank 0 drives:
+Every rank loads only its share of the same model (`load_engine(..., shard=Shard(rank, N))`:
+shard-on-load; random weights draw the same numbers) and holds a full SpecEngine. Rank 0 drives:
 `TPEngine` stands in for its SpecEngine and sends each call that runs the model (generate,
 reset, set_max_context, allocate) to the workers before running it itself; a worker runs the
 same call on its own engine (`_follow`). Inside an answer the ranks meet at every row-parallel
@@ -12,12 +12,13 @@ every rank from identical hidden states.
 
 A worker that dies is reported in one sentence and ends rank 0's process (exit code
 WORKER_DIED_EXIT_CODE): the collectives of the others could wait for it forever. A worker whose
-rank 0 is gone ends itself.
+rank 0 is gone ends itself. `close()` ends them all in order (docs/DESIGN.md §3b, "Closing").
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -34,7 +35,11 @@ import torch.distributed as dist
 
 from .errors import WORKER_DIED_EXIT_CODE, ConfigError, EngineError
 from .events import FinishEvent
-from .parallel import RANK_ENV, Ranks, check_splits, init_ranks, rank_device, shard_target
+from .parallel import RANK_ENV, Ranks, Shard, check_splits, init_ranks, rank_device
+
+LOAD_FAILED_EXIT_CODE = 4  # a worker whose load raised an EngineError (rank 0 reports its own)
+CLOSE_WAIT_S = 30.0  # how long close() waits for the workers to exit before it stops them
+STACKS_ENV = "JETSPEC_TP_STACKS"  # set: every rank prints its stacks on SIGUSR1 (hang diagnosis)
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,8 @@ def _load_rank(load: LoadArgs, ranks: Ranks, progress=None):
 
     device = rank_device(resolve_device(load.device), ranks.rank)
     engine = load_engine(load.model, load.draft_head, device=str(device), dtype=load.dtype,
-                         max_context=load.max_context, progress=progress, depth=load.depth)
-    shard_target(engine.target, ranks.rank, ranks.world)
+                         max_context=load.max_context, progress=progress, depth=load.depth,
+                         shard=Shard(ranks.rank, ranks.world))
     engine.round_sync = RoundSync(ranks)
     return engine
 
@@ -101,13 +106,49 @@ class RoundSync:
 def _worker_main(rank: int, world: int, port: int, load: LoadArgs, threads: int, parent: int) -> None:
     os.environ.update(RANK_ENV)
     torch.set_num_threads(threads)
+    dump_stacks_when_stuck(rank)
     from .models.loader import resolve_device
 
     # Rank 0 gone (killed, crashed): end too, even from inside a collective that would wait forever.
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="tp-parent-watch").start()
     ranks = init_ranks(rank, world, port, rank_device(resolve_device(load.device), rank))
-    engine = _load_rank(load, ranks)
+    try:
+        engine = _load_rank(load, ranks)
+    except EngineError:  # rank 0 loads the same model the same way and reports the same error
+        os._exit(LOAD_FAILED_EXIT_CODE)
     _follow(engine, ranks)
+    device = engine.torch_device
+    engine.release()
+    del engine
+    leave_group(device)
+    # No interpreter teardown: CUDA and NCCL destructors at exit have hung a finished worker.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def dump_stacks_when_stuck(rank: int) -> None:
+    """With JETSPEC_TP_STACKS set (any value), SIGUSR1 makes this rank print every thread's Python
+    stack to stderr (faulthandler: works while the process waits inside a collective). Every rank
+    does it, so `timeout -s USR1` on a tensor-parallel run (it signals the whole process group)
+    shows where each rank was waiting."""
+    if not os.environ.get(STACKS_ENV):
+        return
+    import faulthandler
+    import signal
+
+    print(f"[tensor-parallel rank {rank}: pid {os.getpid()}; SIGUSR1 prints its stacks]", file=sys.stderr, flush=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+
+def leave_group(device: torch.device) -> None:
+    """Leave the process group, once the engine's CUDA graphs are gone (`SpecEngine.release`:
+    NCCL's destroy waits for every graph that captured its collectives) and the GPU work has
+    finished. Every rank calls it at the same time (after "close")."""
+    gc.collect()  # the graphs of released runners still in a reference cycle
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.destroy_process_group()
 
 
 def _watch_parent(parent: int) -> None:
@@ -121,7 +162,7 @@ def _follow(engine, ranks: Ranks) -> None:
     while True:
         name, args = _broadcast(ranks)
         if name == "close":
-            break
+            return
         try:
             if name == "run_on_ranks":
                 fn, args = args[0], args[1:]
@@ -133,15 +174,14 @@ def _follow(engine, ranks: Ranks) -> None:
                         pass
         except EngineError:
             pass  # rank 0 meets the same error (the same call on the same state) and reports it
-    dist.destroy_process_group()
 
 
 class TPEngine:
     """Rank 0's SpecEngine, driving the workers (module docstring). Reads of its attributes go
     to the local engine (its `target` is rank 0's shard)."""
 
-    def __init__(self, engine, ranks: Ranks, workers: list, on_dead: Callable[[str], None]):
-        self.engine, self.ranks, self.workers, self.on_dead = engine, ranks, workers, on_dead
+    def __init__(self, engine, ranks: Ranks, workers: list, on_dead: Callable[[str], None], watch: Watch):
+        self.engine, self.ranks, self.workers, self.on_dead, self.watch = engine, ranks, workers, on_dead, watch
         self.tp = ranks.world
         self._closing = False
 
@@ -211,34 +251,62 @@ class TPEngine:
         return load_target(self.engine.source, self.engine.torch_device, self.engine.torch_dtype)
 
     def close(self) -> None:
+        """Tell the workers to stop, leave the group with them, wait for them to exit (up to
+        CLOSE_WAIT_S) and end any that did not (one sentence on stderr, no traceback)."""
         if self._closing:
             return
         self._closing = True
-        self._command("close")
-        for p in self.workers:
-            p.wait(timeout=30)
-        dist.destroy_process_group()
+        self.watch.stopped.set()  # the workers now exit on purpose
+        try:
+            self._command("close")
+        except RuntimeError:
+            pass  # a worker already gone: _worker_check has reported it
+        self.engine.release()
+        # Leaving may wait for a stuck rank: give it the same deadline, from a daemon thread.
+        leaving = threading.Thread(target=leave_group, args=(self.engine.torch_device,), daemon=True, name="tp-leave")
+        leaving.start()
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        leaving.join(CLOSE_WAIT_S)
+        for rank, p in enumerate(self.workers, start=1):
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                print(f"note: the tensor-parallel worker of rank {rank} (pid {p.pid}) did not exit within "
+                      f"{CLOSE_WAIT_S:g} s of closing and was stopped.", file=sys.stderr, flush=True)
+        if leaving.is_alive():  # this process cannot finish normally with a thread stuck in NCCL
+            print(f"error: this process could not leave the tensor-parallel group within {CLOSE_WAIT_S:g} s; "
+                  f"it exits now.", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(WORKER_DIED_EXIT_CODE)
 
 
-def dead_worker_message(workers: list) -> str | None:
-    """One sentence for the first worker (a Popen) that has exited, or None."""
+def dead_worker_message(workers: list, ignore: tuple[int, ...] = ()) -> str | None:
+    """One sentence for the first worker (a Popen) that has exited with a code not in `ignore`, or None."""
     for rank, p in enumerate(workers, start=1):
-        if p.poll() is not None:
+        if p.poll() is not None and p.returncode not in ignore:
             return (f"the tensor-parallel worker of rank {rank} (pid {p.pid}) died with exit code {p.returncode}; "
                     f"the engine stopped")
     return None
 
 
-def _watch(workers: list, engine_box: list, on_dead: Callable[[str], None]) -> None:
+@dataclass
+class Watch:
+    """The watchdog's state: `loaded` once rank 0 holds its engine (until then a worker that
+    failed its load is left to rank 0's own error), `stopped` once the workers are ended on purpose."""
+
+    loaded: threading.Event = dataclasses.field(default_factory=threading.Event)
+    stopped: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+def _watch(workers: list, watch: Watch, on_dead: Callable[[str], None]) -> None:
     """Rank 0's watchdog: a worker that exits while the engine is open is reported (NCCL's
     collectives would wait for it forever)."""
-    while True:
-        time.sleep(0.2)
-        tp = engine_box[0]
-        if tp is not None and tp._closing:
-            return
-        message = dead_worker_message(workers)
-        if message is not None:
+    while not watch.stopped.wait(0.2):
+        ignore = () if watch.loaded.is_set() else (LOAD_FAILED_EXIT_CODE,)
+        message = dead_worker_message(workers, ignore)
+        if message is not None and not watch.stopped.is_set():
             on_dead(message)
             return
 
@@ -267,6 +335,7 @@ def launch(tp: int, model: str | None, draft_head: str | None = None, device: st
     except ValueError as err:
         raise ConfigError(f"--tp {tp} does not fit this model: {err}") from None
     os.environ.update(RANK_ENV)
+    dump_stacks_when_stuck(0)
     threads = max(1, torch.get_num_threads() // tp) if device.type == "cpu" else 1
     port = _free_port()
     # Plain child processes (not multiprocessing's): the app's engine process is itself a
@@ -276,13 +345,24 @@ def launch(tp: int, model: str | None, draft_head: str | None = None, device: st
                           json.dumps(dataclasses.asdict(load))])
         for r in range(1, tp)
     ]
-    box: list = [None]
-    threading.Thread(target=_watch, args=(workers, box, on_dead), daemon=True, name="tp-watchdog").start()
+    watch = Watch()
+    threading.Thread(target=_watch, args=(workers, watch, on_dead), daemon=True, name="tp-watchdog").start()
     if device.type == "cpu":
         torch.set_num_threads(threads)
-    ranks = init_ranks(0, tp, port, rank_device(device, 0))
-    engine = TPEngine(_load_rank(load, ranks, progress), ranks, workers, on_dead)
-    box[0] = engine
+    try:
+        ranks = init_ranks(0, tp, port, rank_device(device, 0))
+        engine = TPEngine(_load_rank(load, ranks, progress), ranks, workers, on_dead, watch)
+    except BaseException:  # a load error (rank 0 reports it): end the workers and the group, so a retry can start
+        watch.stopped.set()
+        for p in workers:
+            p.kill()
+            p.wait()
+        if dist.is_initialized():
+            leaving = threading.Thread(target=dist.destroy_process_group, daemon=True, name="tp-leave")
+            leaving.start()
+            leaving.join(CLOSE_WAIT_S)
+        raise
+    watch.loaded.set()
     return engine
 
 

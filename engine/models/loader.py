@@ -68,7 +68,9 @@ def refetch_hint(source: ModelSource) -> str:
     return "copy or export the model again"
 
 
-def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype) -> TargetModel:
+def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype, shard=None) -> TargetModel:
+    """`shard` (a parallel.Shard): build and fill only that rank's part of the decoder layers
+    (its memory alone is ever allocated; safetensors are read slice by slice)."""
     from safetensors import SafetensorError
 
     cfg = ModelConfig.from_hf(source.hf_config)
@@ -78,11 +80,16 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype) -
         raise ModelNotFoundError(f"{source.name} (gpt-oss) runs on the CPU only so far: its MoE has no GPU kernel "
                                  f"yet; use --device cpu.")
     try:
-        model = (build_hybrid_target if cfg.hybrid is not None else build_target)(cfg, device, dtype)
-        if source.path is None:
-            model.init_random(source.seed)
+        if shard is None:
+            model = (build_hybrid_target if cfg.hybrid is not None else build_target)(cfg, device, dtype)
         else:
-            model.load_safetensors(source.path)
+            from ..parallel import shard_target
+
+            model = build_target(cfg, device, dtype, split=lambda m: shard_target(m, shard.rank, shard.world))
+        if source.path is None:
+            model.init_random(source.seed, shard=shard)
+        else:
+            model.load_safetensors(source.path, shard=shard)
     except torch.OutOfMemoryError:
         raise DeviceMemoryError(
             f"out of device memory loading {source.name}; use a smaller model or --dtype bfloat16"
@@ -169,9 +176,12 @@ def load_engine(
     max_context: int | None = None,
     progress: ProgressFn | None = None,
     depth: int | None = None,
+    shard=None,
 ) -> SpecEngine:
     """`depth`: the tree depth the caller will ask for, checked against the draft head before the
-    target's weights load (the head is small and loads first), so a wrong depth costs no load."""
+    target's weights load (the head is small and loads first), so a wrong depth costs no load.
+    `shard` (a parallel.Shard): load only that tensor-parallel rank's part of the target (the
+    draft head is whole on every rank)."""
     report = progress or (lambda what, frac: None)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -184,7 +194,7 @@ def load_engine(
     check_head_depth(depth, head.cfg.max_depth if head is not None else None)
     size = "" if source.path is None else f" ({sum(f.stat().st_size for f in source.path.glob('*.safetensors')) / 1e9:.1f} GB)"
     report(f"Loading {source.name}{size} on {dev} ({str(dt).removeprefix('torch.')})", None)
-    target = load_target(source, dev, dt)
+    target = load_target(source, dev, dt, shard)
     report(f"Reading the {source.name} tokenizer", None)
     tokenizer = load_tokenizer(source)
     if max_context is None:

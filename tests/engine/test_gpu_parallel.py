@@ -14,8 +14,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.devi
 def _generate(model: str, *extra: str) -> dict:
     cmd = [sys.executable, "-m", "jetspec_chat", "generate", model, "--tp", "2", "--device", "cuda", "--json",
            "--raw", "--prompt", "Write a function that reverses a list, then explain it.", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "did not exit" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]  # a clean close
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from jetspec_chat.engine.errors import WORKER_DIED_EXIT_CODE
-from jetspec_chat.engine.parallel import reduce_in_rank_order
+from jetspec_chat.kernels import Partials
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -22,9 +22,9 @@ def test_rank_order_sum_is_row_count_invariant():
     # the same as adding the ranks one by one in fp32.
     gen = torch.Generator().manual_seed(0)
     parts = torch.randn(3, 37, 64, generator=gen).to(torch.bfloat16)
-    full = reduce_in_rank_order(parts, torch.bfloat16)
+    full = Partials(parts, None, torch.bfloat16).sum()
     for i in range(37):
-        assert torch.equal(reduce_in_rank_order(parts[:, i : i + 1], torch.bfloat16)[0], full[i])
+        assert torch.equal(Partials(parts[:, i : i + 1].contiguous(), None, torch.bfloat16).sum()[0], full[i])
     expected = ((parts[0].float() + parts[1].float()) + parts[2].float()).to(torch.bfloat16)
     assert torch.equal(full, expected)
 
@@ -51,6 +51,45 @@ def _load(name: str):
 
 MODELS = ("random:tiny-qwen3", "random:tiny-qwen3-moe")
 TOKENS = torch.tensor([3, 141, 59, 26, 5, 358, 97, 9])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_rank_loads_only_its_part(name, tmp_path):
+    # Shard-on-load (random weights drawn whole and cut; safetensors read by slices) gives the
+    # rank exactly the parameters that cutting the whole model gives, and no more.
+    from safetensors.torch import save_file
+
+    from jetspec_chat.engine.layers import hf_parameters
+    from jetspec_chat.engine.models.loader import load_target
+    from jetspec_chat.engine.models.model_specs import resolve_model
+    from jetspec_chat.engine.parallel import Shard, shard_target
+
+    source = resolve_model(name)
+    whole = _load(name)
+    save_file({k: v.contiguous() for k, v in hf_parameters(whole)}, str(tmp_path / "model.safetensors"))
+    for rank in range(2):
+        want = _load(name)
+        shard_target(want, rank, 2)
+        random_part = load_target(source, torch.device("cpu"), torch.float32, Shard(rank, 2))
+        read_part = build_shard_like(random_part)
+        read_part.load_safetensors(tmp_path, shard=Shard(rank, 2))
+        for got in (random_part, read_part):
+            params, expected = dict(got.named_parameters()), dict(want.named_parameters())
+            assert params.keys() == expected.keys()
+            for key, value in expected.items():
+                assert torch.equal(params[key], value), key
+        assert sum(p.numel() for p in random_part.parameters()) < sum(p.numel() for p in whole.parameters())
+
+
+def build_shard_like(model):
+    """An empty copy of a rank's model (same shapes), to load a checkpoint into."""
+    import copy
+
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.fill_(float("nan"))
+    return other
 
 
 def _tp_rank(rank: int, port: int, out: str) -> None:
@@ -91,6 +130,7 @@ def _generate(model: str, *extra: str) -> dict:
            "--prompt", "hi", "--raw", "--max-new-tokens", "8", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "did not exit" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]  # a clean close
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -119,6 +159,27 @@ def test_dead_worker_is_one_sentence():
     lines = [line for line in proc.stderr.splitlines() if "worker of rank 1" in line]
     assert lines and lines[-1].startswith("error: the tensor-parallel worker of rank 1") and lines[-1].endswith("stopped."), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_failed_load_ends_its_workers_and_a_retry_works():
+    # The load fails on every rank (a depth the head cannot draft): rank 0 raises its own error,
+    # no worker is reported dead, none is left running, and the next launch starts afresh.
+    script = textwrap.dedent("""
+        from jetspec_chat.engine import ConfigError, GenerationParams, load_engine
+        try:
+            load_engine("random:tiny-qwen3", device="cpu", tp=2, depth=99)
+        except ConfigError as err:
+            print("load failed:", err)
+        engine = load_engine("random:tiny-qwen3", device="cpu", tp=2)
+        for _ in engine.generate([1, 2, 3], GenerationParams(max_new_tokens=4)):
+            pass
+        engine.close()
+        print("retried")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "load failed:" in proc.stdout and "retried" in proc.stdout, proc.stdout
+    assert "worker of rank" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_bench_engine_only_tp2(tmp_path):

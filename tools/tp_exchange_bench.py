@@ -1,0 +1,87 @@
+"""What one rank-sum exchange of a tensor-parallel layer costs on this machine's GPUs.
+
+Run with one process per GPU:
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+        python -m torch.distributed.run --nproc-per-node 2 tools/tp_exchange_bench.py
+
+A forward of the Qwen3-8B shape makes 72 exchanges (2 a layer) of [rows, 4096] bf16. This
+captures 72 back-to-back exchanges in one CUDA graph (as the engine's graphs hold them) and
+prints the microseconds per exchange for 1 and 128 rows: the NCCL all-gather the engine uses
+(`parallel.gather_partials`), and for comparison torch's symmetric-memory one-shot all-reduce
+where this torch has it (a latency reference only: its summation order is not the engine's).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+EXCHANGES = 72
+HIDDEN = 4096
+
+
+def graphed_us(fn, reps: int = 20) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    dist.barrier()
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    us = start.elapsed_time(end) * 1e3 / reps / EXCHANGES
+    del graph
+    return us
+
+
+def main() -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    results = {}
+    for rows in (1, 128):
+        x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
+        out = torch.empty(world * rows, HIDDEN, device=device, dtype=torch.bfloat16)
+
+        def all_gather():
+            for _ in range(EXCHANGES):
+                dist.all_gather_into_tensor(out, x)
+
+        results[f"nccl all-gather, {rows} rows"] = graphed_us(all_gather)
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        for rows in (1, 128):
+            buf = symm_mem.empty(rows, HIDDEN, device=device, dtype=torch.bfloat16)
+            symm_mem.rendezvous(buf, dist.group.WORLD.group_name)
+            buf.normal_()
+
+            def one_shot():
+                for _ in range(EXCHANGES):
+                    torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", dist.group.WORLD.group_name)
+
+            results[f"symm-mem one-shot all-reduce, {rows} rows"] = graphed_us(one_shot)
+    except Exception as err:  # a torch without it, or no P2P: say so, keep the NCCL numbers
+        results["symm-mem one-shot"] = f"unavailable ({type(err).__name__}: {str(err)[:160]})"
+    if rank == 0:
+        for what, us in results.items():
+            print(f"{what}: " + (f"{us:.2f} us per exchange" if isinstance(us, float) else us), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
