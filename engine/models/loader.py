@@ -10,6 +10,7 @@ import torch
 from ..draft_head import DraftHead, DraftHeadConfig, build_head, load_head_dir
 from ..engine import SpecEngine
 from ..errors import ConfigError, DeviceMemoryError, DraftHeadError, ModelNotFoundError
+from ..gemma4 import build_gemma4_target
 from ..hybrid_model import build_hybrid_target
 from ..model import TargetModel, build_target
 from ..model_config import ModelConfig
@@ -72,8 +73,18 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype) -
         # batch-invariant, so a GPU run could not promise speculative = AR.
         raise ModelNotFoundError(f"{source.name} (gpt-oss) runs on the CPU only so far: its MoE has no GPU kernel "
                                  f"yet; use --device cpu.")
+    if cfg.gemma4 is not None and device.type != "cpu":
+        # Its MoE runs the plain-torch reference too, and the tree attention kernel has not been
+        # checked at the global layers' head_dim (512).
+        raise ModelNotFoundError(f"{source.name} (Gemma 4) runs on the CPU only so far: its MoE and its 512-wide "
+                                 f"global attention heads have no GPU kernels yet; use --device cpu.")
     try:
-        model = (build_hybrid_target if cfg.hybrid is not None else build_target)(cfg, device, dtype)
+        build = build_target
+        if cfg.hybrid is not None:
+            build = build_hybrid_target
+        elif cfg.gemma4 is not None:
+            build = build_gemma4_target
+        model = build(cfg, device, dtype)
         if source.path is None:
             model.init_random(source.seed)
         else:
