@@ -113,6 +113,8 @@ def _row_parallel(weight: torch.Tensor, world: int) -> RowParallelLinear:
 
 def check_splits(cfg, world: int) -> None:
     """Raise ValueError naming the first dimension that does not split over `world` ranks."""
+    if cfg.gemma4 is not None and world > 1:
+        raise ValueError("Gemma 4 has no tensor-parallel split yet")
     _share(cfg.num_kv_heads, world, "the KV heads")
     _share(cfg.num_heads, world, "the attention heads")
     if any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers)):
