@@ -116,7 +116,7 @@ class Gemma4DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(h, eps)
         self.post_feedforward_layernorm = RMSNorm(h, eps)
         self.layer_scalar = nn.Parameter(torch.ones(1))
-        self.top_k = cfg.num_experts_per_tok
+        self.top_k, self.eps = cfg.num_experts_per_tok, eps
         self.moe = cfg.is_moe_layer(index)
         if self.moe:
             self.router = Gemma4Router(h, cfg.num_experts)
@@ -132,7 +132,7 @@ class Gemma4DecoderLayer(nn.Module):
             r = self.router
             experts = moe_block_gemma4_ref(self.pre_feedforward_layernorm_2(h), h, r.scale, r.proj.weight,
                                            r.per_expert_scale, self.experts.gate_up_proj, self.experts.down_proj,
-                                           self.top_k, self.post_feedforward_layernorm.eps)
+                                           self.top_k, self.eps)
             m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(experts)
         return self.post_feedforward_layernorm(m)
 
@@ -197,16 +197,14 @@ class Gemma4TargetModel(TargetModel):
         t = batch.input_ids.shape[0]
         h = self.model.embed_tokens(batch.input_ids)
         h = h * torch.tensor(self.cfg.hidden_size**0.5, dtype=h.dtype)
-        rope = {
-            False: self.rotary.cos_sin(batch.positions, h.dtype),
-            True: self.global_rotary.cos_sin(batch.positions, h.dtype),
-        }
+        sliding_rope = self.rotary.cos_sin(batch.positions, h.dtype)
+        global_rope = self.global_rotary.cos_sin(batch.positions, h.dtype)
         slots = kv.slots_of(batch.prefix_len + torch.arange(t, device=h.device))
         taps: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             k_pool, v_pool = kv.layer(i)
-            cos, sin = rope[attn.window == 0]
+            cos, sin = global_rope if attn.window == 0 else sliding_rope
             o = attn(layer.input_layernorm(h), cos, sin, k_pool, v_pool, slots, batch, kv.block_table)
             h = h + layer.post_attention_layernorm(o)
             h = (h + layer.feedforward(h)) * layer.layer_scalar
