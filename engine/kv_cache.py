@@ -110,7 +110,8 @@ class MixedKVCache(PagedKVCache):
         num_blocks = self.capacity // block_size
         shapes = sorted(set(layer_shapes))
         self.pools = [
-            torch.empty(layer_shapes.count(s), 2, num_blocks, block_size, *s, device=device, dtype=dtype) for s in shapes
+            torch.empty(layer_shapes.count(s), 2, num_blocks, block_size, *s, device=device, dtype=dtype)
+            for s in shapes
         ]
         # Layer i -> (its pool, its index there).
         self._where = [(shapes.index(s), layer_shapes[:i].count(s)) for i, s in enumerate(layer_shapes)]

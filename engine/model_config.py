@@ -67,7 +67,7 @@ class Gemma4Config:
     global_rotary_factor: float  # "proportional" RoPE: the first factor * head_dim / 2 frequencies turn
     global_rope_factor: float  # its frequencies are divided by this
     final_logit_softcap: float  # logits become tanh(logits / c) * c; 0: none
-    moe: bool  # every layer has a 128-expert MoE beside its dense MLP (enable_moe_block)
+    moe: bool  # every layer has a routed MoE beside its dense MLP (enable_moe_block; 128 experts, top 8)
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "Gemma4Config":
@@ -85,7 +85,9 @@ class Gemma4Config:
                 "are not supported yet"
             )
         if cfg.get("use_bidirectional_attention") == "all" or cfg.get("use_double_wide_mlp"):
-            raise ModelNotFoundError("this Gemma 4 variant (bidirectional attention or a double-wide MLP) is not supported")
+            raise ModelNotFoundError(
+                "this Gemma 4 variant (bidirectional attention or a double-wide MLP) is not supported yet"
+            )
         k_eq_v = bool(cfg.get("attention_k_eq_v", False))
         proportional = full.get("rope_type", "default") == "proportional"
         return cls(

@@ -81,7 +81,8 @@ def test_released_checkpoint_layout_loads(tmp_path):
     ids = random_prompt(5, 20)
     batch = ForwardBatch(torch.tensor(ids), torch.arange(20), torch.ones(20, 20, dtype=torch.bool).tril(), 0)
     with torch.inference_mode():
-        got = [m.logits(m(batch, m.make_cache(32, torch.device("cpu"), torch.float32))[0]) for m in (ours, engine.target)]
+        got = [m.logits(m(batch, m.make_cache(32, torch.device("cpu"), torch.float32))[0])
+               for m in (ours, engine.target)]
     assert torch.equal(got[0], got[1])
 
 
