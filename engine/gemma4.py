@@ -12,8 +12,9 @@ transformers' gemma4 modeling code:
   more: the dense MLP's output is normed, the experts' (fed by their own pre-norm, routed on the
   un-normed stream) too, and their sum goes through the post-feedforward norm;
 - a learned per-layer scalar multiplying the whole residual stream after each layer;
-- embeddings scaled by sqrt(hidden) (rounded to the model dtype, as transformers does), tied
-  to the output; final logits soft-capped: tanh(logits / c) * c.
+- embeddings scaled by sqrt(hidden) (rounded to the model dtype, as transformers does; the
+  draft head gets the scaled module too), tied to the output; final logits soft-capped:
+  tanh(logits / c) * c.
 Everything runs through kernels/ dispatchers or plain-torch references: on the CPU that is all
 of it; on CUDA the loader refuses Gemma 4 (its MoE has no GPU kernel yet).
 """
@@ -137,12 +138,26 @@ class Gemma4DecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(m)
 
 
+class ScaledEmbedding(nn.Embedding):
+    """transformers' Gemma4TextScaledWordEmbedding: the lookup times `scale` (sqrt(hidden)), the
+    scale rounded to the weight's dtype first. The draft head embeds through this module too, as
+    heads trained on transformers' model (its input embeddings) saw."""
+
+    def __init__(self, num: int, dim: int, scale: float):
+        # An explicit (uninitialized) weight skips Embedding's init (see engine/model.py Backbone).
+        super().__init__(num, dim, _weight=torch.empty(num, dim))
+        self.scale = scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # A Python float of the dtype-rounded scale: the product's bits are those of transformers'
+        # multiply by a 0-d tensor of that dtype, and nothing is allocated (CUDA-graph safe).
+        return super().forward(ids) * torch.tensor(self.scale, dtype=self.weight.dtype).item()
+
+
 class Gemma4Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        # An explicit (uninitialized) weight skips Embedding's init (see engine/model.py Backbone).
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
-                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.hidden_size**0.5)
         self.layers = nn.ModuleList(Gemma4DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -196,7 +211,6 @@ class Gemma4TargetModel(TargetModel):
         tapped layers' outputs concatenated (or None)."""
         t = batch.input_ids.shape[0]
         h = self.model.embed_tokens(batch.input_ids)
-        h = h * torch.tensor(self.cfg.hidden_size**0.5, dtype=h.dtype)
         sliding_rope = self.rotary.cos_sin(batch.positions, h.dtype)
         global_rope = self.global_rotary.cos_sin(batch.positions, h.dtype)
         slots = kv.slots_of(batch.prefix_len + torch.arange(t, device=h.device))

@@ -94,3 +94,12 @@ def test_logits_are_soft_capped():
     raw = hidden @ engine.target.lm_head_weight().T
     assert logits.abs().max() <= cap < raw.abs().max()
     torch.testing.assert_close(logits, torch.tanh(raw / cap) * cap)
+
+
+def test_embeddings_are_scaled_for_the_target_and_the_draft_head():
+    engine = tiny_engine("tiny-gemma4")
+    embed = engine.target.model.embed_tokens
+    ids = torch.tensor([3, 300])
+    assert torch.equal(embed(ids), embed.weight[ids] * 8.0)  # sqrt(hidden 64), exact in every dtype
+    engine.allocate()
+    assert engine.drafter.embed is embed
