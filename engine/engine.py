@@ -158,7 +158,9 @@ class SpecEngine:
         cfg = self.target.cfg
         try:
             # One padded tree of scratch rows past the context limit.
-            if cfg.hybrid is not None:  # full-attention KV plus the recurrent layers' state slots
+            # Qwen3.5: full-attention KV plus the recurrent layers' state slots; Gemma 4: KV rows of
+            # two shapes (MixedKVCache).
+            if cfg.hybrid is not None or cfg.gemma4 is not None:
                 self.kv = self.target.make_cache(self.max_context + SCRATCH_ROWS, self.torch_device, self.torch_dtype)
             else:
                 self.kv = PagedKVCache(

@@ -119,7 +119,7 @@ class VerifyRunner:
         self.target, self.kv, self.tap_layers, self.anchor = target, kv, tap_layers, anchor
         self.draft_kv, self.draft_append = draft_kv, draft_append
         self.max_path = max_depth + 1  # no tree is deeper than the draft head drafts
-        self.device = kv.pool.device
+        self.device = kv.device_length.device
         # A recurrent cache's state walk and commit run eagerly (no graph-capturable path yet).
         self.use_graphs = self.device.type == "cuda" and not getattr(kv, "recurrent", False)
         self._buckets: dict[int, _TreeBucket] = {}

@@ -90,3 +90,45 @@ class PagedKVCache(TrackedLength):
         """Copy K/V rows of logical positions src to dst in every layer (the accepted-path commit)."""
         flat = self.pool.view(self.pool.shape[0], 2, -1, *self.pool.shape[4:])
         flat[:, :, self.slots_of(dst)] = flat[:, :, self.slots_of(src)]  # gather first, then scatter
+
+
+class MixedKVCache(PagedKVCache):
+    """A paged cache whose layers differ in KV shape (Gemma 4: sliding-window layers 8 heads x
+    256, global layers 2 x 512): one pool per distinct (kv heads, head_dim), sharing the length,
+    the block table and so the slots. `layer(i)` is layer i's (K, V) pair as in PagedKVCache."""
+
+    def __init__(
+        self,
+        layer_shapes: list[tuple[int, int]],
+        capacity: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        block_size: int = BLOCK_SIZE,
+    ):
+        self.block_size = block_size
+        self.capacity = -(-capacity // block_size) * block_size
+        num_blocks = self.capacity // block_size
+        shapes = sorted(set(layer_shapes))
+        self.pools = [
+            torch.empty(layer_shapes.count(s), 2, num_blocks, block_size, *s, device=device, dtype=dtype)
+            for s in shapes
+        ]
+        # Layer i -> (its pool, its index there).
+        self._where = [(shapes.index(s), layer_shapes[:i].count(s)) for i, s in enumerate(layer_shapes)]
+        self.block_table = None
+        self.device_length = torch.zeros((), dtype=torch.long, device=device)
+        self._length = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.pools)
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pool, j = self._where[i]
+        return self.pools[pool][j, 0], self.pools[pool][j, 1]
+
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        src, dst = self.slots_of(src), self.slots_of(dst)
+        for pool in self.pools:
+            flat = pool.view(pool.shape[0], 2, -1, *pool.shape[4:])
+            flat[:, :, dst] = flat[:, :, src]

@@ -334,6 +334,8 @@ class Rotary(nn.Module):
         self.attention_factor = 1.0  # YaRN scales cos and sin by it
         if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "yarn":
             inv_freq, self.attention_factor = _yarn_inv_freq(head_dim, theta, scaling, max_positions)
+        elif scaling is not None and scaling.get("rope_type") == "proportional":
+            inv_freq = _proportional_inv_freq(head_dim, theta, scaling)
         else:
             inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
             if scaling is not None:
@@ -366,6 +368,16 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(medium, smoothed, scaled)
+
+
+def _proportional_inv_freq(head_dim: int, theta: float, s: dict) -> torch.Tensor:
+    """Gemma 4's "proportional" partial RoPE: the first partial_rotary_factor * head_dim / 2
+    frequencies are the usual ones of a head_dim-wide head, the rest 0 (cos 1, sin 0: those dims
+    pass unrotated); all divided by `factor`. transformers' fp32 arithmetic."""
+    angles = int(s.get("partial_rotary_factor", 1.0) * head_dim // 2)
+    turned = 1.0 / (theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64, device="cpu").float() / head_dim))
+    inv_freq = torch.cat([turned, torch.zeros(head_dim // 2 - angles, device="cpu")])
+    return inv_freq / s.get("factor", 1.0)
 
 
 def _yarn_inv_freq(head_dim: int, theta: float, s: dict, max_positions: int) -> tuple[torch.Tensor, float]:

@@ -5,9 +5,11 @@ from dataclasses import dataclass
 
 from .errors import ModelNotFoundError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5_text", "qwen3_5_moe_text")
-# Qwen3.5-family checkpoints: a multimodal config whose `text_config` is the text model.
-MULTIMODAL_TEXT_TYPES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+SUPPORTED_MODEL_TYPES = (
+    "llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5_text", "qwen3_5_moe_text", "gemma4_text",
+)
+# Qwen3.5-family and Gemma 4 checkpoints: a multimodal config whose `text_config` is the text model.
+MULTIMODAL_TEXT_TYPES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "gemma4": "gemma4_text"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,56 @@ class HybridConfig:
 
 
 @dataclass(frozen=True)
+class Gemma4Config:
+    """Gemma 4's text decoder beyond ModelConfig's common fields, which hold its sliding-window
+    layers' shapes (num_kv_heads, head_dim, rope_theta) and windows (`layer_windows`, 0 for a
+    global layer). transformers' Gemma4TextConfig defaults fill what a config leaves out."""
+
+    global_head_dim: int  # the global (full-attention) layers' head_dim (512 on the 26B-A4B)
+    global_kv_heads: int
+    k_eq_v: bool  # global layers have no v_proj: V is k_proj's output, v-normed and not rotated
+    global_rope_theta: float
+    global_rotary_factor: float  # "proportional" RoPE: the first factor * head_dim / 2 frequencies turn
+    global_rope_factor: float  # its frequencies are divided by this
+    final_logit_softcap: float  # logits become tanh(logits / c) * c; 0: none
+    moe: bool  # every layer has a routed MoE beside its dense MLP (enable_moe_block; 128 experts, top 8)
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "Gemma4Config":
+        rope = cfg.get("rope_parameters") or {}
+        sliding = rope.get("sliding_attention") or {"rope_type": "default"}
+        full = rope.get("full_attention") or {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                              "rope_theta": 1_000_000.0}
+        if sliding.get("rope_type", "default") != "default" or full.get("rope_type", "default") not in (
+            "default", "proportional"
+        ):
+            raise ModelNotFoundError(f"Gemma 4 rope parameters {rope!r} are not supported yet")
+        if int(cfg.get("hidden_size_per_layer_input", 256) or 0) or int(cfg.get("num_kv_shared_layers", 0) or 0):
+            raise ModelNotFoundError(
+                "Gemma 4 models with per-layer input embeddings or shared KV layers (the E2B / E4B sizes) "
+                "are not supported yet"
+            )
+        if cfg.get("use_bidirectional_attention") == "all" or cfg.get("use_double_wide_mlp"):
+            raise ModelNotFoundError(
+                "this Gemma 4 variant (bidirectional attention or a double-wide MLP) is not supported yet"
+            )
+        k_eq_v = bool(cfg.get("attention_k_eq_v", False))
+        proportional = full.get("rope_type", "default") == "proportional"
+        return cls(
+            global_head_dim=int(cfg.get("global_head_dim") or 512),
+            # transformers' rule: the global KV head count applies only with attention_k_eq_v.
+            global_kv_heads=int((cfg.get("num_global_key_value_heads") if k_eq_v else None)
+                                or cfg.get("num_key_value_heads") or 4),
+            k_eq_v=k_eq_v,
+            global_rope_theta=float(full.get("rope_theta", 1_000_000.0)),
+            global_rotary_factor=float(full.get("partial_rotary_factor", 1.0)) if proportional else 1.0,
+            global_rope_factor=float(full.get("factor", 1.0)) if proportional else 1.0,
+            final_logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+            moe=bool(cfg.get("enable_moe_block", False)),
+        )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     model_type: str
     vocab_size: int
@@ -90,6 +142,7 @@ class ModelConfig:
         0 for full attention."""
         return self.layer_windows[i] if self.layer_windows else 0
     hybrid: HybridConfig | None = None  # Qwen3.5 family (engine/hybrid_model.py); None otherwise
+    gemma4: Gemma4Config | None = None  # Gemma 4 (engine/gemma4.py); None otherwise
 
     def is_moe_layer(self, i: int) -> bool:
         return i in self.moe_layers
@@ -111,7 +164,7 @@ class ModelConfig:
         rope_theta = cfg.get("rope_theta")
         if rope_theta is None:  # transformers 5 moved rope settings into `rope_parameters`
             rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-        if rope_scaling is None and cfg.get("rope_parameters"):
+        if rope_scaling is None and cfg.get("rope_parameters") and model_type != "gemma4_text":
             params = cfg["rope_parameters"]
             if params.get("rope_type", "default") != "default":
                 rope_scaling = params
@@ -126,6 +179,8 @@ class ModelConfig:
         num_layers = cfg["num_hidden_layers"]
         if model_type == "gpt_oss":
             return cls._from_gpt_oss(cfg, rope_scaling, float(rope_theta))
+        if model_type == "gemma4_text":
+            return cls._from_gemma4(cfg)
         moe = model_type in ("qwen3_moe", "qwen3_5_moe_text")
         # Missing fields take transformers' Qwen3MoeConfig defaults; transformers 5 writes
         # num_experts as num_local_experts.
@@ -200,4 +255,45 @@ class ModelConfig:
             moe_kind="gpt_oss",
             swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
             swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
+        )
+
+    @classmethod
+    def _from_gemma4(cls, cfg: dict) -> "ModelConfig":
+        """transformers' Gemma4TextConfig (missing fields take its defaults): sliding-window layers
+        and every sixth a global one unless `layer_types` says otherwise (the last always global);
+        the MoE, where enabled, in every layer beside the dense MLP."""
+        num_layers = cfg["num_hidden_layers"]
+        types = list(cfg.get("layer_types") or [
+            "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(num_layers)
+        ])[:num_layers]
+        types[-1] = "full_attention"
+        window = int(cfg.get("sliding_window") or 512)
+        gemma = Gemma4Config.from_hf(cfg)
+        sliding = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
+        num_heads = cfg.get("num_attention_heads", 8)
+        num_experts = int(cfg.get("num_experts") or 0) if gemma.moe else 0
+        return cls(
+            model_type="gemma4_text",
+            vocab_size=cfg.get("vocab_size", 262_144),
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=int(cfg.get("intermediate_size", 9216)),
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or 4,
+            head_dim=cfg.get("head_dim") or 256,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(sliding.get("rope_theta", 10_000.0)),
+            rope_scaling=None,
+            max_position_embeddings=cfg.get("max_position_embeddings", 131_072),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            qk_norm=True,
+            num_experts=num_experts,
+            num_experts_per_tok=int(cfg.get("top_k_experts") or 0) if num_experts else 0,
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0) if num_experts else 0,
+            norm_topk_prob=bool(num_experts),
+            moe_layers=tuple(range(num_layers)) if num_experts else (),
+            layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
+            moe_kind="gemma4",
+            gemma4=gemma,
         )

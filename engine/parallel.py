@@ -115,6 +115,8 @@ def _row_parallel(weight: torch.Tensor, world: int) -> RowParallelLinear:
 def check_splits(cfg, world: int) -> None:
     """Raise ValueError naming the first dimension that does not split over `world` ranks, or
     the first part of the architecture that has no split yet."""
+    if cfg.gemma4 is not None:
+        raise ValueError("Gemma 4 has no tensor-parallel split yet")
     if cfg.hybrid is not None:
         raise ValueError("its linear-attention layers have no tensor-parallel split yet")
     if cfg.attention_sinks or cfg.o_proj_bias or cfg.moe_kind != "qwen3":

@@ -332,3 +332,55 @@ def moe_block_gpt_oss_ref(
         h = h @ down[e] + down_bias[e]
         out.index_add_(0, token, (h * weights[token, slot, None]).to(out.dtype))
     return out
+
+
+# Gemma 4's MLPs (transformers 5's Gemma4TextMLP / Gemma4TextRouter / Gemma4TextExperts), step by step.
+
+
+def gelu_tanh_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Gemma's activation: gelu (tanh approximation) of gate, times up."""
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
+def rms_normalize_ref(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a weight (Gemma 4's v_norm and router norm): normalized in fp32, x's dtype."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def moe_route_gemma4_ref(
+    x: torch.Tensor, scale: torch.Tensor, proj: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gemma 4's router on the residual stream x [T, H]: x normalized (no weight), times `scale`
+    and H^-0.5, projected to E logits; softmax in fp32 over all E, the top_k kept and renormalised,
+    each times its expert's `per_expert_scale`. Returns (weights [T, top_k], expert ids [T, top_k])."""
+    h = rms_normalize_ref(x, eps) * scale * x.shape[-1] ** -0.5
+    probs = torch.softmax(torch.nn.functional.linear(h, proj), dim=-1, dtype=torch.float32)
+    top, ids = torch.topk(probs, top_k, dim=-1)
+    top = top / top.sum(dim=-1, keepdim=True)
+    return top * per_expert_scale[ids], ids
+
+
+def moe_block_gemma4_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    scale: torch.Tensor,
+    proj: torch.Tensor,
+    per_expert_scale: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    eps: float,
+) -> torch.Tensor:
+    """Gemma 4's sparse experts on tokens x [T, H] (the pre-normed input), routed on `residual`
+    [T, H] (the stream before the norm): gate_up [E, 2I, H] (gate rows, then up rows), down
+    [E, H, I], gelu-tanh. Experts in ascending id, each group's weighted output index_add_-ed."""
+    weights, ids = moe_route_gemma4_ref(residual, scale, proj, per_expert_scale, top_k, eps)
+    out = torch.zeros_like(x)
+    inter = down.shape[-1]
+    for e in ids.unique().tolist():
+        token, slot = torch.where(ids == e)
+        gu = torch.nn.functional.linear(x[token], gate_up[e])
+        h = torch.nn.functional.linear(gelu_tanh_mul_ref(gu[:, :inter], gu[:, inter:]), down[e])
+        out.index_add_(0, token, (h * weights[token, slot, None]).to(out.dtype))
+    return out

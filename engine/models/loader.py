@@ -10,6 +10,7 @@ import torch
 from ..draft_head import DraftHead, DraftHeadConfig, build_head, load_head_dir
 from ..engine import SpecEngine
 from ..errors import ConfigError, DeviceMemoryError, DraftHeadError, ModelNotFoundError
+from ..gemma4 import build_gemma4_target
 from ..hybrid_model import build_hybrid_target
 from ..model import TargetModel, build_target
 from ..model_config import ModelConfig
@@ -79,17 +80,28 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype, s
         # batch-invariant, so a GPU run could not promise speculative = AR.
         raise ModelNotFoundError(f"{source.name} (gpt-oss) runs on the CPU only so far: its MoE has no GPU kernel "
                                  f"yet; use --device cpu.")
+    if cfg.gemma4 is not None and device.type != "cpu":
+        # Its MoE runs the plain-torch reference too (and the tree attention kernel, right at
+        # head_dim 512 under the Triton interpreter, has not been timed on a GPU there).
+        raise ModelNotFoundError(f"{source.name} (Gemma 4) runs on the CPU only so far: its MoE has no GPU kernel "
+                                 f"yet; use --device cpu.")
     try:
         if shard is None:
-            model = (build_hybrid_target if cfg.hybrid is not None else build_target)(cfg, device, dtype)
+            build = build_target
+            if cfg.hybrid is not None:
+                build = build_hybrid_target
+            elif cfg.gemma4 is not None:
+                build = build_gemma4_target
+            model = build(cfg, device, dtype)
         else:
             from ..parallel import shard_target
 
             model = build_target(cfg, device, dtype, split=lambda m: shard_target(m, shard.rank, shard.world))
+        part = {} if shard is None else {"shard": shard}  # only decoder-only Qwen/Llama targets shard
         if source.path is None:
-            model.init_random(source.seed, shard=shard)
+            model.init_random(source.seed, **part)
         else:
-            model.load_safetensors(source.path, shard=shard)
+            model.load_safetensors(source.path, **part)
     except torch.OutOfMemoryError:
         raise DeviceMemoryError(
             f"out of device memory loading {source.name}; use a smaller model or --dtype bfloat16"

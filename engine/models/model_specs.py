@@ -56,6 +56,7 @@ DEFAULT_HEADS = {
     "qwen/qwen3-30b-a3b": "JetSpec/jetspec-qwen3-30b-a3b",
     "openai/gpt-oss-20b": "JetSpec/jetspec-gpt-oss-20b",
     "qwen/qwen3.6-35b-a3b": "JetSpec/jetspec-Qwen3.6-35B-A3B",
+    "google/gemma-4-26b-a4b-it": "JetSpec/jetspec-gemma4-26B-A4B0-it",
 }
 # Hub targets whose only published head is in a format we do not read: said once at load.
 HEAD_NOTES = {

@@ -7,7 +7,7 @@ from engine_helpers import OracleDraft, hf_greedy, hf_model, random_prompt, run,
 # runner extra threads made the MoE model's tests 10x slower).
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-MODELS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"]
+MODELS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma4"]
 CONFIGS = [  # (budget, width, depth, algo)
     (1, 1, None, "accum_logp"),
     (2, 2, None, "accum_logp"),

@@ -327,6 +327,12 @@ def test_window_and_sinks_rows_equal_their_ar_step(t, prefix_len, mask, window, 
     assert_batch_invariant(t, prefix_len, 4, 2, 16, mask=mask, seed=t, window=window, sinks=sink_logits(4))
 
 
+@pytest.mark.parametrize("t,prefix_len,mask,window", [(6, 100, "tree", 0), (5, 90, "causal", 20)])
+def test_head_dim_512_matches_reference(t, prefix_len, mask, window, poisoned_alloc):
+    """Gemma 4's global layers' head_dim (512; 4 query heads over 1 KV head here)."""
+    check(t, prefix_len, 4, 1, 512, mask=mask, split_len=64, window=window)
+
+
 # ----------------------------------------------------------------------------- write_kv
 
 
@@ -408,6 +414,16 @@ def test_bf16_window_and_sinks_rows_equal_their_ar_step(t, prefix_len, mask, win
     """gpt-oss-20b's heads (64 query, 8 KV, head_dim 64), its window 128 and sinks, in bf16."""
     assert_batch_invariant(t, prefix_len, 64, 8, 64, mask=mask, split_len=256, dtype=torch.bfloat16,
                            window=window, sinks=sink_logits(64))
+
+
+@gpu_only
+@pytest.mark.parametrize("t,prefix_len,mask", [(64, 1500, "tree"), (1, 1500, "tree"), (33, 700, "causal")])
+@pytest.mark.parametrize("n_kv,head_dim,window", [(2, 512, 0), (8, 256, 1024)])
+def test_bf16_gemma4_heads_rows_equal_their_ar_step(t, prefix_len, mask, n_kv, head_dim, window):
+    """Gemma 4 26B-A4B's heads in bf16: global (16 query, 2 KV, head_dim 512) and sliding (16 query,
+    8 KV, head_dim 256, window 1024)."""
+    assert_batch_invariant(t, prefix_len, 16, n_kv, head_dim, mask=mask, split_len=256, dtype=torch.bfloat16,
+                           window=window)
 
 
 @gpu_only

@@ -262,6 +262,15 @@ def test_hub_gpt_oss_picks_its_published_head(tmp_path):
     assert src.hf_config["model_type"] == "gpt_oss"
 
 
+def test_hub_gemma4_picks_its_published_head(tmp_path):
+    text = tiny_config("tiny-gemma4")
+    multimodal = {"model_type": "gemma4", "text_config": {k: v for k, v in text.items() if k != "model_type"}}
+    fake_hub_repo(tmp_path / "hf", "google/gemma-4-26B-A4B-it", multimodal)
+    src = resolve_model("google/gemma-4-26B-A4B-it")
+    assert src.default_draft_head == "JetSpec/jetspec-gemma4-26B-A4B0-it"
+    assert src.hf_config["model_type"] == "gemma4"
+
+
 def test_hub_offline_not_cached_no_network(monkeypatch):
     import socket
 
