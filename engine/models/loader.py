@@ -67,11 +67,6 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype) -
     from safetensors import SafetensorError
 
     cfg = ModelConfig.from_hf(source.hf_config)
-    if cfg.moe_kind == "gpt_oss" and device.type != "cpu":
-        # Its MoE runs the plain-torch reference (host-side routing): neither CUDA-graph safe nor
-        # batch-invariant, so a GPU run could not promise speculative = AR.
-        raise ModelNotFoundError(f"{source.name} (gpt-oss) runs on the CPU only so far: its MoE has no GPU kernel "
-                                 f"yet; use --device cpu.")
     try:
         model = (build_hybrid_target if cfg.hybrid is not None else build_target)(cfg, device, dtype)
         if source.path is None:
