@@ -9,6 +9,20 @@ import re
 HARMONY_MARK = "<|channel|>"
 _HARMONY_HEADER = re.compile(r"(?:<\|end\|>)?(?:<\|start\|>[^<]*)?<\|channel\|>(\w+)[^<]*<\|message\|>")
 _HARMONY_TOKEN = re.compile(r"<\|[a-z_]+\|>")
+# The harmony stop rules: `<|return|>` (the answer is done) and `<|call|>` (a tool call) end the
+# answer wherever they come; `<|end|>` ends a message, and the answer only when that message is
+# on the final channel (after the analysis it is followed by the final message's header).
+HARMONY_STOPS = ("<|return|>", "<|call|>")
+HARMONY_END = "<|end|>"
+
+
+def harmony_channel(raw: str) -> str | None:
+    """The channel of the message `raw` (an answer decoded with its special tokens) is in at its
+    end: the last whole header's, None before any."""
+    last = None
+    for last in _HARMONY_HEADER.finditer(raw):
+        pass
+    return last.group(1) if last else None
 
 
 def harmony_text(raw: str, final: bool = False) -> str:
