@@ -16,6 +16,23 @@ HARMONY_STOPS = ("<|return|>", "<|call|>")
 HARMONY_END = "<|end|>"
 
 
+def is_harmony(tokenizer) -> bool:
+    """Whether the vocabulary speaks harmony (gpt-oss): its channel tokens are added tokens (the
+    small added vocabulary, not the whole one)."""
+    return HARMONY_MARK in getattr(tokenizer, "get_added_vocab", dict)()
+
+
+def harmony_history_message(text: str) -> dict:
+    """An earlier answer as harmony's chat template takes it back: the shown form
+    `<think>\nanalysis\n</think>\n\nfinal` (harmony_text's) as {"content": final, "thinking":
+    analysis}, so the template renders the final message and, as it decides, the analysis;
+    otherwise the text is the content."""
+    m = re.fullmatch(r"<think>\n(.*?)\n</think>\n\n(.*)", text, flags=re.S)
+    if m is None:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": m.group(2), "thinking": m.group(1)}
+
+
 def harmony_channel(raw: str) -> str | None:
     """The channel of the message `raw` (an answer decoded with its special tokens) is in at its
     end: the last whole header's, None before any."""
@@ -66,8 +83,7 @@ class IncrementalDecoder:
         self.read_offset = 0
         # A harmony vocabulary (gpt-oss): the channel tokens carry the answer's structure, so the
         # whole answer is decoded with them and rewritten (`harmony_text`) each round.
-        # (Its channel tokens are added tokens: the small added vocabulary, not the whole one.)
-        self.harmony = HARMONY_MARK in getattr(tokenizer, "get_added_vocab", dict)()
+        self.harmony = is_harmony(tokenizer)
         self.shown = 0  # harmony: characters of the rewritten text already returned
 
     def _harmony_delta(self, final: bool) -> str:

@@ -78,3 +78,29 @@ def test_harmony_stop_rules(stop):
 def test_an_end_on_a_non_final_channel_is_no_stop():
     answer, text = answer_of([0, 14, 2, 15, 6] + FINAL + [12], round_size=4)  # commentary<|message|>{}<|end|>
     assert answer.finish == "eos" and answer.stop_token == 12 and text.endswith("Yes, **2 < 3**.")
+
+
+def test_earlier_answers_go_back_to_the_template_split():
+    """A shown answer is kept as shown (`<think>…</think>final`, what the app folds and saves);
+    the next prompt hands it to harmony's chat template as content + thinking, the template's
+    own fields (its final channel never sees the think tags)."""
+    import types
+
+    from jetspec_chat.engine.detokenize import harmony_history_message
+    from jetspec_chat.engine.session import ChatSession
+
+    assert harmony_history_message(SHOWN) == {"role": "assistant", "content": "Yes, **2 < 3**.",
+                                              "thinking": "User asks if 2<3. Yes."}
+    assert harmony_history_message("Hi") == {"role": "assistant", "content": "Hi"}
+
+    class Recording(PieceTokenizer):
+        def apply_chat_template(self, messages, **kw):
+            self.seen = messages
+            return [0]
+
+    session = ChatSession(types.SimpleNamespace(tokenizer=Recording()))
+    session.messages = [{"role": "user", "content": "2<3?"}, {"role": "assistant", "content": SHOWN},
+                        {"role": "user", "content": "and 3<2?"}]
+    assert session.prompt_ids() == [0]
+    assert session.engine.tokenizer.seen[1] == harmony_history_message(SHOWN)
+    assert session.messages[1]["content"] == SHOWN  # kept as shown
