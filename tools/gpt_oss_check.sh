@@ -11,7 +11,7 @@ set -euo pipefail
 OUT=${OUT:-gpt_oss_check_out}; mkdir -p "$OUT"
 MODEL=${MODEL:-random:openai/gpt-oss-20b}
 python -m pytest -q tests/kernels/test_moe_gpt_oss_kernel.py
-python -m pytest -q tests/engine/test_gpu.py -k "gpt_oss or gpt-oss"
+python -m pytest -q tests/engine/test_gpu.py -k gpt
 python -m jetspec_chat bench "$MODEL" --draft-head random:5 --engine-only --contexts 512 \
   --tree-sizes 1,16,64,128,256 --json-out "$OUT/bench.json"
 python -m jetspec_chat generate "$MODEL" --draft-head random:5 --raw --budget 64 --max-new-tokens 128 \
