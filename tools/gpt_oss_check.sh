@@ -5,7 +5,8 @@
 #     (fp32 speculative = transformers, bf16 speculative = bf16 AR);
 #  2. the engine-only bench on the gpt-oss-20b shape (random weights, 5-layer random head, ~42 GB
 #     in bf16): AR step and verify(1..256) against their active-weight bounds (JSON in $OUT);
-#  3. bf16 speculative = AR on the gpt-oss-20b shape (generate --check-lossless=ar).
+#  3. bf16 speculative = AR on the gpt-oss-20b shape (generate --check-lossless=ar);
+#  4. the MoE block alone (benchmarks/moe_gpt_oss.py): its experts as stored and K-contiguous.
 # The closing lines print AR and verify(N) as multiples of their weight-bytes bounds.
 set -euo pipefail
 OUT=${OUT:-gpt_oss_check_out}; mkdir -p "$OUT"
@@ -17,6 +18,7 @@ python -m jetspec_chat bench "$MODEL" --draft-head random:5 --engine-only --cont
 python -m jetspec_chat generate "$MODEL" --draft-head random:5 --raw --budget 64 --max-new-tokens 128 \
   --prompt "Write a Python function that parses an ISO 8601 date and explain each step." --json --check-lossless=ar \
   > "$OUT/lossless.json"
+python benchmarks/moe_gpt_oss.py --rows 1,4,16,64,256 | tee "$OUT/moe_block.txt"
 python - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
