@@ -113,6 +113,8 @@ def _row_parallel(weight: torch.Tensor, world: int) -> RowParallelLinear:
 
 def check_splits(cfg, world: int) -> None:
     """Raise ValueError naming the first dimension that does not split over `world` ranks."""
+    if world > 1 and cfg.moe_kind == "gpt_oss":  # shard_target splits neither its sinks, biases nor experts' layout
+        raise ValueError("gpt-oss is not split over several ranks yet; run it with --tp 1")
     _share(cfg.num_kv_heads, world, "the KV heads")
     _share(cfg.num_heads, world, "the attention heads")
     if any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers)):
