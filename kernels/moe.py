@@ -1,4 +1,4 @@
-"""Fused sparse MoE block (Qwen3 MoE) for CUDA: router, routing + grouping, two expert GEMMs, combine.
+"""Fused sparse MoE block (Qwen3 MoE, gpt-oss) for CUDA: router, routing + grouping, two expert GEMMs, combine.
 
     router  : bf16/fp16: kernels/matmul.py's linear_partials, the batch-invariant linear_triton's
               split launch alone: fp32 sums of its K groups [G, T, E] (fp32 x: F.linear, the
@@ -64,6 +64,15 @@ in expert order); here the k rows are summed in fp32 in slot order and rounded o
 the two agree to rounding; in bf16 ours is the more accurate one.
 
 The plain-torch reference is kernels/reference.py::moe_block_ref (the CPU path and the tests' oracle).
+
+gpt-oss (`moe_block_gpt_oss_triton`, oracle reference.py::moe_block_gpt_oss_ref, transformers'
+GptOssTopKRouter / GptOssExperts) runs the same launches with constexpr options, each per element
+or per token, so the invariance above holds unchanged: the router bias added to the fp32 logits
+before their rounding (HAS_BIAS), the top-k logits then the fp32 softmax over those k
+(TOPK_SOFTMAX); gate/up biases and the clamped SwiGLU in the gate/up epilogue (GPT_OSS), every
+step rounded to x's dtype as transformers computes it; the down bias added to the rounded down
+result before the routing weight (HAS_BIAS). The GEMMs read the weights through their strides,
+so gpt-oss's [E, H, 2I] interleaved gate/up and [E, I, H] down are used as stored.
 """
 from __future__ import annotations
 
