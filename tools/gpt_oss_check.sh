@@ -8,11 +8,16 @@
 #  3. bf16 speculative = AR on the gpt-oss-20b shape (generate --check-lossless=ar);
 #  4. the MoE block alone (benchmarks/moe_gpt_oss.py): its experts as stored and K-contiguous.
 # The closing lines print AR and verify(N) as multiples of their weight-bytes bounds.
+#     tools/gpt_oss_check.sh [all|tests|model]   (tests: step 1; model: steps 2-4)
 set -euo pipefail
 OUT=${OUT:-gpt_oss_check_out}; mkdir -p "$OUT"
 MODEL=${MODEL:-random:openai/gpt-oss-20b}
-python -m pytest -q tests/kernels/test_moe_gpt_oss_kernel.py
-python -m pytest -q tests/engine/test_gpu.py -k gpt
+PART=${1:-all}
+if [ "$PART" != model ]; then
+  python -m pytest -q tests/kernels/test_moe_gpt_oss_kernel.py
+  python -m pytest -q tests/engine/test_gpu.py -k gpt
+fi
+[ "$PART" = tests ] && exit 0
 python -m jetspec_chat bench "$MODEL" --draft-head random:5 --engine-only --contexts 512 \
   --tree-sizes 1,16,64,128,256 --json-out "$OUT/bench.json"
 python -m jetspec_chat generate "$MODEL" --draft-head random:5 --raw --budget 64 --max-new-tokens 128 \
