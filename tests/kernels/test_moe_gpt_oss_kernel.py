@@ -199,12 +199,21 @@ def test_gpu_fp32_real_shapes(t):
 
 
 @gpu_only
-def test_gpu_captured_in_a_cuda_graph():
-    args = weights(3, **{k: v for k, v in GPT_OSS_20B.items() if k != "top_k"}, dtype=torch.bfloat16)
-    want = run(args, 4)
+@pytest.mark.parametrize("t", [3, 17])  # the per-token path, the grouped one
+def test_gpu_deterministic_and_captured_in_a_cuda_graph(t):
+    args = weights(t, **{k: v for k, v in GPT_OSS_20B.items() if k != "top_k"}, seed=5, dtype=torch.bfloat16)
+    x = args[0]
+    assert torch.equal(run(args, 4), run(args, 4))  # no atomics: bitwise repeatable
+    static = [x.clone(), *args[1:]]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(static, 4)
+    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = run(args, 4)
+        out = run(static, 4)
+    static[0].copy_(x.flip(0))  # other tokens, other routing: the routing and grouping run on the device
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, want)
+    assert torch.equal(out, run([x.flip(0), *args[1:]], 4))
