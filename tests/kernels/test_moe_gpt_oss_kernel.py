@@ -21,7 +21,7 @@ from jetspec_chat.kernels import (  # noqa: E402
     moe_route_gpt_oss_ref,
     moe_route_triton,
 )
-from jetspec_chat.kernels.moe import TILE, MoeTile, router_logits, uses_token_path  # noqa: E402
+from jetspec_chat.kernels.moe import TILE, MoeTile, router_logits, router_partials, uses_token_path  # noqa: E402
 from jetspec_chat.kernels.reference import clamped_swiglu_ref  # noqa: E402
 from test_fused_kernels import rtne_bf16  # noqa: E402,F401  (the interpreter's bf16 casts round to nearest)
 
@@ -146,7 +146,8 @@ def check_bf16(t, hidden, inter, experts, top_k, tile=TILE):
     x, router, router_bias, gate_up, gate_up_bias, down, down_bias = args
     got = run(args, top_k, tile)
     w_ref, _ = moe_route_gpt_oss_ref(x, router, router_bias, top_k)
-    routing = moe_route_triton(router_logits(x, router), top_k, False, x.dtype, bias=router_bias, topk_softmax=True)
+    # the block's own routing (router_partials + bias, one rounding), so experts_ref runs its picks
+    routing = moe_route_triton(router_partials(x, router), top_k, False, x.dtype, bias=router_bias, topk_softmax=True)
     torch.testing.assert_close(routing.weights.float().sort(-1).values, w_ref.float().sort(-1).values, rtol=2e-2, atol=2e-2)
 
     def experts_ref(dt):  # the reference's expert loop on the kernel's routing
