@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from .detokenize import IncrementalDecoder
+from .detokenize import HARMONY_END, HARMONY_STOPS, IncrementalDecoder, harmony_channel
 from .params import GenerationParams, SpecParams
 
 
@@ -18,7 +18,8 @@ class Answer:
     """The answer's ids and text, and the stop conditions (stop tokens, max new tokens, stop
     strings). A stop token counts toward max_new_tokens (as in transformers) but is kept out of
     `ids` and `text`. With stop strings, the streamed text lags by len(stop) - 1 characters, so
-    text that turns out to begin a stop string is never shown.
+    text that turns out to begin a stop string is never shown. A harmony vocabulary (gpt-oss) adds
+    its stop rules (detokenize.HARMONY_STOPS, and `<|end|>` of a final-channel message).
 
     Per round: `keep = room_for(new)`, then `add(new[:keep])` (the text to stream), and once
     `finish` is set, `flush()` for the held-back tail."""
@@ -30,6 +31,11 @@ class Answer:
         self.stops = tuple(s for s in params.stop if s)
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.decoder = IncrementalDecoder(tokenizer)
+        self.harmony_end: int | None = None  # harmony: `<|end|>`, a stop on the final channel only
+        if self.decoder.harmony:
+            vocab = tokenizer.get_added_vocab()
+            self.stop_ids = frozenset(stop_token_ids) | {vocab[s] for s in HARMONY_STOPS if s in vocab}
+            self.harmony_end = vocab.get(HARMONY_END)
         self.ids: list[int] = []
         self.decoded = ""  # everything decoded so far
         self.text = ""  # what has been streamed (a prefix of `decoded`, cut at a stop string)
@@ -42,7 +48,7 @@ class Answer:
             if len(self.ids) + i >= self.max_new:
                 self.finish = "length"
                 return i
-            if tok in self.stop_ids:
+            if tok in self.stop_ids or (tok == self.harmony_end and self._ends_final_message(new[:i])):
                 self.finish, self.stop_token = "eos", tok
                 return i + 1
         if len(self.ids) + len(new) >= self.max_new:
@@ -52,6 +58,8 @@ class Answer:
     def add(self, kept: list[int]) -> str:
         """Append tokens already accepted by room_for; returns the text to stream now (with the
         held-back tail when the answer ended here)."""
+        if self.finish == "eos" and kept and kept[-1] == self.stop_token:
+            kept = kept[:-1]  # the stop token (a harmony `<|end|>` too: other `<|end|>`s stay)
         visible = [t for t in kept if t not in self.stop_ids]
         n_before = len(self.ids)
         self.ids.extend(visible)
@@ -64,6 +72,12 @@ class Answer:
         if self.finish is not None:
             return self._emit(len(self.decoded)) + self.flush()
         return self._emit(len(self.decoded) - self.hold)
+
+    def _ends_final_message(self, pending: list[int]) -> bool:
+        """Harmony: whether an `<|end|>` after the answer's ids and `pending` closes a message on
+        the final channel."""
+        raw = self.tokenizer.decode(self.ids + pending, skip_special_tokens=False)
+        return harmony_channel(raw) == "final"
 
     def cancelled(self, cancel: threading.Event | None) -> bool:
         """At a round boundary: ends the answer when `cancel` is set."""

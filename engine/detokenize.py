@@ -9,6 +9,37 @@ import re
 HARMONY_MARK = "<|channel|>"
 _HARMONY_HEADER = re.compile(r"(?:<\|end\|>)?(?:<\|start\|>[^<]*)?<\|channel\|>(\w+)[^<]*<\|message\|>")
 _HARMONY_TOKEN = re.compile(r"<\|[a-z_]+\|>")
+# The harmony stop rules: `<|return|>` (the answer is done) and `<|call|>` (a tool call) end the
+# answer wherever they come; `<|end|>` ends a message, and the answer only when that message is
+# on the final channel (after the analysis it is followed by the final message's header).
+HARMONY_STOPS = ("<|return|>", "<|call|>")
+HARMONY_END = "<|end|>"
+
+
+def is_harmony(tokenizer) -> bool:
+    """Whether the vocabulary speaks harmony (gpt-oss): its channel tokens are added tokens (the
+    small added vocabulary, not the whole one)."""
+    return HARMONY_MARK in getattr(tokenizer, "get_added_vocab", dict)()
+
+
+def harmony_history_message(text: str) -> dict:
+    """An earlier answer as harmony's chat template takes it back: the shown form
+    `<think>\nanalysis\n</think>\n\nfinal` (harmony_text's) as {"content": final, "thinking":
+    analysis}, so the template renders the final message and, as it decides, the analysis;
+    otherwise the text is the content."""
+    m = re.fullmatch(r"<think>\n(.*?)\n</think>\n\n(.*)", text, flags=re.S)
+    if m is None:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": m.group(2), "thinking": m.group(1)}
+
+
+def harmony_channel(raw: str) -> str | None:
+    """The channel of the message `raw` (an answer decoded with its special tokens) is in at its
+    end: the last whole header's, None before any."""
+    last = None
+    for last in _HARMONY_HEADER.finditer(raw):
+        pass
+    return last.group(1) if last else None
 
 
 def harmony_text(raw: str, final: bool = False) -> str:
@@ -52,8 +83,7 @@ class IncrementalDecoder:
         self.read_offset = 0
         # A harmony vocabulary (gpt-oss): the channel tokens carry the answer's structure, so the
         # whole answer is decoded with them and rewritten (`harmony_text`) each round.
-        # (Its channel tokens are added tokens: the small added vocabulary, not the whole one.)
-        self.harmony = HARMONY_MARK in getattr(tokenizer, "get_added_vocab", dict)()
+        self.harmony = is_harmony(tokenizer)
         self.shown = 0  # harmony: characters of the rewritten text already returned
 
     def _harmony_delta(self, final: bool) -> str:

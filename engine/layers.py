@@ -21,7 +21,7 @@ from ..kernels import (
     linear_partials_triton,
     linear_triton,
     moe_block,
-    moe_block_gpt_oss_ref,
+    moe_block_gpt_oss,
     qk_norm_rope,
     qkv_rope_write,
     rms_norm,
@@ -238,8 +238,8 @@ class GptOssExperts(nn.Module):
 class GptOssMoeBlock(nn.Module):
     """gpt-oss's MLP: a router with a bias picks top_k experts, softmax over the chosen logits;
     each runs the clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate)) with biases. The
-    plain-torch reference (kernels/reference.py) on every device: the Triton MoE has no gpt-oss
-    options yet."""
+    fused Triton path on CUDA (kernels/moe.py, gpt-oss's options), the plain-torch reference
+    elsewhere."""
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, alpha: float, limit: float):
         super().__init__()
@@ -250,8 +250,8 @@ class GptOssMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         e = self.experts
-        out = moe_block_gpt_oss_ref(rows, self.router.weight, self.router.bias, e.gate_up_proj, e.gate_up_proj_bias,
-                                    e.down_proj, e.down_proj_bias, self.top_k, self.alpha, self.limit)
+        out = moe_block_gpt_oss(rows, self.router.weight, self.router.bias, e.gate_up_proj, e.gate_up_proj_bias,
+                                e.down_proj, e.down_proj_bias, self.top_k, self.alpha, self.limit)
         return out.view(x.shape)
 
     def forward_partials(self, x: torch.Tensor) -> torch.Tensor:

@@ -115,6 +115,8 @@ def _row_parallel(weight: torch.Tensor, world: int) -> RowParallelLinear:
 def check_splits(cfg, world: int) -> None:
     """Raise ValueError naming the first dimension that does not split over `world` ranks, or
     the first part of the architecture that has no split yet."""
+    if world > 1 and cfg.moe_kind == "gpt_oss":  # shard_target splits neither its sinks, biases nor experts' layout
+        raise ValueError("gpt-oss is not split over several ranks yet; run it with --tp 1")
     if cfg.gemma4 is not None:
         raise ValueError("Gemma 4 has no tensor-parallel split yet")
     if cfg.hybrid is not None:

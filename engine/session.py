@@ -8,6 +8,7 @@ import dataclasses
 import threading
 from typing import Iterator
 
+from .detokenize import harmony_history_message, is_harmony
 from .engine import SpecEngine
 from .errors import ConfigError, ContextOverflowError
 from .events import Event, FinishEvent
@@ -33,8 +34,11 @@ class ChatSession:
 
     def prompt_ids(self) -> list[int]:
         """The conversation so far, rendered by the chat template, ready for the assistant's turn."""
+        messages = self.messages
+        if is_harmony(self.engine.tokenizer):  # answers are kept as shown; the template takes them split
+            messages = [harmony_history_message(m["content"]) if m["role"] == "assistant" else m for m in messages]
         ids = self.engine.tokenizer.apply_chat_template(
-            self.messages, add_generation_prompt=True, enable_thinking=self.thinking, tokenize=True,
+            messages, add_generation_prompt=True, enable_thinking=self.thinking, tokenize=True,
             return_dict=False,
         )
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)

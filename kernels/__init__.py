@@ -13,7 +13,7 @@ from .fused import (
     silu_mul_triton,
 )
 from .matmul import Partials, linear_partials_triton, linear_ref, linear_triton
-from .moe import moe_block, moe_block_triton, moe_route_triton
+from .moe import moe_block, moe_block_gpt_oss, moe_block_gpt_oss_triton, moe_block_triton, moe_route_triton
 from .reference import (
     accum_tree_ref,
     add_rms_norm_ref,
@@ -67,6 +67,8 @@ __all__ = [
     "linear_triton",
     "logical_to_slots",
     "moe_block",
+    "moe_block_gpt_oss",
+    "moe_block_gpt_oss_triton",
     "clamped_swiglu_ref",
     "gelu_tanh_mul_ref",
     "moe_block_gemma4_ref",

@@ -1,4 +1,4 @@
-"""Fused sparse MoE block (Qwen3 MoE) for CUDA: router, routing + grouping, two expert GEMMs, combine.
+"""Fused sparse MoE block (Qwen3 MoE, gpt-oss) for CUDA: router, routing + grouping, two expert GEMMs, combine.
 
     router  : bf16/fp16: kernels/matmul.py's linear_partials, the batch-invariant linear_triton's
               split launch alone: fp32 sums of its K groups [G, T, E] (fp32 x: F.linear, the
@@ -64,6 +64,15 @@ in expert order); here the k rows are summed in fp32 in slot order and rounded o
 the two agree to rounding; in bf16 ours is the more accurate one.
 
 The plain-torch reference is kernels/reference.py::moe_block_ref (the CPU path and the tests' oracle).
+
+gpt-oss (`moe_block_gpt_oss_triton`, oracle reference.py::moe_block_gpt_oss_ref, transformers'
+GptOssTopKRouter / GptOssExperts) runs the same launches with constexpr options, each per element
+or per token, so the invariance above holds unchanged: the router bias added to the fp32 logits
+before their rounding (HAS_BIAS), the top-k logits then the fp32 softmax over those k
+(TOPK_SOFTMAX); gate/up biases and the clamped SwiGLU in the gate/up epilogue (GPT_OSS), every
+step rounded to x's dtype as transformers computes it; the down bias added to the rounded down
+result before the routing weight (HAS_BIAS). The GEMMs read the weights through their strides,
+so gpt-oss's [E, H, 2I] interleaved gate/up and [E, I, H] down are used as stored.
 """
 from __future__ import annotations
 
@@ -74,7 +83,7 @@ import torch.nn.functional as F
 
 from .launch import interpreting, launch_args, wait_for_previous
 from .matmul import linear_partials, linear_triton
-from .reference import moe_block_ref
+from .reference import moe_block_gpt_oss_ref, moe_block_ref
 
 try:  # triton is optional: CPU-only installs use the torch reference.
     import triton
@@ -157,62 +166,84 @@ class MoeRouting:
 if triton is not None:
 
     @triton.jit
-    def _token_logits(LOGITS, t, e, e_ok, n_tokens, stride_l, DT: tl.constexpr, GROUPS: tl.constexpr):
+    def _token_logits(LOGITS, BIAS, t, e, e_ok, n_tokens, stride_l, DT: tl.constexpr, GROUPS: tl.constexpr,
+                      HAS_BIAS: tl.constexpr):
         """Token t's [E] router logits in fp32. GROUPS = 0: LOGITS is [T, E]. Else it is
         linear_partials' [GROUPS, T, E] fp32 K-group sums, added here in group order from zero and
         rounded to DT: linear_triton's group-sum pass, the same adds, so the same logits bits (one
-        launch fewer)."""
+        launch fewer). HAS_BIAS (gpt-oss): the router bias [E] added once to the fp32 total before
+        the rounding, as linear_triton adds a bias."""
         row = t.to(tl.int64)
         if GROUPS == 0:
-            logits = tl.load(LOGITS + row * stride_l + e, mask=e_ok, other=0.0).to(tl.float32)
+            total = tl.load(LOGITS + row * stride_l + e, mask=e_ok, other=0.0).to(tl.float32)
         else:
             total = tl.zeros(e.shape, dtype=tl.float32)
             for g in tl.static_range(GROUPS):
                 total += tl.load(LOGITS + (g * n_tokens + row) * stride_l + e, mask=e_ok, other=0.0)
-            logits = total.to(DT).to(tl.float32)
-        return logits
+        if HAS_BIAS:
+            total += tl.load(BIAS + e, mask=e_ok, other=0.0).to(tl.float32)
+        return total.to(DT).to(tl.float32)
 
     @triton.jit
     def _route_kernel(
-        LOGITS, IDS, W, PICKS, n_tokens, n_experts, stride_l,
+        LOGITS, BIAS, IDS, W, PICKS, n_tokens, n_experts, stride_l,
         TOP_K: tl.constexpr, NORM: tl.constexpr, GROUPS: tl.constexpr, BLOCK_E: tl.constexpr,
-        BLOCK_TOP: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_TOP: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, TOPK_SOFTMAX: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """grid (T,): token t = program_id. fp32 softmax over the experts, top-k by repeated argmax
-        (lowest id on ties), renormalised; stores ids (int32) and weights (W's dtype). GROUP: also
-        the token's picks as an int8 row PICKS[t, :BLOCK_E], slot + 1 per picked expert, else 0, for
-        _place_kernel. Every program routes one token on the same [BLOCK_E] layout at every T, so a
-        token's bits never depend on the call."""
+        (lowest id on ties), renormalised; stores ids (int32) and weights (W's dtype).
+        TOPK_SOFTMAX (gpt-oss): the top-k of the logits themselves, then the fp32 softmax over
+        those k only (NORM unused). GROUP: also the token's picks as an int8 row PICKS[t, :BLOCK_E],
+        slot + 1 per picked expert, else 0, for _place_kernel. Every program routes one token on
+        the same [BLOCK_E] layout at every T, so a token's bits never depend on the call."""
         wait_for_previous(PDL)
         t = tl.program_id(0)
         e = tl.arange(0, BLOCK_E)
         e_ok = e < n_experts
-        logits = _token_logits(LOGITS, t, e, e_ok, n_tokens, stride_l, W.dtype.element_ty, GROUPS)
-        logits = tl.where(e_ok, logits, float("-inf"))
-        p = tl.exp(logits - tl.max(logits, 0))
-        p = p / tl.sum(p, 0)
-        # A token gone NaN upstream has NaN probabilities: rank them first (2.0 beats every
-        # probability, lowest id on ties) so it still picks TOP_K real experts, as torch.topk
-        # ranks NaN first. Unranked, `p == best` matched nothing and the id was BLOCK_E, past
-        # the experts: the down kernels then read rows no one wrote (a benchmark fault found it).
-        p = tl.where(p == p, p, 2.0)
-        p = tl.where(e_ok, p, -1.0)
+        logits = _token_logits(LOGITS, BIAS, t, e, e_ok, n_tokens, stride_l, W.dtype.element_ty, GROUPS, HAS_BIAS)
         slots = tl.arange(0, BLOCK_TOP)
+        ok = slots < TOP_K
         top_w = tl.zeros([BLOCK_TOP], dtype=tl.float32)
         top_i = tl.zeros([BLOCK_TOP], dtype=tl.int32)
         sel = tl.zeros([BLOCK_E], dtype=tl.int32)
-        for j in tl.static_range(TOP_K):
-            best = tl.max(p, 0)
-            idx = tl.min(tl.where(p == best, e, BLOCK_E), 0)
-            top_w = tl.where(slots == j, tl.where(best > 1.0, float("nan"), best), top_w)
-            top_i = tl.where(slots == j, idx, top_i)
-            picked = e == idx
-            sel = tl.where(picked, j + 1, sel)
-            p = tl.where(picked, -1.0, p)
-        if NORM:
+        if TOPK_SOFTMAX:
+            # NaN logits rank first (+inf), as torch.topk ranks NaN first: TOP_K real experts
+            # whatever the token holds (the weights then come out NaN, as the reference's).
+            score = tl.where(logits == logits, logits, float("inf"))
+            free = e_ok
+            for j in tl.static_range(TOP_K):
+                best = tl.max(tl.where(free, score, float("-inf")), 0)
+                idx = tl.min(tl.where(free & (score == best), e, BLOCK_E), 0)
+                top_w = tl.where(slots == j, best, top_w)
+                top_i = tl.where(slots == j, idx, top_i)
+                picked = e == idx
+                sel = tl.where(picked, j + 1, sel)
+                free = free & (e != idx)
+            top_w = tl.where(ok, top_w, float("-inf"))
+            top_w = tl.exp(top_w - tl.max(top_w, 0))
             top_w = top_w / tl.sum(top_w, 0)
+        else:
+            logits = tl.where(e_ok, logits, float("-inf"))
+            p = tl.exp(logits - tl.max(logits, 0))
+            p = p / tl.sum(p, 0)
+            # A token gone NaN upstream has NaN probabilities: rank them first (2.0 beats every
+            # probability, lowest id on ties) so it still picks TOP_K real experts, as torch.topk
+            # ranks NaN first. Unranked, `p == best` matched nothing and the id was BLOCK_E, past
+            # the experts: the down kernels then read rows no one wrote (a benchmark fault found it).
+            p = tl.where(p == p, p, 2.0)
+            p = tl.where(e_ok, p, -1.0)
+            for j in tl.static_range(TOP_K):
+                best = tl.max(p, 0)
+                idx = tl.min(tl.where(p == best, e, BLOCK_E), 0)
+                top_w = tl.where(slots == j, tl.where(best > 1.0, float("nan"), best), top_w)
+                top_i = tl.where(slots == j, idx, top_i)
+                picked = e == idx
+                sel = tl.where(picked, j + 1, sel)
+                p = tl.where(picked, -1.0, p)
+            if NORM:
+                top_w = top_w / tl.sum(top_w, 0)
         out = t * TOP_K + slots
-        ok = slots < TOP_K
         tl.store(IDS + out, top_i, mask=ok)
         tl.store(W + out, top_w.to(W.dtype.element_ty), mask=ok)
         if GROUP:
@@ -283,18 +314,39 @@ if triton is not None:
             return tl.dot(a, b, acc)
 
     @triton.jit
-    def _scale_round(acc, weight, dt: tl.constexpr):
-        """A down result's epilogue: rounded to dt, times the routing weight (fp32), rounded."""
-        return (acc.to(dt).to(tl.float32) * weight).to(dt)
+    def _scale_round(acc, bias, weight, dt: tl.constexpr, HAS_BIAS: tl.constexpr):
+        """A down result's epilogue: rounded to dt, plus the expert's bias (HAS_BIAS, gpt-oss;
+        rounded), times the routing weight (fp32), rounded."""
+        y = acc.to(dt).to(tl.float32)
+        if HAS_BIAS:
+            y = (y + bias).to(dt).to(tl.float32)
+        return (y * weight).to(dt)
+
+    @triton.jit
+    def _clamped_swiglu(g, u, alpha, limit, dt: tl.constexpr):
+        """gpt-oss's activation on the rounded gate and up (fp32 holding dt values), each step
+        rounded to dt as transformers' GptOssExperts computes it in dt: gate clamped above at
+        limit, up to [-limit, limit], (up + 1) * (gate * sigmoid(gate * alpha)). A NaN stays NaN
+        (the comparisons are false for it), as under torch.clamp."""
+        g = tl.where(g > limit, limit, g)
+        u = tl.where(u > limit, limit, tl.where(u < -limit, -limit, u))
+        ga = (g * alpha).to(dt).to(tl.float32)
+        sig = (1.0 / (1.0 + tl.exp(-ga))).to(dt).to(tl.float32)
+        glu = (g * sig).to(dt).to(tl.float32)
+        return ((u + 1.0).to(dt).to(tl.float32) * glu).to(dt)
 
     @triton.jit
     def _gate_up_kernel(
-        X, WGU, INTER, IDS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, hidden, inter_size,
-        stride_x, stride_we, stride_wn, stride_i,
+        X, WGU, BGU, INTER, IDS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, hidden, inter_size,
+        stride_x, stride_we, stride_wn, stride_wk, up_offset, stride_i, alpha, limit,
         TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-        TOKEN: tl.constexpr, PDL: tl.constexpr,
+        TOKEN: tl.constexpr, GPT_OSS: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (blocks, I / BLOCK_N): INTER[row] = silu(x[token] @ gate.T) * (x[token] @ up.T).
+        Gate column n of expert e is at WGU + e*stride_we + n*stride_wn + k*stride_wk, its up
+        column up_offset further (Qwen3: [E, 2I, H] rows; gpt-oss: [E, H, 2I] interleaved).
+        GPT_OSS: the biases BGU [E, 2I] (interleaved, contiguous) added to the rounded gate and
+        up, then _clamped_swiglu instead of silu * up.
         TOKEN (the per-token path, no grouping): grid (T * k, I / BLOCK_N), program_id(0) is the
         assignment t*k + slot, one row (row 0 of the tile), its expert IDS[t*k + slot], written to
         INTER row t*k + slot: the grouped tile's bits (module docstring)."""
@@ -320,7 +372,7 @@ if triton is not None:
             # 64-bit scalar bases, 32-bit tile offsets (the wrapper checks they fit): 64-bit
             # pointer tiles cost ~40 registers more, and registers decide the streaming speed
             w_gate = WGU + e * stride_we
-            w_up = w_gate + inter_size * stride_wn
+            w_up = w_gate + up_offset
             n_off = n * stride_wn
             acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -329,7 +381,7 @@ if triton is not None:
                 k_ok = k < hidden
                 # padding rows are masked out of the x loads: zeros, no memory requests
                 a = tl.load(X + token[:, None] * stride_x + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
-                offs = n_off[None, :] + k[:, None]
+                offs = n_off[None, :] + k[:, None] * stride_wk
                 wg = tl.load(w_gate + offs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                 wu = tl.load(w_up + offs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                 acc_g = _mma(a, wg, acc_g, UPCAST)
@@ -337,17 +389,26 @@ if triton is not None:
             dt = INTER.dtype.element_ty
             g = acc_g.to(dt).to(tl.float32)
             u = acc_u.to(dt).to(tl.float32)
-            s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-            out = (s * u).to(dt)
+            if GPT_OSS:
+                b = BGU + e * (2 * inter_size) + 2 * n
+                g = (g + tl.load(b, mask=n_ok, other=0.0).to(tl.float32)[None, :]).to(dt).to(tl.float32)
+                u = (u + tl.load(b + 1, mask=n_ok, other=0.0).to(tl.float32)[None, :]).to(dt).to(tl.float32)
+                out = _clamped_swiglu(g, u, alpha, limit, dt)
+            else:
+                s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+                out = (s * u).to(dt)
             tl.store(INTER + r[:, None] * stride_i + n[None, :], out, mask=valid[:, None] & n_ok[None, :])
 
     @triton.jit
     def _down_kernel(
-        INTER, WD, RW, OUT, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, hidden, inter_size,
-        stride_i, stride_we, stride_wn, stride_o,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+        INTER, WD, BD, RW, OUT, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, hidden, inter_size,
+        stride_i, stride_we, stride_wn, stride_wk, stride_o,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+        HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
     ):
-        """grid (blocks, H / BLOCK_N): OUT[assignment] = (INTER[row] @ down.T) * weight."""
+        """grid (blocks, H / BLOCK_N): OUT[assignment] = (INTER[row] @ down.T (+ BD[e])) * weight.
+        Down's hidden column n, K index k of expert e: WD + e*stride_we + n*stride_wn + k*stride_wk
+        (Qwen3: [E, H, I]; gpt-oss: [E, I, H]). BD: the down biases [E, H] (HAS_BIAS)."""
         wait_for_previous(PDL)
         blk = tl.program_id(0)
         rows = tl.load(BLOCK_ROWS + blk)
@@ -366,17 +427,20 @@ if triton is not None:
                 k = k0 + tl.arange(0, BLOCK_K)
                 k_ok = k < inter_size
                 a = tl.load(INTER + r[:, None] * stride_i + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
-                b = tl.load(w + n_off[None, :] + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                b = tl.load(w + n_off[None, :] + k[:, None] * stride_wk, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                 acc = _mma(a, b, acc, UPCAST)
             weight = tl.load(RW + assign, mask=valid, other=0.0).to(tl.float32)
-            y = _scale_round(acc, weight[:, None], OUT.dtype.element_ty)
+            bias = 0.0
+            if HAS_BIAS:
+                bias = tl.load(BD + e * hidden + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            y = _scale_round(acc, bias, weight[:, None], OUT.dtype.element_ty, HAS_BIAS)
             tl.store(OUT + assign[:, None] * stride_o + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
 
     @triton.jit
     def _down_combine_kernel(
-        INTER, WD, RW, IDS, OUT, hidden, inter_size, stride_i, stride_we, stride_wn, stride_o,
+        INTER, WD, BD, RW, IDS, OUT, hidden, inter_size, stride_i, stride_we, stride_wn, stride_wk, stride_o,
         TOP_K: tl.constexpr, BLOCK_TOP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+        BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (T, H / BLOCK_N), for few tokens: _down_kernel then _combine_kernel for token t's
         BLOCK_N hidden columns, in one program. One tl.dot per K step covers all k slots: row j
@@ -402,7 +466,7 @@ if triton is not None:
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < inter_size
             a = tl.load(INTER + a_row[:, None] * stride_i + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(WD + col_off[None, :] + k[:, None], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+            b = tl.load(WD + col_off[None, :] + k[:, None] * stride_wk, mask=k_ok[:, None] & c_ok[None, :], other=0.0)
             acc = _mma(a, b, acc, UPCAST)
         # slot j's result: acc[j, j*BLOCK_N + i]. The other rows are masked to -0.0, the identity
         # of fp32 addition (x + -0.0 == x for every x, +0.0 included), so the sum is exact.
@@ -411,12 +475,17 @@ if triton is not None:
         diag = tl.sum(tl.where(own, tl.reshape(acc, [BLOCK_M, BLOCK_TOP, BLOCK_N]), -0.0), 0)  # [BLOCK_TOP, BLOCK_N]
         dt = OUT.dtype.element_ty
         weight = tl.load(RW + t * TOP_K + slot, mask=slot < TOP_K, other=0.0).to(tl.float32)
-        y = _scale_round(diag, weight[:, None], dt).to(tl.float32)  # _down_kernel's per-slot rows
+        h = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        bias = 0.0
+        if HAS_BIAS:  # slot j's expert's down bias on these columns
+            slot_expert = tl.load(IDS + t * TOP_K + slot, mask=slot < TOP_K, other=0)
+            bias_ok = (slot < TOP_K)[:, None] & (h < hidden)[None, :]
+            bias = tl.load(BD + slot_expert[:, None] * hidden + h[None, :], mask=bias_ok, other=0.0).to(tl.float32)
+        y = _scale_round(diag, bias, weight[:, None], dt, HAS_BIAS).to(tl.float32)  # _down_kernel's per-slot rows
         # _combine_kernel: the k slot rows added in slot order to a zero fp32 total, rounded once
         total = tl.zeros([BLOCK_N], dtype=tl.float32)
         for j in tl.static_range(TOP_K):
             total += tl.sum(tl.where(slot[:, None] == j, y, -0.0), 0)
-        h = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         tl.store(OUT + t.to(tl.int64) * stride_o + h, total.to(dt), mask=h < hidden)
 
     @triton.jit
@@ -459,10 +528,13 @@ def router_partials(x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tenso
 
 
 def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dtype: torch.dtype, *,
-                     group: bool = True) -> MoeRouting:
+                     group: bool = True, bias: torch.Tensor | None = None, topk_softmax: bool = False) -> MoeRouting:
     """Router logits -> MoeRouting: the top-k experts and weights (in dtype) of every token and, with
     group, the rows grouped by expert. logits: [T, E], or router_partials' [G, T, E] fp32 K-group
-    sums (added in group order, rounded to dtype: the logits linear_triton gives). One launch (a
+    sums (added in group order, rounded to dtype: the logits linear_triton gives). bias [E]: added
+    to the fp32 logits before that rounding (gpt-oss's router). topk_softmax: gpt-oss's routing
+    (the top-k logits, softmax over those k; norm_topk_prob unused) instead of Qwen3's (softmax
+    over all experts, the top-k probabilities, renormalised if norm_topk_prob). One launch (a
     program per token), and a second (_place_kernel) to group."""
     _check_triton()
     groups = logits.shape[0] if logits.dim() == 3 else 0
@@ -476,8 +548,9 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dty
     block_e, block_top = triton.next_power_of_2(num_experts), triton.next_power_of_2(top_k)
     picks = torch.empty(t if group else 1, block_e, dtype=torch.int8, device=dev)
     _route_kernel[(t,)](
-        logits, ids, weights, picks, t, num_experts, logits.stride(-2), TOP_K=top_k, NORM=norm_topk_prob,
-        GROUPS=groups, BLOCK_E=block_e, BLOCK_TOP=block_top, GROUP=group, num_warps=ROUTE_WARPS, **launch_args(dev, t),
+        logits, logits if bias is None else bias, ids, weights, picks, t, num_experts, logits.stride(-2), TOP_K=top_k,
+        NORM=norm_topk_prob, GROUPS=groups, BLOCK_E=block_e, BLOCK_TOP=block_top, GROUP=group,
+        HAS_BIAS=bias is not None, TOPK_SOFTMAX=topk_softmax, num_warps=ROUTE_WARPS, **launch_args(dev, t),
     )
     if not group:
         return MoeRouting(weights, ids)
@@ -501,6 +574,23 @@ def uses_token_path(t: int, top_k: int, down: torch.Tensor, tile: MoeTile = TILE
     return t <= tile.token_rows and top_k <= BLOCK_M and down.shape[0] * down.stride(0) < 2**31
 
 
+@dataclass(frozen=True)
+class _Experts:
+    """One MoE family's expert weights as the GEMM kernels walk them: gate column n / K index k
+    of expert e at gate_up + e*gu_we + n*gu_wn + k*gu_wk, its up column up_offset further; down's
+    hidden column n / K index k at down + e*d_we + n*d_wn + k*d_wk. swiglu: gpt-oss's (alpha,
+    limit) with the biases gate_up_bias [E, 2I] and down_bias [E, H], or None (Qwen3's SiLU)."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    inter_size: int
+    gu_strides: tuple[int, int, int, int]  # we, wn, wk, up_offset
+    d_strides: tuple[int, int, int]  # we, wn, wk
+    gate_up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
+    swiglu: tuple[float, float] | None = None
+
+
 def moe_block_triton(
     x: torch.Tensor,
     router_weight: torch.Tensor,
@@ -511,12 +601,51 @@ def moe_block_triton(
     *,
     tile: MoeTile = TILE,
 ) -> torch.Tensor:
-    """The sparse MoE block (same contract as reference.moe_block_ref) on x [T, H]. tile: for
-    benchmarks and tests; the engine always runs TILE."""
+    """The sparse MoE block (same contract as reference.moe_block_ref) on x [T, H]: Qwen3 MoE's
+    gate_up [E, 2I, H] (gate rows, then up rows), down [E, H, I]. tile: for benchmarks and tests;
+    the engine always runs TILE."""
+    inter = gate_up.shape[1] // 2
+    experts = _Experts(gate_up, down, inter, (gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
+                                              inter * gate_up.stride(1)),
+                       (down.stride(0), down.stride(1), down.stride(2)))
+    return _moe_triton(x, router_weight, None, experts, top_k, norm_topk_prob, False, tile)
+
+
+def moe_block_gpt_oss_triton(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    router_bias: torch.Tensor,
+    gate_up: torch.Tensor,
+    gate_up_bias: torch.Tensor,
+    down: torch.Tensor,
+    down_bias: torch.Tensor,
+    top_k: int,
+    alpha: float,
+    limit: float,
+    *,
+    tile: MoeTile = TILE,
+) -> torch.Tensor:
+    """gpt-oss's sparse MoE block (same contract as reference.moe_block_gpt_oss_ref) on x [T, H]:
+    the same kernels as moe_block_triton with gpt-oss's options: the router bias and the softmax
+    over the chosen top-k logits, gate_up [E, H, 2I] with gate and up columns interleaved plus
+    its bias, the clamped SwiGLU, down [E, I, H] plus its bias. Any strides of the weights (a
+    K-contiguous copy streams the same bits); the biases are read contiguous."""
+    inter = gate_up.shape[2] // 2
+    experts = _Experts(gate_up, down, inter, (gate_up.stride(0), 2 * gate_up.stride(2), gate_up.stride(1),
+                                              gate_up.stride(2)),
+                       (down.stride(0), down.stride(2), down.stride(1)),
+                       gate_up_bias.contiguous(), down_bias.contiguous(), (float(alpha), float(limit)))
+    return _moe_triton(x, router_weight, router_bias.contiguous(), experts, top_k, False, True, tile)
+
+
+def _moe_triton(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor | None, experts: _Experts,
+                top_k: int, norm_topk_prob: bool, topk_softmax: bool, tile: MoeTile) -> torch.Tensor:
+    """The launches of both MoE families (module docstring); the family's options are constexprs."""
     _check_triton()
     t, hidden = x.shape
-    num_experts, two_i, _ = gate_up.shape
-    inter_size = two_i // 2
+    gate_up, down, inter_size = experts.gate_up, experts.down, experts.inter_size
+    num_experts = gate_up.shape[0]
+    two_i = 2 * inter_size
     x = x if x.stride(-1) == 1 else x.contiguous()
     n_assign = t * top_k
     # The GEMM kernels index rows with 32-bit offsets (x, the intermediate rows, the per-slot rows,
@@ -525,41 +654,47 @@ def moe_block_triton(
     if max(spans) >= 2**31:
         raise ValueError(f"{t} tokens are too many for one MoE call (32-bit offsets): split the chunk")
     token_path = uses_token_path(t, top_k, down, tile)
-    routing = moe_route_triton(router_partials(x, router_weight), top_k, norm_topk_prob, x.dtype, group=not token_path)
+    routing = moe_route_triton(router_partials(x, router_weight), top_k, norm_topk_prob, x.dtype, group=not token_path,
+                               bias=router_bias, topk_softmax=topk_softmax)
     # Products in full fp32 (no TF32) for fp32 inputs. Under the interpreter bf16/fp16 operands are
     # upcast first: its low-precision tl.dot returns garbage (triton 3.9), and bf16 x bf16 products
     # are exact in fp32 anyway, so the result is the tensor-core one.
     upcast = x.dtype == torch.float32 or interpreting()
+    gpt_oss = experts.swiglu is not None
+    alpha, limit = experts.swiglu or (0.0, 0.0)
+    gu_bias = experts.gate_up_bias if gpt_oss else gate_up  # an unread pointer without biases
+    d_bias = experts.down_bias if gpt_oss else down
     launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
     out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
-    gate_up_args = (hidden, inter_size, x.stride(0), gate_up.stride(0), gate_up.stride(1))
-    gate_up_shape = dict(TOP_K=top_k, BLOCK_M=BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=upcast)
+    gate_up_args = (hidden, inter_size, x.stride(0), *experts.gu_strides)
+    gate_up_shape = dict(TOP_K=top_k, BLOCK_M=BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=upcast,
+                         GPT_OSS=gpt_oss)
     if token_path:  # an intermediate row per assignment, straight from the routing: no grouping
         ids = routing.ids
         inter = torch.empty(n_assign, inter_size, dtype=x.dtype, device=x.device)
         _gate_up_kernel[(n_assign, triton.cdiv(inter_size, tile.gate_up_n))](
-            x, gate_up, inter, ids, ids, ids, ids, *gate_up_args, inter.stride(0), **gate_up_shape, TOKEN=True,
-            **launch, **launch_args(x.device, t),
+            x, gate_up, gu_bias, inter, ids, ids, ids, ids, *gate_up_args, inter.stride(0), alpha, limit,
+            **gate_up_shape, TOKEN=True, **launch, **launch_args(x.device, t),
         )
         _down_combine_kernel[(t, triton.cdiv(hidden, tile.token_n))](
-            inter, down, routing.weights, ids, out, hidden, inter_size, inter.stride(0), down.stride(0), down.stride(1),
+            inter, down, d_bias, routing.weights, ids, out, hidden, inter_size, inter.stride(0), *experts.d_strides,
             out.stride(0), TOP_K=top_k, BLOCK_TOP=triton.next_power_of_2(top_k), BLOCK_M=BLOCK_M, BLOCK_N=tile.token_n,
-            BLOCK_K=tile.block_k, UPCAST=upcast, num_warps=tile.token_warps, num_stages=tile.token_stages,
-            **launch_args(x.device, t),
+            BLOCK_K=tile.block_k, UPCAST=upcast, HAS_BIAS=gpt_oss, num_warps=tile.token_warps,
+            num_stages=tile.token_stages, **launch_args(x.device, t),
         )
         return out
     n_blocks = routing.block_expert.numel()
     groups = (routing.block_expert, routing.block_rows, routing.row_assign)
     inter = torch.empty(n_blocks * BLOCK_M, inter_size, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(n_blocks, triton.cdiv(inter_size, tile.gate_up_n))](
-        x, gate_up, inter, routing.ids, *groups, *gate_up_args, inter.stride(0), **gate_up_shape, TOKEN=False, **launch,
-        **launch_args(x.device, t),
+        x, gate_up, gu_bias, inter, routing.ids, *groups, *gate_up_args, inter.stride(0), alpha, limit,
+        **gate_up_shape, TOKEN=False, **launch, **launch_args(x.device, t),
     )
     per_slot = torch.empty(n_assign, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(n_blocks, triton.cdiv(hidden, tile.down_n))](
-        inter, down, routing.weights, per_slot, *groups, hidden, inter_size,
-        inter.stride(0), down.stride(0), down.stride(1), per_slot.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=tile.down_n, BLOCK_K=tile.block_k, UPCAST=upcast, **launch,
+        inter, down, d_bias, routing.weights, per_slot, *groups, hidden, inter_size,
+        inter.stride(0), *experts.d_strides, per_slot.stride(0),
+        BLOCK_M=BLOCK_M, BLOCK_N=tile.down_n, BLOCK_K=tile.block_k, UPCAST=upcast, HAS_BIAS=gpt_oss, **launch,
         **launch_args(x.device, t),
     )
     _combine_kernel[(t, triton.cdiv(hidden, COMBINE_BLOCK))](
@@ -582,5 +717,25 @@ def moe_block(
     return moe_block_ref(x, router_weight, gate_up, down, top_k, norm_topk_prob)
 
 
-__all__ = ["BLOCK_M", "MoeRouting", "MoeTile", "PLACE_TOKENS", "TILE", "max_blocks", "moe_block", "moe_block_triton",
+def moe_block_gpt_oss(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    router_bias: torch.Tensor,
+    gate_up: torch.Tensor,
+    gate_up_bias: torch.Tensor,
+    down: torch.Tensor,
+    down_bias: torch.Tensor,
+    top_k: int,
+    alpha: float,
+    limit: float,
+) -> torch.Tensor:
+    """gpt-oss's sparse MoE block: the fused Triton path on CUDA tensors, the torch reference elsewhere."""
+    args = (x, router_weight, router_bias, gate_up, gate_up_bias, down, down_bias, top_k, alpha, limit)
+    if x.is_cuda and triton is not None and not x.requires_grad:
+        return moe_block_gpt_oss_triton(*args)
+    return moe_block_gpt_oss_ref(*args)
+
+
+__all__ = ["BLOCK_M", "MoeRouting", "MoeTile", "PLACE_TOKENS", "TILE", "max_blocks", "moe_block", "moe_block_gpt_oss",
+           "moe_block_gpt_oss_triton", "moe_block_triton",
            "moe_route_triton", "router_logits", "router_partials", "uses_token_path"]

@@ -183,6 +183,44 @@ def test_split_thinking():
     assert s.answer == "Hello"
 
 
+class HarmonyPieces:
+    """A harmony vocabulary (gpt-oss's special tokens among its added tokens): ids index pieces."""
+
+    PIECES = ["<|channel|>", "analysis", "<|message|>", "The user", " greets", " me.", "<|end|>", "<|start|>",
+              "assistant", "final", "Hello", "! How", " can I help?", "<|return|>", " Ignored."]
+
+    def get_added_vocab(self):
+        return {p: i for i, p in enumerate(self.PIECES) if p.startswith("<|")}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(p for p in (self.PIECES[i] for i in ids) if not (skip_special_tokens and p.startswith("<|")))
+
+
+@pytest.mark.parametrize("round_size", [1, 2, 5])
+def test_a_harmony_answer_streams_its_analysis_as_thinking(round_size):
+    """A gpt-oss answer (analysis, then final, then <|return|>) streamed in rounds through the
+    engine's Answer and split as the assistant message splits it: at every round the Thinking
+    box holds only analysis text and the answer only final text; no special token shows; the
+    answer ends at <|return|>."""
+    from jetspec_chat.engine.answer import Answer
+
+    analysis, final = "The user greets me.", "Hello! How can I help?"
+    ids = [0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 9, 2, 10, 11, 12, 13, 14]
+    answer, raw = Answer(HarmonyPieces(), frozenset(), GenerationParams(max_new_tokens=64)), ""
+    for k in range(0, len(ids), round_size):
+        new = ids[k:k + round_size]
+        raw += answer.add(new[:answer.room_for(new)])
+        split = split_thinking(raw)
+        assert "<|" not in raw
+        assert analysis.startswith(split.thinking or "") and final.startswith(split.answer), (k, split)
+        assert not split.answer or split.thinking_done
+        if answer.finish:
+            break
+    assert answer.finish == "eos" and answer.stop_token == 13
+    done = split_thinking(raw, final=True)
+    assert (done.thinking, done.answer, done.thinking_done) == (analysis, final, True)
+
+
 def test_last_code_block():
     md = "a\n```python\nx = 1\n```\nb\n~~~\ny\n~~~\n"
     assert last_code_block(md) == "y"

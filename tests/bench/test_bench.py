@@ -217,6 +217,30 @@ def test_expected_weight_bytes_of_a_moe_target():
     assert expected_weight_bytes(target, 500) == pytest.approx(rest + 500 * row + all_experts)  # every expert
 
 
+def test_gpt_oss_20b_active_bytes_from_its_shapes():
+    """gpt-oss-20b's real shapes on the meta device (no memory): the AR floor is attention (q/k/v/o
+    with biases, sinks), the router, 4 of 32 experts with their biases, one embedding row and the
+    lm_head, in bf16 (the MXFP4 experts are dequantized at load), counted from the config."""
+    from jetspec_chat.engine.bench.moe_bytes import expected_weight_bytes
+    from jetspec_chat.engine.model import TargetModel
+    from jetspec_chat.engine.model_config import ModelConfig
+    from jetspec_chat.engine.models.model_specs import resolve_model
+
+    hf = resolve_model("random:openai/gpt-oss-20b").hf_config
+    cfg = ModelConfig.from_hf(hf)
+    with torch.device("meta"):
+        target = TargetModel(cfg).to(torch.bfloat16)
+    h, i, e, k, v = hf["hidden_size"], hf["intermediate_size"], hf["num_local_experts"], hf["num_experts_per_tok"], hf["vocab_size"]
+    q, kv = hf["num_attention_heads"] * hf["head_dim"], hf["num_key_value_heads"] * hf["head_dim"]
+    attention = h * (q + 2 * kv) + (q + 2 * kv) + q * h + h + hf["num_attention_heads"] + 2 * h  # + sinks, 2 norms
+    expert = h * 2 * i + 2 * i + i * h + h
+    layer = attention + e * h + e + k * expert
+    params = hf["num_hidden_layers"] * layer + h + h + v * h  # final norm, one embedding row, lm_head
+    assert expected_weight_bytes(target, 1) == pytest.approx(2 * params)
+    assert 3.6e9 < params < 3.62e9  # gpt-oss-20b's published 3.6 B active parameters
+    assert expected_weight_bytes(target, 256) == pytest.approx(2 * (params + hf["num_hidden_layers"] * (e - k) * expert + 255 * h))
+
+
 def test_engine_only_on_a_moe_model_reports_the_expert_bytes_bound(tmp_path, capsys):
     report, table = bench_json(
         tmp_path, capsys, "random:tiny-qwen3-moe", "--engine-only", "--contexts", "64", "--tree-sizes", "1,16",

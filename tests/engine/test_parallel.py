@@ -17,6 +17,17 @@ from jetspec_chat.kernels import Partials
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+def test_gpt_oss_is_refused_over_several_ranks():
+    from jetspec_chat.engine.model_config import ModelConfig
+    from jetspec_chat.engine.models.model_specs import resolve_model
+    from jetspec_chat.engine.parallel import check_splits
+
+    cfg = ModelConfig.from_hf(resolve_model("random:tiny-gpt-oss").hf_config)
+    check_splits(cfg, 1)
+    with pytest.raises(ValueError, match="gpt-oss is not split over several ranks yet; run it with --tp 1"):
+        check_splits(cfg, 2)
+
+
 def test_rank_order_sum_is_row_count_invariant():
     # bf16 partials of 3 ranks: each row's sum is the same bits alone as among 37 rows, and
     # the same as adding the ranks one by one in fp32.

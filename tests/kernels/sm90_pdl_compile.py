@@ -32,7 +32,8 @@ MEMORY = re.compile(r"^\s*(?:@%p\d+\s+)?(?:ld|st|atom|red|cp\.async)\.(?:global|
 
 def build(fn, sig: dict[str, str], consts: dict, warps: int, stages: int, pdl: bool) -> dict[str, str]:
     sig = sig | {name: "constexpr" for name in consts} | {"PDL": "constexpr"}
-    aligned = [i for i, (name, kind) in enumerate(sig.items()) if kind.startswith("*") or name.startswith("stride")]
+    aligned = [i for i, (name, kind) in enumerate(sig.items())
+               if kind != "constexpr" and (kind.startswith("*") or name.startswith("stride"))]
     src = ASTSource(fn=fn, signature=sig, constexprs=consts | {"PDL": pdl},
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     options = dict(num_warps=warps, num_stages=stages, enable_fp_fusion=False, launch_pdl=pdl)
@@ -122,10 +123,13 @@ def kernels():
                        FLAT_TILES=tree_attention.FLAT_TILES, HAS_SINKS=False), 1)
     groups = {"BLOCK_EXPERT": "*i32", "BLOCK_ROWS": "*i32", "ROW_ASSIGN": "*i32"}
     tile = moe.TILE
-    yield compare("moe gate_up", moe._gate_up_kernel, {"X": p16, "WGU": p16, "INTER": p16, "IDS": "*i32"} | groups | ints(
-        ("hidden", "inter_size", "stride_x", "stride_we", "stride_wn", "stride_i"), i32),
-        dict(TOP_K=8, BLOCK_M=moe.BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=False, TOKEN=True),
-        tile.num_warps, tile.num_stages)
+    # Qwen3's layout: the K stride is 1, a constexpr as Triton specialises it at launch
+    yield compare("moe gate_up", moe._gate_up_kernel, {"X": p16, "WGU": p16, "BGU": p16, "INTER": p16, "IDS": "*i32"}
+                  | groups | ints(("hidden", "inter_size", "stride_x", "stride_we", "stride_wn"), i32)
+                  | {"stride_wk": "constexpr", "up_offset": i32, "stride_i": i32, "alpha": "fp32", "limit": "fp32"},
+                  dict(stride_wk=1, TOP_K=8, BLOCK_M=moe.BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k,
+                       UPCAST=False, TOKEN=True, GPT_OSS=False),
+                  tile.num_warps, tile.num_stages)
 
 
 if __name__ == "__main__":

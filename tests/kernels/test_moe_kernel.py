@@ -247,12 +247,16 @@ def test_sm90_expert_gemms_run_mma_sync():
     wide = dataclasses.replace(TILE, token_n=64, token_warps=8, token_stages=2)
     args = [",".join(str(v) for v in (t.gate_up_n, t.down_n, t.block_k, t.num_warps, t.num_stages, t.token_n, t.token_warps,
                                       t.token_stages)) for t in (TILE, wide)]
-    out = run_compile_script("sm90_moe_compile.py", args)
-    assert [o["kernel"] for o in out] == ["gate_up", "gate_up_token", "down", "down_combine"] * 2 + ["route"]
-    for o in out[:-1]:
-        assert o["mma"] == ["m16n8k16.row.col.f32.bf16.bf16.f32"] and o["wgmma"] == [], o
-        assert o["local"] == 0 and o["shared"] <= 227 * 1024, o
-    assert out[-1]["local"] == 0, out[-1]  # the routing program's one warp holds its token in registers
+    out = run_compile_script("sm90_moe_compile.py", args + ["gpt-oss"])  # and gpt-oss-20b's options at TILE
+    gemms = ["gate_up", "gate_up_token", "down", "down_combine"]
+    assert [o["kernel"] for o in out] == gemms * 2 + [g + "_gpt_oss" for g in gemms] + ["route_gpt_oss", "route"]
+    routes = [o for o in out if o["kernel"].startswith("route")]
+    for o in out:
+        if o not in routes:
+            assert o["mma"] == ["m16n8k16.row.col.f32.bf16.bf16.f32"] and o["wgmma"] == [], o
+            assert o["local"] == 0 and o["shared"] <= 227 * 1024, o
+    for o in routes:
+        assert o["local"] == 0, o  # the routing program's one warp holds its token in registers
 
 
 def check_batch_invariant(hidden, inter, experts, top_k, many, dtype, tile=TILE, alone=None):

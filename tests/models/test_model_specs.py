@@ -271,6 +271,71 @@ def test_hub_gemma4_picks_its_published_head(tmp_path):
     assert src.hf_config["model_type"] == "gemma4"
 
 
+def published_head_repo(hf_home: Path, repo_id: str, target: dict, layers: int = 2, inter: int = 96) -> Path:
+    """A head repo in the hub cache laid out as JetSpec/DFlash publish heads: config.json (a
+    "qwen3"-typed DFlashDraftModel with the target's attention shape, RoPE and vocabulary, the
+    taps and mask token under dflash_config), model.safetensors in bf16 with unprefixed names,
+    no embedding or lm_head, and a dflash.py that must never run."""
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    d = repo / "snapshots" / commit
+    d.mkdir(parents=True)
+    h, heads, kv_heads, hd = target["hidden_size"], target["num_attention_heads"], target["num_key_value_heads"], target["head_dim"]
+    taps = [1, target["num_hidden_layers"] - 2]
+    config = {
+        "architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "model_type": "qwen3",
+        "hidden_size": h, "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": hd, "intermediate_size": inter, "rms_norm_eps": 1e-5, "vocab_size": target["vocab_size"],
+        "max_position_embeddings": target["max_position_embeddings"], "rope_parameters": target["rope_parameters"],
+        "block_size": 8, "num_target_layers": target["num_hidden_layers"], "torch_dtype": "bfloat16",
+        "dflash_config": {"mask_token_id": target["vocab_size"] - 1, "target_layer_ids": taps, "causal_head": True},
+    }
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "dflash.py").write_text("raise SystemExit('remote code must never run')\n")
+    g = torch.Generator().manual_seed(0)
+    w = {"fc.weight": torch.randn(h, len(taps) * h, generator=g), "hidden_norm.weight": torch.ones(h), "norm.weight": torch.ones(h)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        w |= {p + "self_attn.q_proj.weight": torch.randn(heads * hd, h, generator=g),
+              p + "self_attn.k_proj.weight": torch.randn(kv_heads * hd, h, generator=g),
+              p + "self_attn.v_proj.weight": torch.randn(kv_heads * hd, h, generator=g),
+              p + "self_attn.o_proj.weight": torch.randn(h, heads * hd, generator=g),
+              p + "self_attn.q_norm.weight": torch.ones(hd), p + "self_attn.k_norm.weight": torch.ones(hd),
+              p + "mlp.gate_proj.weight": torch.randn(inter, h, generator=g),
+              p + "mlp.up_proj.weight": torch.randn(inter, h, generator=g),
+              p + "mlp.down_proj.weight": torch.randn(h, inter, generator=g),
+              p + "input_layernorm.weight": torch.ones(h), p + "post_attention_layernorm.weight": torch.ones(h)}
+    save_file({k: (v * 0.05).to(torch.bfloat16) for k, v in w.items()}, str(d / "model.safetensors"))
+    return d
+
+
+def test_hub_gpt_oss_loads_its_published_head_format(tmp_path):
+    """`jetspec-chat openai/gpt-oss-20b` resolves its head JetSpec/jetspec-gpt-oss-20b and loads it
+    from the hub cache in the published layout (gpt-oss's shape, scaled down: YaRN RoPE, head_dim
+    apart from hidden / heads), every published tensor landing in the head's weights."""
+    from safetensors import safe_open
+
+    from jetspec_chat.engine.layers import hf_parameters
+    from jetspec_chat.engine.model_config import ModelConfig
+    from jetspec_chat.engine.models.loader import load_draft_head
+
+    target = tiny_config("tiny-gpt-oss")
+    fake_hub_repo(tmp_path / "hf", "openai/gpt-oss-20b", target)
+    head_dir = published_head_repo(tmp_path / "hf", "JetSpec/jetspec-gpt-oss-20b", target)
+    src = resolve_model("openai/gpt-oss-20b")
+    head, name = load_draft_head(None, src, ModelConfig.from_hf(src.hf_config), torch.device("cpu"), torch.float32)
+    assert name == "JetSpec/jetspec-gpt-oss-20b"
+    assert head.cfg.target_layer_ids == (1, 2) and head.cfg.causal and head.cfg.block_size == 8
+    assert head.cfg.rope_scaling["rope_type"] == "yarn" and head.cfg.rope_theta == 150000.0
+    got = dict(hf_parameters(head))
+    with safe_open(str(head_dir / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == set(got)
+        for key in f.keys():
+            assert torch.equal(got[key], f.get_tensor(key).float()), key
+
+
 def test_hub_offline_not_cached_no_network(monkeypatch):
     import socket
 

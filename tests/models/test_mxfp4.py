@@ -37,11 +37,14 @@ def test_bad_pair_is_explained():
         dequantize_mxfp4(blocks, scales[:, :3])
 
 
-def test_checkpoint_with_mxfp4_experts_loads(tmp_path):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_checkpoint_with_mxfp4_experts_loads(tmp_path, dtype):
     """A tiny gpt-oss checkpoint in the official layout: experts as *_blocks / *_scales (the
-    matrices transposed, 32 values a group), everything else, the expert biases too, plain."""
+    matrices transposed, 32 values a group), everything else, the expert biases too, plain (bf16
+    as published). Loaded in fp32 or bf16 (the GPU's dtype), every expert equals transformers'
+    dequantization in that dtype (exact: FP4 codes times powers of two fit bf16)."""
     cfg = ModelConfig.from_hf(resolve_model("random:tiny-gpt-oss").hf_config)
-    model = build_target(cfg, torch.device("cpu"), torch.float32)
+    model = build_target(cfg, torch.device("cpu"), torch.bfloat16)
     model.init_random(0)
     tensors, expected = {}, {}
     for i, (name, p) in enumerate(hf_parameters(model)):
@@ -49,19 +52,19 @@ def test_checkpoint_with_mxfp4_experts_loads(tmp_path):
             e, k, n = p.shape  # in memory [E, K, N]; stored [E, N, K/32, 16]
             blocks, scales = random_mxfp4((e, n, k // 32), i)
             tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
-            expected[name] = mxfp4.convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+            expected[name] = mxfp4.convert_moe_packed_tensors(blocks, scales, dtype=dtype)
         else:
             tensors[name] = p.detach().clone()
-            expected[name] = tensors[name]
+            expected[name] = tensors[name].to(dtype)
     half = len(tensors) // 2  # two shards: a pair may straddle them
     keys = sorted(tensors)
     save_file({k: tensors[k] for k in keys[:half]}, str(tmp_path / "model-00001-of-00002.safetensors"))
     save_file({k: tensors[k] for k in keys[half:]}, str(tmp_path / "model-00002-of-00002.safetensors"))
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {k: f"model-0000{1 + (j >= half)}-of-00002.safetensors" for j, k in enumerate(keys)}}))
-    loaded = build_target(cfg, torch.device("cpu"), torch.float32)
+    loaded = build_target(cfg, torch.device("cpu"), dtype)
     loaded.load_safetensors(tmp_path)
     got = dict(hf_parameters(loaded))
     assert set(got) == set(expected)
     for name, t in expected.items():
-        assert torch.equal(got[name], t), name
+        assert got[name].dtype == dtype and torch.equal(got[name], t), name
