@@ -77,8 +77,6 @@ FLAT_TILES = 16
 # 11.6/15.7/21.6, T=256 (48) 31.2 -> 35.2; 8B T=16 (8) 20.3 -> 14.4, T=64 (32) 26.4 -> 27.8, T=128 43 -> 48.
 # In the engine the 1.5B's verify(64) took 0.953x, its verify(128) 1.020x: hence 16, not 24.
 FLAT_MAX_CHAINS = 16
-# Splits the merge loads and folds together (speed only: the bits are those of one at a time).
-MERGE_SPLIT_BLOCK = 8
 
 
 class VisibleKeys(NamedTuple):
@@ -392,19 +390,18 @@ if triton is not None:
     def _merge_kernel(
         OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, PREFIX, COUNT, SINKS, T, N_HEADS, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, MODE: tl.constexpr,
-        FLAT_TILES: tl.constexpr, HAS_SINKS: tl.constexpr, SPLIT_BLOCK: tl.constexpr, PDL: tl.constexpr,
+        FLAT_TILES: tl.constexpr, HAS_SINKS: tl.constexpr, PDL: tl.constexpr,
     ):
         """out[t, h] = the fold, split by split in order, of each split's fold of its tiles in
         order: a split's state from its split program (the tiles it folded) then its tiles'
         own partials. A CHUNK row of one split was written directly.
 
-        SPLIT_BLOCK splits at a time, vectorised over the splits: their states and each of
-        their k-th tile partials are loaded together (one round of loads, not one per split)
-        and folded elementwise, then the block's split states are taken out one by one (a max
-        over the block with the others at -inf: exact) and folded into the row's state in
-        split order. Each fold is the same arithmetic on the same operands as a loop over the
-        splits (`_fold_weights`, mul, mul, add), so the bits do not depend on SPLIT_BLOCK; only
-        the serial chain (of loads, and of folds of tiles a split does not have) is shorter."""
+        A split with no tile partials (a verify row's splits inside the prefix) is its state
+        alone: it skips the static loop over the split's tile slots, whose folds would all be
+        masked off (each fold onto no partial keeps the state as it is), and the next split's
+        state is loaded while this one is folded, so a long row is a chain of folds, not of
+        loads and masked folds. Same operands, same arithmetic: the bits are those of folding
+        every slot."""
         wait_for_previous(PDL)
         t = tl.program_id(0)
         h = tl.program_id(1)
@@ -418,41 +415,38 @@ if triton is not None:
             tail_start = _tile_slots_start(prefix, MODE, FLAT_TILES, BLOCK_N)
         if (MODE != CHUNK_MODE) | (n_splits > 1):
             d = tl.arange(0, HEAD_DIM)
-            sb = tl.arange(0, SPLIT_BLOCK)
             m = float("-inf")
             den = 0.0
             a = tl.zeros([HEAD_DIM], dtype=tl.float32)
-            for s0 in range(0, n_splits, SPLIT_BLOCK):
-                s = s0 + sb
-                live = s < n_splits
+            has_next = 0 < tail_start  # split 0's state
+            next_m = tl.load(CH_M + t * N_HEADS + h, mask=has_next, other=float("-inf"))
+            next_l = tl.load(CH_L + t * N_HEADS + h, mask=has_next, other=0.0)
+            next_a = tl.load(CH_A + (t * N_HEADS + h) * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
+            for s in range(0, n_splits):
                 lo = s * SPLIT_TILES
-                at = (s * T + t) * N_HEADS + h
-                has_state = live & (lo < tail_start)
-                sm = tl.load(CH_M + at, mask=has_state, other=float("-inf"))
-                sl = tl.load(CH_L + at, mask=has_state, other=0.0)
-                sa = tl.load(CH_A + at[:, None] * HEAD_DIM + d[None, :], mask=has_state[:, None], other=0.0)
-                if (s0 + SPLIT_BLOCK) * SPLIT_TILES > tail_start:  # some split of the block has tile partials
+                sm, sl, sa = next_m, next_l, next_a
+                # The next split's state, in flight while this one folds.
+                at = ((s + 1) * T + t) * N_HEADS + h
+                has_next = (s + 1 < n_splits) & (lo + SPLIT_TILES < tail_start)
+                next_m = tl.load(CH_M + at, mask=has_next, other=float("-inf"))
+                next_l = tl.load(CH_L + at, mask=has_next, other=0.0)
+                next_a = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
+                if lo + SPLIT_TILES > tail_start:  # the split has tile partials
                     for k in tl.static_range(SPLIT_TILES):
                         j = lo + k
-                        use = live & (j >= tail_start) & (j < n_tiles)
+                        use = (j >= tail_start) & (j < n_tiles)
                         tile_at = ((j - tail_start) * T + t) * N_HEADS + h
                         xm = tl.load(TL_M + tile_at, mask=use, other=float("-inf"))
                         xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
-                        xa = tl.load(TL_A + tile_at[:, None] * HEAD_DIM + d[None, :], mask=use[:, None], other=0.0)
+                        xa = tl.load(TL_A + tile_at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
                         fm, c1, c2 = _fold_weights(sm, xm)
                         sl = tl.where(use, sl * c1 + xl * c2, sl)
-                        sa = tl.where(use[:, None], sa * c1[:, None] + xa * c2[:, None], sa)
+                        sa = tl.where(use, sa * c1 + xa * c2, sa)
                         sm = tl.where(use, fm, sm)
-                for i in tl.static_range(SPLIT_BLOCK):
-                    take = s0 + i < n_splits
-                    pick = sb == i
-                    im = tl.max(tl.where(pick, sm, float("-inf")), 0)
-                    il = tl.max(tl.where(pick, sl, float("-inf")), 0)
-                    ia = tl.max(tl.where(pick[:, None], sa, float("-inf")), 0)
-                    fm, c1, c2 = _fold_weights(m, im)
-                    den = tl.where(take, den * c1 + il * c2, den)
-                    a = tl.where(take, a * c1 + ia * c2, a)
-                    m = tl.where(take, fm, m)
+                fm, c1, c2 = _fold_weights(m, sm)
+                den = den * c1 + sl * c2
+                a = a * c1 + sa * c2
+                m = fm
             if HAS_SINKS:
                 c1, c2 = _sink_weights(m, SINKS, h)
                 den = den * c1 + c2
@@ -593,7 +587,7 @@ def paged_tree_attention_triton(
         _merge_kernel[(t, n_heads)](
             out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, sink_arg, t, n_heads, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, SPLIT_TILES=split_len // BLOCK_N, MODE=mode, FLAT_TILES=flat_tiles,
-            HAS_SINKS=sinks is not None, SPLIT_BLOCK=MERGE_SPLIT_BLOCK,
+            HAS_SINKS=sinks is not None,
             num_warps=1, enable_fp_fusion=False, **launch_args(q.device, t),
         )
     return out

@@ -119,8 +119,7 @@ def kernels():
                   dict(OUT=p16, CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, PREFIX="*i32",
                        COUNT="*i32", SINKS=p32, T=i32, N_HEADS=i32, stride_ot=i32, stride_oh=i32),
                   dict(HEAD_DIM=128, BLOCK_N=tree_attention.BLOCK_N, SPLIT_TILES=9, MODE=modes[1],
-                       FLAT_TILES=tree_attention.FLAT_TILES, HAS_SINKS=False,
-                       SPLIT_BLOCK=tree_attention.MERGE_SPLIT_BLOCK), 1)
+                       FLAT_TILES=tree_attention.FLAT_TILES, HAS_SINKS=False), 1)
     groups = {"BLOCK_EXPERT": "*i32", "BLOCK_ROWS": "*i32", "ROW_ASSIGN": "*i32"}
     tile = moe.TILE
     yield compare("moe gate_up", moe._gate_up_kernel, {"X": p16, "WGU": p16, "INTER": p16, "IDS": "*i32"} | groups | ints(

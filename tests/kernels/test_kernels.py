@@ -15,7 +15,6 @@ from jetspec_chat.kernels import (  # after the importorskip
     paged_tree_attention,
     paged_tree_attention_ref,
     paged_tree_attention_triton,
-    tree_attention,
     visible_keys,
     write_kv_ref,
     write_kv_triton,
@@ -189,21 +188,6 @@ def test_shared_keys_change_no_bit(t, prefix_len, poisoned_alloc, ordered_dot):
     outs = [paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, visible_keys(mask, shared=s),
                                         0.25, split_len=64) for s in (False, True)]
     assert torch.equal(outs[0], outs[1])
-
-
-@pytest.mark.parametrize("t,prefix_len,mask", [(1, 1000, "tree"), (6, 1100, "tree"), (9, 900, "causal")])
-def test_merge_split_block_changes_no_bit(t, prefix_len, mask, monkeypatch, poisoned_alloc):
-    """The merge loads and folds MERGE_SPLIT_BLOCK splits at a time; its bits are those of one
-    split at a time (block 1), also for rows whose 16-17 splits (of 64) cross a block's end: an
-    AR row (only tile partials), a tree past the flat tiles (split states, then tile partials)
-    and a chunk's rows of several splits."""
-    q, k_pool, v_pool, block_table, mask_ = make_inputs(t, prefix_len, 4, 2, 16, seed=t, mask=mask)
-    keys = visible_keys(mask_, shared=mask == "causal")
-    outs = []
-    for block in (1, tree_attention.MERGE_SPLIT_BLOCK):
-        monkeypatch.setattr(tree_attention, "MERGE_SPLIT_BLOCK", block)
-        outs.append(paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, keys, 0.25, split_len=64))
-    assert tree_attention.MERGE_SPLIT_BLOCK > 1 and torch.equal(outs[0], outs[1])
 
 
 def test_short_prefix_short_splits(poisoned_alloc):
