@@ -5,8 +5,8 @@ The previous kernel is a git revision's `kernels/tree_attention.py` (default mai
 copy of that file (where the GPU machine has no .git: `git show main:kernels/tree_attention.py >
 .stage/old_tree_attention.py` here, carried), timed in the same process. Random tree masks in
 topological order, a cache of `--capacity` positions laid out as the engine's (blocks in logical
-order): this tree's kernel reads it without a block table, the previous one through the identity
-table (older kernels need one). Both take their split length from the capacity (split_len_for:
+order): this tree's kernel reads it without a block table, and so does the previous one where it
+can (block_table=None), else through the identity table (older kernels need one). Both take their split length from the capacity (split_len_for:
 the engine's 33,792 gives 576, 8448 gives 256).
 
 Each case is timed twice, per call, between timing events inside one CUDA graph of REPEAT calls:
@@ -14,6 +14,15 @@ Each case is timed twice, per call, between timing events inside one CUDA graph 
 copy of a FLUSH_MB buffer that evicts L2, as in the engine, where each attention follows GEMMs
 that stream weights through L2. Medians over 3 replays. "diff" is the largest |new - old| (bf16
 outputs; where the split structures differ the bits may too; a broken kernel shows here).
+
+Beside them, cold: `torch.nn.functional.scaled_dot_product_attention` on the flash backend (not
+batch-invariant) over the same prefix and new tokens without the tree mask (causal at ctx 0, else
+every key visible: the work of a tree whose nodes all see the whole prefix, which is what the
+prefix costs), its K/V contiguous [1, kv heads, keys, 128] and GQA through enable_gqa (or K/V
+repeated per query head where flash refuses that, marked "x"); and the call's bound, the larger of
+its bytes (K/V of prefix + new tokens, q, out) over the device's measured read bandwidth and its
+FLOPs (4 * head_dim per visible query-key pair) over its measured bf16 matmul rate (an 8192^3
+torch.matmul), both measured at the start of the run.
 
 --sweep times this tree's kernel at MAX_SPLITS 16 / 32 / 64 / 128 on a subset, hot and cold, with
 the geometric mean of new/old, and prints the best value (the split length is
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -68,8 +78,7 @@ class Case:
 
 
 def cases() -> list[Case]:
-    out = [Case(s, 1, c) for s in HEADS for c in (512, 2048, 8192)]
-    out += [Case(s, t, c) for s in HEADS for t in (16, 64, 128, 256) for c in (512, 4096)]
+    out = [Case(s, t, c) for s in HEADS for t in (1, 16, 64, 128, 256) for c in (512, 2048, 8192)]
     out += [Case(s, 64, 4090) for s in HEADS]  # rows straddle 4096 keys
     out += [Case(s, 512, c, "causal") for s in HEADS for c in (0, 3000)]
     return out
@@ -112,12 +121,18 @@ class Inputs:
         blocks = -(-max(capacity, case.context + case.t + BLOCK_SIZE) // BLOCK_SIZE)
         self.k = torch.randn(blocks, BLOCK_SIZE, n_kv, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
         self.v = torch.randn_like(self.k)
-        self.table = torch.arange(blocks, device="cuda", dtype=torch.int32)  # the previous kernel's identity table
+        # The previous kernel reads the cache as this one does (no table) where it can, else through
+        # the identity table (older kernels need one).
+        takes_none = "block_table: torch.Tensor | None" in inspect.getsource(old.paged_tree_attention_triton)
+        self.table = None if takes_none else torch.arange(blocks, device="cuda", dtype=torch.int32)
         self.q = torch.randn(case.t, n_heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
         mask = tree_mask(case.t, case.mask, gen).cuda()
         self.keys = visible_keys(mask, shared=case.mask == "causal")  # as the engine passes them
         # The previous kernel's own mask form (its VisibleKeys class, or the older packed bits).
-        self.old_keys = old.visible_keys(mask) if hasattr(old, "visible_keys") else old.pack_tree_mask(mask)
+        if hasattr(old, "visible_keys") and "shared" in inspect.signature(old.visible_keys).parameters:
+            self.old_keys = old.visible_keys(mask, shared=case.mask == "causal")
+        else:
+            self.old_keys = old.visible_keys(mask) if hasattr(old, "visible_keys") else old.pack_tree_mask(mask)
         self.prefix = torch.tensor([case.context], dtype=torch.int32, device="cuda")
         self.out = torch.empty_like(self.q)
         self.split_len = None  # None: both kernels derive it from the capacity
@@ -129,6 +144,60 @@ class Inputs:
     def old(self, module) -> torch.Tensor:
         return module.paged_tree_attention_triton(self.q, self.k, self.v, self.table, self.prefix, self.old_keys,
                                                   HEAD_DIM**-0.5, split_len=self.split_len, out=self.out)
+
+
+class Sdpa:
+    """The vendor reference at a case's shape: flash SDPA over the prefix and the new tokens (no
+    tree mask; causal at ctx 0), q [1, heads, T, 128], K/V [1, kv heads, keys, 128] contiguous."""
+
+    def __init__(self, case: Case, x: Inputs):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        n_heads, n_kv = HEADS[case.shape]
+        keys = case.context + case.t
+        self.q = x.q.transpose(0, 1).unsqueeze(0).contiguous()
+        self.k, self.v = (p.view(-1, n_kv, HEAD_DIM)[:keys].permute(1, 0, 2).unsqueeze(0).contiguous()
+                          for p in (x.k, x.v))
+        self.causal = case.context == 0
+        self.context = lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+        self.gqa = True
+        try:
+            self()
+        except RuntimeError:  # flash without GQA here: K/V repeated per query head
+            self.k, self.v = (t.repeat_interleave(n_heads // n_kv, dim=1) for t in (self.k, self.v))
+            self.gqa = False
+            self()
+
+    def __call__(self) -> torch.Tensor:
+        with self.context():
+            return torch.nn.functional.scaled_dot_product_attention(
+                self.q, self.k, self.v, is_causal=self.causal, enable_gqa=self.gqa and self.k.shape[1] != self.q.shape[1])
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    read_bytes_per_s: float
+    matmul_flop_per_s: float
+
+    @staticmethod
+    def measure() -> "Ceilings":
+        """A 1 GiB bf16 sum (read bandwidth) and an 8192^3 bf16 matmul (FLOP rate), this device."""
+        src = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)
+        read = src.numel() * 2 / (per_call_us(lambda: torch.sum(src, dtype=torch.float32), None) * 1e-6)
+        del src
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn_like(a)
+        rate = 2 * 8192**3 / (per_call_us(lambda: a @ b, None) * 1e-6)
+        return Ceilings(read, rate)
+
+    def bound_us(self, case: Case, x: Inputs) -> float:
+        """max(bytes / read bandwidth, FLOPs / matmul rate) of one call, µs."""
+        n_heads, n_kv = HEADS[case.shape]
+        kv_bytes = (case.context + case.t) * n_kv * HEAD_DIM * 2 * 2
+        qo_bytes = case.t * n_heads * HEAD_DIM * 2 * 2
+        pairs = case.t * case.context + int(x.keys.count.sum())  # visible (query token, key) pairs
+        flops = 4 * HEAD_DIM * n_heads * pairs
+        return max((kv_bytes + qo_bytes) / self.read_bytes_per_s, flops / self.matmul_flop_per_s) * 1e6
 
 
 class Flush:
@@ -190,19 +259,29 @@ def compiled_info() -> str:
 
 def run_table(old, capacity: int, flush: Flush, json_rows: list) -> None:
     gen = torch.Generator().manual_seed(0)
+    ceil = Ceilings.measure()
+    print(f"ceilings: read {ceil.read_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul {ceil.matmul_flop_per_s / 1e12:.0f} TFLOP/s")
     print(f"µs per call (events around each of {REPEAT} calls in a CUDA graph, median of {REPLAYS} replays); "
-          f"hot: back to back, cold: after a {FLUSH_MB} MB copy")
+          f"hot: back to back, cold: after a {FLUSH_MB} MB copy; sdpa: flash, cold; bound: see the docstring")
     print(f"{'shape':>5} {'T':>4} {'ctx':>6} {'mask':>6} {'old hot':>8} {'new hot':>8} {'new/old':>7}"
-          f" {'old cold':>8} {'new cold':>8} {'new/old':>7} {'diff':>8}")
+          f" {'old cold':>8} {'new cold':>8} {'new/old':>7} {'sdpa':>8} {'bound':>7} {'new/bnd':>7} {'sdpa/bnd':>8}"
+          f" {'diff':>8}")
     for case in cases():
         x = Inputs(case, capacity, old, gen)
         diff = (x.new().float() - x.old(old).float()).abs().max().item()
         old_hot, old_cold = hot_cold(lambda: x.old(old), flush)
         new_hot, new_cold = hot_cold(x.new, flush)
+        sdpa = Sdpa(case, x)
+        sdpa_cold = per_call_us(sdpa, flush)
+        bound = ceil.bound_us(case, x)
         print(f"{case.shape:>5} {case.t:>4} {case.context:>6} {case.mask:>6} {old_hot:8.1f} {new_hot:8.1f} "
-              f"{new_hot / old_hot:7.2f} {old_cold:8.1f} {new_cold:8.1f} {new_cold / old_cold:7.2f} {diff:8.1e}")
+              f"{new_hot / old_hot:7.2f} {old_cold:8.1f} {new_cold:8.1f} {new_cold / old_cold:7.2f} "
+              f"{sdpa_cold:7.1f}{' ' if sdpa.gqa else 'x'} {bound:7.1f} {new_cold / bound:7.2f} {sdpa_cold / bound:8.2f}"
+              f" {diff:8.1e}", flush=True)
         json_rows.append({**asdict(case), "old_hot_us": old_hot, "new_hot_us": new_hot, "old_cold_us": old_cold,
-                          "new_cold_us": new_cold, "max_abs_diff": diff})
+                          "new_cold_us": new_cold, "sdpa_cold_us": sdpa_cold, "sdpa_gqa": sdpa.gqa,
+                          "bound_us": bound, "max_abs_diff": diff})
+        del sdpa, x
 
 
 def geomean(ratios: list[float]) -> float:

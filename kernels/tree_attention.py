@@ -394,7 +394,14 @@ if triton is not None:
     ):
         """out[t, h] = the fold, split by split in order, of each split's fold of its tiles in
         order: a split's state from its split program (the tiles it folded) then its tiles'
-        own partials. A CHUNK row of one split was written directly."""
+        own partials. A CHUNK row of one split was written directly.
+
+        A split with no tile partials (a verify row's splits inside the prefix) is its state
+        alone: it skips the static loop over the split's tile slots, whose folds would all be
+        masked off (each fold onto no partial keeps the state as it is), and the next split's
+        state is loaded while this one is folded, so a long row is a chain of folds, not of
+        loads and masked folds. Same operands, same arithmetic: the bits are those of folding
+        every slot."""
         wait_for_previous(PDL)
         t = tl.program_id(0)
         h = tl.program_id(1)
@@ -411,24 +418,31 @@ if triton is not None:
             m = float("-inf")
             den = 0.0
             a = tl.zeros([HEAD_DIM], dtype=tl.float32)
+            has_next = 0 < tail_start  # split 0's state
+            next_m = tl.load(CH_M + t * N_HEADS + h, mask=has_next, other=float("-inf"))
+            next_l = tl.load(CH_L + t * N_HEADS + h, mask=has_next, other=0.0)
+            next_a = tl.load(CH_A + (t * N_HEADS + h) * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
             for s in range(0, n_splits):
                 lo = s * SPLIT_TILES
-                at = (s * T + t) * N_HEADS + h
-                has_state = lo < tail_start
-                sm = tl.load(CH_M + at, mask=has_state, other=float("-inf"))
-                sl = tl.load(CH_L + at, mask=has_state, other=0.0)
-                sa = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(has_state, HEAD_DIM, 0), other=0.0)
-                for k in tl.static_range(SPLIT_TILES):
-                    j = lo + k
-                    use = (j >= tail_start) & (j < n_tiles)
-                    tile_at = ((j - tail_start) * T + t) * N_HEADS + h
-                    xm = tl.load(TL_M + tile_at, mask=use, other=float("-inf"))
-                    xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
-                    xa = tl.load(TL_A + tile_at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
-                    fm, c1, c2 = _fold_weights(sm, xm)
-                    sl = tl.where(use, sl * c1 + xl * c2, sl)
-                    sa = tl.where(use, sa * c1 + xa * c2, sa)
-                    sm = tl.where(use, fm, sm)
+                sm, sl, sa = next_m, next_l, next_a
+                # The next split's state, in flight while this one folds.
+                at = ((s + 1) * T + t) * N_HEADS + h
+                has_next = (s + 1 < n_splits) & (lo + SPLIT_TILES < tail_start)
+                next_m = tl.load(CH_M + at, mask=has_next, other=float("-inf"))
+                next_l = tl.load(CH_L + at, mask=has_next, other=0.0)
+                next_a = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
+                if lo + SPLIT_TILES > tail_start:  # the split has tile partials
+                    for k in tl.static_range(SPLIT_TILES):
+                        j = lo + k
+                        use = (j >= tail_start) & (j < n_tiles)
+                        tile_at = ((j - tail_start) * T + t) * N_HEADS + h
+                        xm = tl.load(TL_M + tile_at, mask=use, other=float("-inf"))
+                        xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
+                        xa = tl.load(TL_A + tile_at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
+                        fm, c1, c2 = _fold_weights(sm, xm)
+                        sl = tl.where(use, sl * c1 + xl * c2, sl)
+                        sa = tl.where(use, sa * c1 + xa * c2, sa)
+                        sm = tl.where(use, fm, sm)
                 fm, c1, c2 = _fold_weights(m, sm)
                 den = den * c1 + sl * c2
                 a = a * c1 + sa * c2
