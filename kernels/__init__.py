@@ -12,12 +12,16 @@ from .fused import (
     silu_mul,
     silu_mul_triton,
 )
+from .gated_delta import gated_delta_path, gated_delta_path_triton, gated_delta_tree, gated_delta_tree_triton
 from .matmul import Partials, linear_partials_triton, linear_ref, linear_triton
 from .moe import moe_block, moe_block_triton, moe_route_triton
 from .reference import (
     accum_tree_ref,
     add_rms_norm_ref,
     ancestor_mask_ref,
+    delta_step_ref,
+    gated_delta_path_ref,
+    gated_delta_tree_ref,
     logical_to_slots,
     clamped_swiglu_ref,
     moe_block_gpt_oss_ref,
@@ -58,6 +62,13 @@ __all__ = [
     "distill_rows",
     "distill_rows_ref",
     "distill_rows_triton",
+    "delta_step_ref",
+    "gated_delta_path",
+    "gated_delta_path_ref",
+    "gated_delta_path_triton",
+    "gated_delta_tree",
+    "gated_delta_tree_ref",
+    "gated_delta_tree_triton",
     "linear_partials_triton",
     "linear_ref",
     "linear_triton",
