@@ -192,7 +192,8 @@ def test_graphed_batch_sampling_runs_inside_the_graph():
 def test_hybrid_targets_on_cuda(model):
     """Qwen3.5 hybrids (Gated DeltaNet + gated attention): fp32 speculative equals transformers;
     bf16 speculative equals the same engine's AR (a node's recurrent step is the AR step's
-    arithmetic: one fp32 delta step per token, batch-invariant linears and attention)."""
+    arithmetic: kernels/gated_delta.py walks each node's path with the AR step's per-token code,
+    batch-invariant linears and attention), both with the greedy rounds CUDA-graphed."""
     fp32 = load_engine(f"random:{model}", None, device="cuda", dtype="float32", max_context=2048)
     for budget, width, algo in [(1, 1, "accum_logp"), (16, 4, "accum_logp"), (64, 8, "adaptive"), (16, 1, "chain")]:
         fp32.reset()
@@ -209,3 +210,5 @@ def test_hybrid_targets_on_cuda(model):
             result = list(bf16.generate(prompt, params))[-1].result
             verdict = check_lossless(bf16, prompt, result, 64, against="ar", params=params)
             assert verdict["lossless"], (model, len(prompt), budget, algo, verdict)
+    # The greedy rounds ran as CUDA graphs: the recurrent walk and commit need no host values.
+    assert bf16.verify.use_graphs and all(b.round_graph is not None for b in bf16.verify._buckets.values())
