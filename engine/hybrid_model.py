@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import paged_tree_attention, prefix_tensor, visible_keys, write_kv
+from ..kernels import paged_tree_attention, prefix_tensor, tree_walk, visible_keys, write_kv
 from .kv_cache import PagedKVCache
 from .layers import MLP, Linear, SparseMoeBlock, linear
 from .linear_attention import GatedDeltaNet, RoundStash, ZeroCenteredRMSNorm, conv_window_index
@@ -57,7 +57,7 @@ class HybridCache(PagedKVCache):
         self.last_round: tuple[RoundStash, torch.Tensor, torch.Tensor | int] | None = None
         self.round_base = 0
         self.snapshots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        # Set by the model: (slot, conv, state, layer stash, ancestors, path, count, conv_out, state_out) -> None.
+        # Set by the model: (slot, conv, state, layer stash, path, count, conv_out, state_out) -> None.
         self.commit_layer = None
 
     @property
@@ -84,8 +84,8 @@ class HybridCache(PagedKVCache):
     def _walk(self, stash: RoundStash, path: torch.Tensor, count) -> None:
         """(conv, state) = (prev_conv, prev_state) advanced by the nodes path[:count]."""
         for slot, c in stash.layers.items():
-            self.commit_layer(slot, self.prev_conv[slot], self.prev_state[slot], c, stash.ancestors, path, count,
-                              self.conv[slot], self.state[slot])
+            self.commit_layer(slot, self.prev_conv[slot], self.prev_state[slot], c, path, count, self.conv[slot],
+                              self.state[slot])
 
     @torch.inference_mode()
     def commit_path(self, path: torch.Tensor | list[int], count: torch.Tensor | int | None = None) -> None:
@@ -126,6 +126,7 @@ class HybridCache(PagedKVCache):
             self.state.copy_(self.prev_state)
             if length > self.round_base:
                 self._walk(stash, path, length - self.round_base)
+            self.snapshots = {n: s for n, s in self.snapshots.items() if n <= length}  # none of a later sequence
             self.last_round = None
             self.length = length
             return
@@ -284,13 +285,14 @@ class HybridTargetModel(TargetModel):
         window = conv_window_index(batch.tree_mask, self.cfg.hybrid.conv_kernel)
         keys = visible_keys(batch.tree_mask, shared=batch.causal) if h.is_cuda else None
         prefix = prefix_tensor(batch.prefix_len, h.device) if h.is_cuda else batch.prefix_len
-        stash = RoundStash(ancestors=batch.tree_mask, layers={})
+        walk = tree_walk(batch.tree_mask, keys) if h.is_cuda else None  # the recurrence's lanes (leaves' paths)
+        stash = RoundStash(layers={})
         taps: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
             x = layer.input_layernorm(h)
             j = self.slot[i]
             if layer.is_linear:
-                o, stash.layers[j] = layer.linear_attn(x, kv.conv[j], kv.state[j], batch.tree_mask, window)
+                o, stash.layers[j] = layer.linear_attn(x, kv.conv[j], kv.state[j], batch.tree_mask, window, walk)
             else:
                 o = self._attention(layer.self_attn, x, cos, sin, kv, j, slots, batch, prefix, keys)
             h = h + o

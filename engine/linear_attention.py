@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import gated_delta_path, gated_delta_tree
+from ..kernels import TreeWalk, gated_delta_path, gated_delta_tree
 from .layers import Linear
 
 
@@ -102,9 +102,8 @@ class LayerStash:
 
 @dataclass
 class RoundStash:
-    """What the last forward left for its commit: the tree's ancestor mask, per-layer operands."""
+    """What the last forward left for its commit: per-layer operands by state slot."""
 
-    ancestors: torch.Tensor
     layers: dict[int, LayerStash]
 
 
@@ -129,10 +128,10 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_a = Linear(hidden, v_heads, bias=False)
 
     def forward(self, x: torch.Tensor, conv_state: torch.Tensor, state: torch.Tensor, ancestors: torch.Tensor,
-                window: torch.Tensor) -> tuple[torch.Tensor, LayerStash]:
-        """T new tokens (a tree: ancestor-or-self mask `ancestors`; `window` = conv_window_index)
-        after the committed (conv_state, state); nothing is written. Returns the layer output
-        [T, hidden] and the stash the commit replays."""
+                window: torch.Tensor, walk: TreeWalk | None) -> tuple[torch.Tensor, LayerStash]:
+        """T new tokens (a tree: ancestor-or-self mask `ancestors`; `window` = conv_window_index;
+        `walk` = tree_walk on CUDA) after the committed (conv_state, state); nothing is written.
+        Returns the layer output [T, hidden] and the stash the commit replays."""
         t = x.shape[0]
         conv_in = self.in_proj_qkv(x)
         rows = torch.cat([conv_state.t().to(conv_in.dtype), conv_in])  # committed rows, then node i at K-1+i
@@ -151,18 +150,17 @@ class GatedDeltaNet(nn.Module):
             beta=self.in_proj_b(x).sigmoid().float(),
             g=-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias),
         )
-        out = gated_delta_tree(c.q, c.k, c.v, c.g, c.beta, ancestors, state)
+        out = gated_delta_tree(c.q, c.k, c.v, c.g, c.beta, ancestors, state, walk)
         z = self.in_proj_z(x).reshape(t, self.v_heads, self.v_dim)
         o = self.norm(out.to(x.dtype), z).reshape(t, -1)
         return self.out_proj(o), c
 
-    def commit(self, conv_state: torch.Tensor, state: torch.Tensor, c: LayerStash, ancestors: torch.Tensor,
-               path: torch.Tensor, count, conv_out: torch.Tensor, state_out: torch.Tensor) -> None:
+    def commit(self, conv_state: torch.Tensor, state: torch.Tensor, c: LayerStash, path: torch.Tensor, count,
+               conv_out: torch.Tensor, state_out: torch.Tensor) -> None:
         """Write into (conv_out, state_out) the committed (conv_state, state) advanced by the
         accepted nodes path[:count] (root first; count >= 1, an int or a 0-d device tensor):
         the deepest one's state, walked by the verify's own kernel, and the last K-1 rows."""
-        node = path[count - 1 :][:1] if isinstance(count, int) else path.gather(0, (count - 1).reshape(1))
-        gated_delta_path(c.q, c.k, c.v, c.g, c.beta, ancestors, node, state, state_out)
+        gated_delta_path(c.q, c.k, c.v, c.g, c.beta, path, count, state, state_out)
         rows = torch.cat([conv_state.t().to(c.conv_in.dtype), c.conv_in[path]])
         keep = count + torch.arange(self.kernel - 1, device=rows.device)
         conv_out.copy_(rows[keep].t())

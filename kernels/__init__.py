@@ -12,7 +12,14 @@ from .fused import (
     silu_mul,
     silu_mul_triton,
 )
-from .gated_delta import gated_delta_path, gated_delta_path_triton, gated_delta_tree, gated_delta_tree_triton
+from .gated_delta import (
+    TreeWalk,
+    gated_delta_path,
+    gated_delta_path_triton,
+    gated_delta_tree,
+    gated_delta_tree_triton,
+    tree_walk,
+)
 from .matmul import Partials, linear_partials_triton, linear_ref, linear_triton
 from .moe import moe_block, moe_block_triton, moe_route_triton
 from .reference import (
@@ -51,6 +58,7 @@ from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
     "Partials",
+    "TreeWalk",
     "VisibleKeys",
     "accum_tree",
     "accum_tree_ref",
@@ -100,6 +108,7 @@ __all__ = [
     "silu_mul_ref",
     "silu_mul_triton",
     "split_len_for",
+    "tree_walk",
     "visible_keys",
     "write_kv",
     "write_kv_ref",

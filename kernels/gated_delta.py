@@ -6,41 +6,62 @@ delta rule, kernels/reference.py: delta_step_ref), its output o_i = S_iᵀ q_i.
 
 Kernel: one program per (lane, value head, block of BV value columns). A lane is a leaf of the
 tree: it loads the committed state's [dk, BV] tile into registers, walks the leaf's
-ancestors-or-self root first (row `end` of the ancestor mask, scanned in index order), applies
-each node's update and writes each node's output. A node on several leaves' paths is computed by
+ancestors-or-self root first (`TreeWalk`: the leaf's row of the attention's `visible_keys`,
+i.e. its path), applies each node's update and writes each node's output. A node on several leaves' paths is computed by
 each of them, with the same operations on the same operands, so every copy writes the same
 bits. No per-node state is ever stored: the cost is the sum of the leaves' depths in updates
 (at most T × depth) and one read of the committed tile per lane (L2-resident: 2 MB a layer at
 Qwen3.6-35B-A3B's shape), against one state per node (T × 2 MB a layer written and read back)
 or a depth-first order that the tree's best-first numbering does not give without a sort.
 
-The commit is the same kernel on one lane (the deepest accepted node), writing the walked state
+The commit is the same kernel on one lane walking the accepted path, writing the walked state
 instead of outputs: the committed state is bitwise the state the accepted nodes were verified
 with. Batch invariance: a node's output depends only on its own path's operands and the fixed
 tile shape, never on T or the tree's other nodes, so an AR step (T = 1) from the committed state
 gives the bits a tree node gives after the same path (fp fusion off, as in fused.py).
 
 The grid is (T, H, dv / BV) for every tree of a size: non-leaf programs return at once, so a
-CUDA graph of one tree-size bucket serves every tree shape. Leaves and the ancestor rows come
-from the tree's ancestor mask on the device.
+CUDA graph of one tree-size bucket serves every tree shape. Leaves and paths come from the
+tree's ancestor mask on the device (`tree_walk`), the commit's path and count from the accept.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from .launch import launch_args, triton, tl, wait_for_previous
 from .reference import gated_delta_path_ref, gated_delta_tree_ref
+from .tree_attention import VisibleKeys, visible_keys
 
 BLOCK_V = 32  # value columns per program: a [dk, 32] fp32 tile (16 KB at dk = 128) in registers
 
+
+class TreeWalk(NamedTuple):
+    """The kernel's lanes over one tree: lane i walks order[i, :length[i]] (node indices, root
+    first); length 0 for a node that is not a leaf. Built once a forward for all layers."""
+
+    order: torch.Tensor  # [T, T] int32 (visible_keys(ancestors).order: row i = i's path)
+    length: torch.Tensor  # [T] int32
+
+
+def tree_walk(ancestors: torch.Tensor, keys: VisibleKeys | None = None) -> TreeWalk:
+    """The lanes of a tree from its ancestor-or-self mask (device ops, no host values); `keys`:
+    the attention's visible_keys of the same mask, when the forward has them already."""
+    keys = keys if keys is not None else visible_keys(ancestors)
+    leaf = ancestors.sum(dim=0) == 1  # no node but itself has it as an ancestor
+    return TreeWalk(keys.order, torch.where(leaf, keys.count, 0).to(torch.int32))
+
+
 if triton is not None:
 
-    @triton.jit
+    # One compiled kernel for every tree size and for both uses (outputs, commit): Triton would
+    # otherwise specialise on T == 1, on the flags and on the walk's row stride.
+    @triton.jit(do_not_specialize=["T", "walk_row", "emit", "store"])
     def _gated_delta_walk_kernel(
         q_ptr, k_ptr, v_ptr, q_row, k_row, v_row,  # q, k [T, k_heads * DK], v [T, H * DV]: row strides
         g_ptr, beta_ptr,  # [T, H] fp32
-        anc_ptr,  # [T, T] int8 ancestor-or-self
-        lane_ptr,  # [L] int64: the node a lane walks to, -1 for none
+        walk_ptr, walk_row, len_ptr,  # lane l walks nodes walk[l, :len[l]] (int32, root first)
         s_in_ptr, s_out_ptr,  # [H, DK, DV] fp32
         o_ptr,  # [T, H, DV] fp32
         T, H, emit, store, scale,
@@ -52,81 +73,76 @@ if triton is not None:
         cols = tl.program_id(2) * BV + tl.arange(0, BV)
         rows = tl.arange(0, DK)
         hk = h // REP
-        end = tl.load(lane_ptr + lane)
-        if end >= 0:
+        n = tl.load(len_ptr + lane)
+        if n > 0:
             tile = h * DK * DV + rows[:, None] * DV + cols[None, :]
             s = tl.load(s_in_ptr + tile)
-            for j in range(0, end + 1):
-                if tl.load(anc_ptr + end * T + j) != 0:
-                    k = tl.load(k_ptr + j * k_row + hk * DK + rows).to(tl.float32)
-                    k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-                    v = tl.load(v_ptr + j * v_row + h * DV + cols).to(tl.float32)
-                    g = tl.load(g_ptr + j * H + h)
-                    beta = tl.load(beta_ptr + j * H + h)
-                    s = s * tl.exp(g)
-                    mem = tl.sum(s * k[:, None], axis=0)
-                    delta = (v - mem) * beta
-                    s = s + k[:, None] * delta[None, :]
-                    if emit != 0:
-                        q = tl.load(q_ptr + j * q_row + hk * DK + rows).to(tl.float32)
-                        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
-                        o = tl.sum(s * q[:, None], axis=0)
-                        tl.store(o_ptr + (j * H + h) * DV + cols, o)
+            for d in range(0, n):
+                j = tl.load(walk_ptr + lane * walk_row + d).to(tl.int64)
+                k = tl.load(k_ptr + j * k_row + hk * DK + rows).to(tl.float32)
+                k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+                v = tl.load(v_ptr + j * v_row + h * DV + cols).to(tl.float32)
+                g = tl.load(g_ptr + j * H + h)
+                beta = tl.load(beta_ptr + j * H + h)
+                s = s * tl.exp(g)
+                mem = tl.sum(s * k[:, None], axis=0)
+                delta = (v - mem) * beta
+                s = s + k[:, None] * delta[None, :]
+                if emit != 0:
+                    q = tl.load(q_ptr + j * q_row + hk * DK + rows).to(tl.float32)
+                    q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
+                    o = tl.sum(s * q[:, None], axis=0)
+                    tl.store(o_ptr + (j * H + h) * DV + cols, o)
             if store != 0:
                 tl.store(s_out_ptr + tile, s)
 
 
-def _walk(q, k, v, g, beta, ancestors, lanes, state_in, state_out, out, emit: bool) -> None:
+def _walk(q, k, v, g, beta, order, length, state_in, state_out, out, emit: bool) -> None:
     if triton is None:  # pragma: no cover
         raise RuntimeError("the Triton Gated DeltaNet kernel needs triton")
     t, hk, dk = q.shape
     h, dv = v.shape[1], v.shape[2]
     assert q.stride(2) == k.stride(2) == v.stride(2) == 1 and q.stride(1) == k.stride(1) == dk and v.stride(1) == dv
     assert dk & (dk - 1) == 0 and dv & (dv - 1) == 0, "head dims must be powers of two"
+    assert order.dtype == length.dtype == torch.int32 and order.stride(1) == 1
     bv = min(BLOCK_V, dv)
-    grid = (lanes.shape[0], h, dv // bv)
+    grid = (length.shape[0], h, dv // bv)
     _gated_delta_walk_kernel[grid](
-        q, k, v, q.stride(0), k.stride(0), v.stride(0), g, beta, ancestors, lanes, state_in, state_out, out,
-        t, h, int(emit), int(not emit), dk**-0.5,
+        q, k, v, q.stride(0), k.stride(0), v.stride(0), g.float().contiguous(), beta.float().contiguous(),
+        order, order.stride(0), length, state_in, state_out, out, t, h, int(emit), int(not emit), dk**-0.5,
         REP=h // hk, DK=dk, DV=dv, BV=bv, num_warps=4, enable_fp_fusion=False, **launch_args(q.device, t),
     )
 
 
-def _mask_int8(ancestors: torch.Tensor) -> torch.Tensor:
-    return ancestors.to(torch.int8).contiguous()
-
-
-def gated_delta_tree_triton(q, k, v, g, beta, ancestors, state) -> torch.Tensor:
-    """gated_delta_tree_ref in one launch (see the module docstring)."""
-    t = q.shape[0]
-    mask = _mask_int8(ancestors)
-    leaf = mask.sum(dim=0) == 1  # no node but itself has it as an ancestor
-    lanes = torch.where(leaf, torch.arange(t, device=q.device), -1)
-    out = torch.empty(t, v.shape[1], v.shape[2], dtype=torch.float32, device=q.device)
-    _walk(q, k, v, g.float().contiguous(), beta.float().contiguous(), mask, lanes, state, state, out, emit=True)
+def gated_delta_tree_triton(q, k, v, g, beta, ancestors, state, walk: TreeWalk | None = None) -> torch.Tensor:
+    """gated_delta_tree_ref in one launch (see the module docstring); `walk`: tree_walk(ancestors)."""
+    walk = walk if walk is not None else tree_walk(ancestors)
+    out = torch.empty(q.shape[0], v.shape[1], v.shape[2], dtype=torch.float32, device=q.device)
+    _walk(q, k, v, g, beta, walk.order, walk.length, state, state, out, emit=True)
     return out
 
 
-def gated_delta_path_triton(q, k, v, g, beta, ancestors, node, state_in, state_out) -> None:
+def gated_delta_path_triton(q, k, v, g, beta, path, count, state_in, state_out) -> None:
     """gated_delta_path_ref in one launch of one lane."""
-    mask = _mask_int8(ancestors)
-    _walk(q, k, v, g.float().contiguous(), beta.float().contiguous(), mask, node.long().reshape(1), state_in,
-          state_out, state_out, emit=False)
+    length = torch.as_tensor(count, device=q.device).to(torch.int32).reshape(1)
+    _walk(q, k, v, g, beta, path.to(torch.int32).reshape(1, -1), length, state_in, state_out, state_out, emit=False)
 
 
 def _use_triton(*tensors: torch.Tensor) -> bool:
     return tensors[0].is_cuda and triton is not None
 
 
-def gated_delta_tree(q, k, v, g, beta, ancestors, state) -> torch.Tensor:
+def gated_delta_tree(q, k, v, g, beta, ancestors, state, walk: TreeWalk | None = None) -> torch.Tensor:
     """Outputs [T, H, dv] fp32 of a tree's nodes after the committed state (gated_delta_tree_ref):
-    Triton on CUDA tensors, the torch reference elsewhere."""
-    fn = gated_delta_tree_triton if _use_triton(q) else gated_delta_tree_ref
-    return fn(q, k, v, g, beta, ancestors, state)
+    Triton on CUDA tensors (`walk`: the forward's tree_walk, else built here), the torch
+    reference elsewhere."""
+    if _use_triton(q):
+        return gated_delta_tree_triton(q, k, v, g, beta, ancestors, state, walk)
+    return gated_delta_tree_ref(q, k, v, g, beta, ancestors, state)
 
 
-def gated_delta_path(q, k, v, g, beta, ancestors, node, state_in, state_out) -> None:
-    """state_out = the state of tree node `node` ([1] index tensor) after state_in
-    (gated_delta_path_ref): Triton on CUDA tensors, the torch reference elsewhere."""
+def gated_delta_path(q, k, v, g, beta, path, count, state_in, state_out) -> None:
+    """state_out = state_in advanced by the nodes path[:count] (root first; count an int or a
+    0-d tensor, >= 1) (gated_delta_path_ref): Triton on CUDA tensors, the reference elsewhere."""
     fn = gated_delta_path_triton if _use_triton(q) else gated_delta_path_ref
-    fn(q, k, v, g, beta, ancestors, node, state_in, state_out)
+    fn(q, k, v, g, beta, path, count, state_in, state_out)

@@ -392,13 +392,11 @@ def gated_delta_tree_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 
 
 def gated_delta_path_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                         ancestors: torch.Tensor, node: torch.Tensor, state_in: torch.Tensor,
-                         state_out: torch.Tensor) -> None:
-    """The commit: state_out = the state of tree node `node` (a [1] index tensor), i.e. state_in
-    updated by the tokens of node's ancestors-or-self in index order. Operands as for
-    gated_delta_tree_ref."""
+                         path: torch.Tensor, count, state_in: torch.Tensor, state_out: torch.Tensor) -> None:
+    """The commit: state_out = state_in updated by the tokens of nodes path[:count] in order
+    (root first; count an int or a 0-d tensor). Operands as for gated_delta_tree_ref."""
     q, k, v = gated_delta_inputs_ref(q, k, v, state_in.shape[0])
     s = state_in
-    for j in ancestors[int(node[0])].nonzero()[:, 0].tolist():
+    for j in path[: int(count)].tolist():
         s, _ = delta_step_ref(s, q[j], k[j], v[j], g[j], beta[j])
     state_out.copy_(s)

@@ -56,9 +56,12 @@ def test_tree_walk_matches_reference(shape, t):
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
     # The commit: the state of every node equals the reference's replay of its path.
     for node in range(t):
+        path = mask[node].nonzero()[:, 0]
+        padded = torch.cat([path, torch.zeros(3, dtype=path.dtype, device=DEVICE)])  # entries past count: ignored
+        count = torch.tensor(len(path), device=DEVICE)
         got, want = torch.empty_like(state), torch.empty_like(state)
-        gated_delta_path_triton(q, k, v, g, beta, mask, torch.tensor([node], device=DEVICE), state, got)
-        gated_delta_path_ref(q, k, v, g, beta, mask, torch.tensor([node], device=DEVICE), state, want)
+        gated_delta_path_triton(q, k, v, g, beta, padded, count, state, got)
+        gated_delta_path_ref(q, k, v, g, beta, padded, count, state, want)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -76,7 +79,8 @@ def test_tree_node_equals_the_ar_step_bitwise(dtype):
     for i, p in enumerate(parents):
         before = state.clone()
         if p >= 0:
-            gated_delta_path_triton(q, k, v, g, beta, mask, torch.tensor([p], device=DEVICE), state, before)
+            path = mask[p].nonzero()[:, 0]
+            gated_delta_path_triton(q, k, v, g, beta, path, len(path), state, before)
         ar = gated_delta_tree_triton(q[i : i + 1], k[i : i + 1], v[i : i + 1], g[i : i + 1], beta[i : i + 1], one, before)
         assert torch.equal(ar[0], tree_out[i]), i
 
@@ -98,6 +102,7 @@ def test_real_shape_tree_on_cuda():
         p = parents[i]
         before = state.clone()
         if p >= 0:
-            gated_delta_path_triton(q, k, v, g, beta, mask, torch.tensor([p], device=DEVICE), state, before)
+            path = mask[p].nonzero()[:, 0]
+            gated_delta_path_triton(q, k, v, g, beta, path, len(path), state, before)
         ar = gated_delta_tree_triton(q[i : i + 1], k[i : i + 1], v[i : i + 1], g[i : i + 1], beta[i : i + 1], one, before)
         assert torch.equal(ar[0], ours[i]), i
