@@ -1,6 +1,9 @@
 """The Gated DeltaNet tree walk (kernels/gated_delta.py) against its torch reference on random
 trees, and batch invariance: every node's output is bitwise the AR step's after its path. Small
 heads under the interpreter on a CPU; on a GPU also Qwen3.6-35B-A3B's head shape and 256 nodes."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -8,6 +11,9 @@ triton = pytest.importorskip("triton")
 
 from jetspec_chat.kernels.gated_delta import gated_delta_path_triton, gated_delta_tree_triton
 from jetspec_chat.kernels.reference import ancestor_mask_ref, gated_delta_path_ref, gated_delta_tree_ref
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sm90 import run_compile_script  # noqa: E402
 
 K_HEADS, V_HEADS, DK, DV = 2, 4, 16, 64  # two value blocks of 32 per head; key heads shared by 2
 CUDA = torch.cuda.is_available()
@@ -106,3 +112,10 @@ def test_real_shape_tree_on_cuda():
             gated_delta_path_triton(q, k, v, g, beta, path, len(path), state, before)
         ar = gated_delta_tree_triton(q[i : i + 1], k[i : i + 1], v[i : i + 1], g[i : i + 1], beta[i : i + 1], one, before)
         assert torch.equal(ar[0], ours[i]), i
+
+
+def test_compiles_for_sm90_without_spills():
+    """Offline sm_90 compile at the real head shapes: the state tile stays in registers."""
+    out = run_compile_script("sm90_gated_delta_compile.py", [])
+    assert len(out) == 4
+    assert all(r["local"] == 0 and r["regs"] is not None and r["regs"] <= 128 for r in out), out
