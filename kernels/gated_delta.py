@@ -97,7 +97,7 @@ if triton is not None:
                 tl.store(s_out_ptr + tile, s)
 
 
-def _walk(q, k, v, g, beta, order, length, state_in, state_out, out, emit: bool) -> None:
+def _walk(q, k, v, g, beta, order, length, state_in, state_out, out, emit: bool, block_v: int = BLOCK_V) -> None:
     if triton is None:  # pragma: no cover
         raise RuntimeError("the Triton Gated DeltaNet kernel needs triton")
     t, hk, dk = q.shape
@@ -105,7 +105,7 @@ def _walk(q, k, v, g, beta, order, length, state_in, state_out, out, emit: bool)
     assert q.stride(2) == k.stride(2) == v.stride(2) == 1 and q.stride(1) == k.stride(1) == dk and v.stride(1) == dv
     assert dk & (dk - 1) == 0 and dv & (dv - 1) == 0, "head dims must be powers of two"
     assert order.dtype == length.dtype == torch.int32 and order.stride(1) == 1
-    bv = min(BLOCK_V, dv)
+    bv = min(block_v, dv)
     grid = (length.shape[0], h, dv // bv)
     _gated_delta_walk_kernel[grid](
         q, k, v, q.stride(0), k.stride(0), v.stride(0), g.float().contiguous(), beta.float().contiguous(),
@@ -114,11 +114,14 @@ def _walk(q, k, v, g, beta, order, length, state_in, state_out, out, emit: bool)
     )
 
 
-def gated_delta_tree_triton(q, k, v, g, beta, ancestors, state, walk: TreeWalk | None = None) -> torch.Tensor:
-    """gated_delta_tree_ref in one launch (see the module docstring); `walk`: tree_walk(ancestors)."""
+def gated_delta_tree_triton(q, k, v, g, beta, ancestors, state, walk: TreeWalk | None = None,
+                            block_v: int = BLOCK_V) -> torch.Tensor:
+    """gated_delta_tree_ref in one launch (see the module docstring); `walk`: tree_walk(ancestors).
+    block_v: value columns per program (benchmarks only: the bits depend on it, so the engine
+    keeps BLOCK_V for every call)."""
     walk = walk if walk is not None else tree_walk(ancestors)
     out = torch.empty(q.shape[0], v.shape[1], v.shape[2], dtype=torch.float32, device=q.device)
-    _walk(q, k, v, g, beta, walk.order, walk.length, state, state, out, emit=True)
+    _walk(q, k, v, g, beta, walk.order, walk.length, state, state, out, emit=True, block_v=block_v)
     return out
 
 

@@ -3,8 +3,11 @@
 # and the hybrid engine test (fp32 speculative = transformers, bf16 speculative = AR, greedy
 # rounds CUDA-graphed), then `bench --engine-only` at the real shapes with random weights: AR step
 # and verify(1..256) against their bounds (weights + the recurrent state read and written), the
-# tree stash per tree size, peak memory. Usage: hybrid_check.sh [tests|35b|27b|all] (default all;
-# each verb alone fits a 10-minute call, all three together about 5 minutes on an H100).
+# tree stash per tree size, peak memory; `kernel`: the tree-walk kernel alone per layer
+# (benchmarks/gated_delta.py) at both shapes and three value-block widths.
+# Usage: hybrid_check.sh [tests|kernel|35b|27b|all] (default all). Not timed yet on a GPU: each
+# step has its own timeout (tests 240 s, kernel 2 × 120 s, each bench 280 s); if `all` runs past
+# one call's limit, run the verbs in separate calls.
 # Results go to $OUT (the run tool's output folder) or ./gpu-out.
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
@@ -19,6 +22,11 @@ bench() {  # $1: model id, $2: output name
 case $verb in tests|all)
   timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_gated_delta_kernel.py \
     tests/engine/test_gpu.py -k "gated or hybrid" 2>&1 | tee "$OUT/tests.txt" | tail -8 ;;
+esac
+case $verb in kernel|all)
+  for vh in 32 48; do
+    timeout 120 python3 benchmarks/gated_delta.py --v-heads $vh --block-v 16,32,64 2>&1 | tee -a "$OUT/kernel.txt"
+  done ;;
 esac
 case $verb in 35b|all) bench Qwen/Qwen3.6-35B-A3B bench35b ;; esac
 case $verb in 27b|all) bench Qwen/Qwen3.8-27B bench27b ;; esac
