@@ -5,9 +5,11 @@ committed state once; the commit's one-lane walk; and the work (updates = the le
 
     python benchmarks/gated_delta.py                       # Qwen3.6-35B-A3B: 16 key / 32 value heads of 128
     python benchmarks/gated_delta.py --v-heads 48          # Qwen3.8-27B
-    python benchmarks/gated_delta.py --block-v 16,32,64    # value columns per program (bits differ by it)
+    python benchmarks/gated_delta.py --shapes 32x4,16x1    # program shapes: value columns x warps
 
-Needs a CUDA GPU. Prints one line per (nodes, block_v): µs per launch, updates, µs per layer-bound.
+Needs a CUDA GPU. Prints one line per (nodes, program shape): µs per launch against one read of
+the committed state, and the updates walked. The engine runs one shape (BLOCK_V x WARPS in
+kernels/gated_delta.py) for every call: the bits depend on it.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def main() -> None:
     ap.add_argument("--nodes", default="1,16,64,128,256")
     ap.add_argument("--width", type=int, default=8)
     ap.add_argument("--depth", type=int, default=15)
-    ap.add_argument("--block-v", default="32")
+    ap.add_argument("--shapes", default="32x4", help="program shapes to time: VALUE_COLUMNSxWARPS, comma-separated")
     args = ap.parse_args()
     dev = torch.device("cuda")
     hk, h, d = args.k_heads, args.v_heads, args.dim
@@ -69,9 +71,10 @@ def main() -> None:
         beta = torch.rand(t, h, generator=gen).to(dev)
         walk = tree_walk(mask)
         updates = int(walk.length.sum())
-        for bv in (int(x) for x in args.block_v.split(",")):
-            us = timed_us(lambda: gated_delta_tree_triton(q, k, v, g, beta, mask, state, walk, block_v=bv))
-            print(f"nodes {t:4d}  block_v {bv:3d}: tree walk {us:8.1f} µs ({us / state_read_us:5.1f}× state read), "
+        for shape in args.shapes.split(","):
+            bv, warps = (int(x) for x in shape.split("x"))
+            us = timed_us(lambda: gated_delta_tree_triton(q, k, v, g, beta, mask, state, walk, block_v=bv, warps=warps))
+            print(f"nodes {t:4d}  {bv:3d} cols x {warps} warps: tree walk {us:8.1f} µs ({us / state_read_us:5.1f}× state read), "
                   f"{updates} updates ({updates / t:.2f} a node), depth {int(walk.length.max()) - 1}")
         deepest = int(walk.length.argmax())
         path = walk.order[deepest].long()

@@ -35,6 +35,7 @@ from .reference import gated_delta_path_ref, gated_delta_tree_ref
 from .tree_attention import VisibleKeys, visible_keys
 
 BLOCK_V = 32  # value columns per program: a [dk, 32] fp32 tile (16 KB at dk = 128) in registers
+WARPS = 4  # per program (79 registers a thread at dk = 128, no spills: tests/kernels/sm90_gated_delta_compile.py)
 
 
 class TreeWalk(NamedTuple):
@@ -97,7 +98,8 @@ if triton is not None:
                 tl.store(s_out_ptr + tile, s)
 
 
-def _walk(q, k, v, g, beta, order, length, state_in, state_out, out, emit: bool, block_v: int = BLOCK_V) -> None:
+def _walk(q, k, v, g, beta, order, length, state_in, state_out, out, emit: bool, block_v: int = BLOCK_V,
+          warps: int = WARPS) -> None:
     if triton is None:  # pragma: no cover
         raise RuntimeError("the Triton Gated DeltaNet kernel needs triton")
     t, hk, dk = q.shape
@@ -110,18 +112,18 @@ def _walk(q, k, v, g, beta, order, length, state_in, state_out, out, emit: bool,
     _gated_delta_walk_kernel[grid](
         q, k, v, q.stride(0), k.stride(0), v.stride(0), g.float().contiguous(), beta.float().contiguous(),
         order, order.stride(0), length, state_in, state_out, out, t, h, int(emit), int(not emit), dk**-0.5,
-        REP=h // hk, DK=dk, DV=dv, BV=bv, num_warps=4, enable_fp_fusion=False, **launch_args(q.device, t),
+        REP=h // hk, DK=dk, DV=dv, BV=bv, num_warps=warps, enable_fp_fusion=False, **launch_args(q.device, t),
     )
 
 
 def gated_delta_tree_triton(q, k, v, g, beta, ancestors, state, walk: TreeWalk | None = None,
-                            block_v: int = BLOCK_V) -> torch.Tensor:
+                            block_v: int = BLOCK_V, warps: int = WARPS) -> torch.Tensor:
     """gated_delta_tree_ref in one launch (see the module docstring); `walk`: tree_walk(ancestors).
-    block_v: value columns per program (benchmarks only: the bits depend on it, so the engine
-    keeps BLOCK_V for every call)."""
+    block_v, warps: the program shape (benchmarks only: the reductions' order, hence the bits,
+    depend on it, so the engine keeps BLOCK_V and WARPS for every call and for the commit)."""
     walk = walk if walk is not None else tree_walk(ancestors)
     out = torch.empty(q.shape[0], v.shape[1], v.shape[2], dtype=torch.float32, device=q.device)
-    _walk(q, k, v, g, beta, walk.order, walk.length, state, state, out, emit=True, block_v=block_v)
+    _walk(q, k, v, g, beta, walk.order, walk.length, state, state, out, emit=True, block_v=block_v, warps=warps)
     return out
 
 

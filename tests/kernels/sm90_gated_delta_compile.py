@@ -36,5 +36,5 @@ if __name__ == "__main__":
             src = ASTSource(fn=gated_delta._gated_delta_walk_kernel, signature=SIGNATURE | {n: "constexpr" for n in consts},
                             constexprs=consts, attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                    options=dict(num_warps=4, enable_fp_fusion=False, launch_pdl=pdl))
+                                    options=dict(num_warps=gated_delta.WARPS, enable_fp_fusion=False, launch_pdl=pdl))
             print(json.dumps(dict(rep=rep, pdl=pdl, **resource_usage(kernel))))

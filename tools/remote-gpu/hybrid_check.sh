@@ -4,7 +4,7 @@
 # rounds CUDA-graphed), then `bench --engine-only` at the real shapes with random weights: AR step
 # and verify(1..256) against their bounds (weights + the recurrent state read and written), the
 # tree stash per tree size, peak memory; `kernel`: the tree-walk kernel alone per layer
-# (benchmarks/gated_delta.py) at both shapes and three value-block widths.
+# (benchmarks/gated_delta.py) at both shapes and four program shapes.
 # Usage: hybrid_check.sh [tests|kernel|35b|27b|all] (default all). Not timed yet on a GPU: each
 # step has its own timeout (tests 240 s, kernel 2 × 120 s, each bench 280 s); if `all` runs past
 # one call's limit, run the verbs in separate calls.
@@ -25,7 +25,7 @@ case $verb in tests|all)
 esac
 case $verb in kernel|all)
   for vh in 32 48; do
-    timeout 120 python3 benchmarks/gated_delta.py --v-heads $vh --block-v 16,32,64 2>&1 | tee -a "$OUT/kernel.txt"
+    timeout 120 python3 benchmarks/gated_delta.py --v-heads $vh --shapes 32x4,16x1,16x2,64x4 2>&1 | tee -a "$OUT/kernel.txt"
   done ;;
 esac
 case $verb in 35b|all) bench Qwen/Qwen3.6-35B-A3B bench35b ;; esac
