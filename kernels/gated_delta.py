@@ -7,9 +7,9 @@ delta rule, kernels/reference.py: delta_step_ref), its output o_i = S_iᵀ q_i.
 Kernel: one program per (lane, value head, block of BV value columns). A lane is a leaf of the
 tree: it loads the committed state's [dk, BV] tile into registers, walks the leaf's
 ancestors-or-self root first (`TreeWalk`: the leaf's row of the attention's `visible_keys`,
-i.e. its path), applies each node's update and writes each node's output. A node on several leaves' paths is computed by
-each of them, with the same operations on the same operands, so every copy writes the same
-bits. No per-node state is ever stored: the cost is the sum of the leaves' depths in updates
+i.e. its path) and applies each node's update; each node's output is written by one lane (its
+owner, the lowest-index leaf below it). A node on several leaves' paths is updated by each of
+them with the same operations on the same operands, so every lane holds the same bits. No per-node state is ever stored: the cost is the sum of the leaves' depths in updates
 (at most T × depth) and one read of the committed tile per lane (L2-resident: 2 MB a layer at
 Qwen3.6-35B-A3B's shape), against one state per node (T × 2 MB a layer written and read back)
 or a depth-first order that the tree's best-first numbering does not give without a sort.
@@ -40,10 +40,13 @@ WARPS = 4  # per program (79 registers a thread at dk = 128, no spills: tests/ke
 
 class TreeWalk(NamedTuple):
     """The kernel's lanes over one tree: lane i walks order[i, :length[i]] (node indices, root
-    first); length 0 for a node that is not a leaf. Built once a forward for all layers."""
+    first); length 0 for a node that is not a leaf. A node's output is written by one lane, its
+    owner (the lowest-index leaf below it); the other lanes through it only update the state.
+    Built once a forward for all layers."""
 
     order: torch.Tensor  # [T, T] int32 (visible_keys(ancestors).order: row i = i's path)
     length: torch.Tensor  # [T] int32
+    owner: torch.Tensor  # [T] int32
 
 
 def tree_walk(ancestors: torch.Tensor, keys: VisibleKeys | None = None) -> TreeWalk:
@@ -51,7 +54,10 @@ def tree_walk(ancestors: torch.Tensor, keys: VisibleKeys | None = None) -> TreeW
     the attention's visible_keys of the same mask, when the forward has them already."""
     keys = keys if keys is not None else visible_keys(ancestors)
     leaf = ancestors.sum(dim=0) == 1  # no node but itself has it as an ancestor
-    return TreeWalk(keys.order, torch.where(leaf, keys.count, 0).to(torch.int32))
+    t = ancestors.shape[0]
+    index = torch.arange(t, device=ancestors.device)
+    owner = torch.where(ancestors & leaf[:, None], index[:, None], t).amin(dim=0)
+    return TreeWalk(keys.order, torch.where(leaf, keys.count, 0).to(torch.int32), owner.to(torch.int32))
 
 
 if triton is not None:
@@ -63,6 +69,7 @@ if triton is not None:
         q_ptr, k_ptr, v_ptr, q_row, k_row, v_row,  # q, k [T, k_heads * DK], v [T, H * DV]: row strides
         g_ptr, beta_ptr,  # [T, H] fp32
         walk_ptr, walk_row, len_ptr,  # lane l walks nodes walk[l, :len[l]] (int32, root first)
+        owner_ptr,  # [T] int32: the lane that writes node j's output
         s_in_ptr, s_out_ptr,  # [H, DK, DV] fp32
         o_ptr,  # [T, H, DV] fp32
         T, H, emit, store, scale,
@@ -89,16 +96,17 @@ if triton is not None:
                 mem = tl.sum(s * k[:, None], axis=0)
                 delta = (v - mem) * beta
                 s = s + k[:, None] * delta[None, :]
-                if emit != 0:
-                    q = tl.load(q_ptr + j * q_row + hk * DK + rows).to(tl.float32)
-                    q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
-                    o = tl.sum(s * q[:, None], axis=0)
-                    tl.store(o_ptr + (j * H + h) * DV + cols, o)
+                if emit != 0:  # (nested: the commit's owner_ptr is no [T] array)
+                    if tl.load(owner_ptr + j) == lane:
+                        q = tl.load(q_ptr + j * q_row + hk * DK + rows).to(tl.float32)
+                        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
+                        o = tl.sum(s * q[:, None], axis=0)
+                        tl.store(o_ptr + (j * H + h) * DV + cols, o)
             if store != 0:
                 tl.store(s_out_ptr + tile, s)
 
 
-def _walk(q, k, v, g, beta, order, length, state_in, state_out, out, emit: bool, block_v: int = BLOCK_V,
+def _walk(q, k, v, g, beta, order, length, owner, state_in, state_out, out, emit: bool, block_v: int = BLOCK_V,
           warps: int = WARPS) -> None:
     if triton is None:  # pragma: no cover
         raise RuntimeError("the Triton Gated DeltaNet kernel needs triton")
@@ -111,7 +119,7 @@ def _walk(q, k, v, g, beta, order, length, state_in, state_out, out, emit: bool,
     grid = (length.shape[0], h, dv // bv)
     _gated_delta_walk_kernel[grid](
         q, k, v, q.stride(0), k.stride(0), v.stride(0), g.float().contiguous(), beta.float().contiguous(),
-        order, order.stride(0), length, state_in, state_out, out, t, h, int(emit), int(not emit), dk**-0.5,
+        order, order.stride(0), length, owner, state_in, state_out, out, t, h, int(emit), int(not emit), dk**-0.5,
         REP=h // hk, DK=dk, DV=dv, BV=bv, num_warps=warps, enable_fp_fusion=False, **launch_args(q.device, t),
     )
 
@@ -123,14 +131,17 @@ def gated_delta_tree_triton(q, k, v, g, beta, ancestors, state, walk: TreeWalk |
     depend on it, so the engine keeps BLOCK_V and WARPS for every call and for the commit)."""
     walk = walk if walk is not None else tree_walk(ancestors)
     out = torch.empty(q.shape[0], v.shape[1], v.shape[2], dtype=torch.float32, device=q.device)
-    _walk(q, k, v, g, beta, walk.order, walk.length, state, state, out, emit=True, block_v=block_v, warps=warps)
+    _walk(q, k, v, g, beta, walk.order, walk.length, walk.owner, state, state, out, emit=True, block_v=block_v,
+          warps=warps)
     return out
 
 
 def gated_delta_path_triton(q, k, v, g, beta, path, count, state_in, state_out) -> None:
     """gated_delta_path_ref in one launch of one lane."""
     length = torch.as_tensor(count, device=q.device).to(torch.int32).reshape(1)
-    _walk(q, k, v, g, beta, path.to(torch.int32).reshape(1, -1), length, state_in, state_out, state_out, emit=False)
+    # No outputs (emit off): `length` stands in for the owners, never read.
+    _walk(q, k, v, g, beta, path.to(torch.int32).reshape(1, -1), length, length, state_in, state_out, state_out,
+          emit=False)
 
 
 def _use_triton(*tensors: torch.Tensor) -> bool:

@@ -25,7 +25,7 @@ from jetspec_chat.kernels import gated_delta  # noqa: E402
 from sm90 import resource_usage  # noqa: E402
 
 SIGNATURE = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", q_row="i32", k_row="i32", v_row="i32", g_ptr="*fp32",
-                 beta_ptr="*fp32", walk_ptr="*i32", walk_row="i32", len_ptr="*i32", s_in_ptr="*fp32",
+                 beta_ptr="*fp32", walk_ptr="*i32", walk_row="i32", len_ptr="*i32", owner_ptr="*i32", s_in_ptr="*fp32",
                  s_out_ptr="*fp32", o_ptr="*fp32", T="i32", H="i32", emit="i32", store="i32", scale="fp32")
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def _mask(parents):
 
 
 @pytest.mark.parametrize("shape,t", [("chain", 9), ("depth1", 6), ("bushy", 12), ("bushy", 1), ("forest", 8)])
-def test_tree_walk_matches_reference(shape, t):
+def test_tree_walk_matches_reference(shape, t, poisoned_alloc):
     gen = torch.Generator().manual_seed(t)
     parents = _parents(shape, t, gen)
     mask = _mask(parents)
