@@ -120,8 +120,8 @@ def finish_round(
     base = kv.device_length
     # Rows past the path copy the root into positions past the new length: scratch.
     kv.move_rows(base + acc.path, base + torch.arange(p, device=choices.device))
-    if getattr(kv, "recurrent", False):  # HybridCache: the state moves to the deepest accepted node's (host side)
-        kv.commit_path(acc.path[: int(acc.count)].tolist())
+    if getattr(kv, "recurrent", False):  # HybridCache: the state moves to the deepest accepted node's
+        kv.commit_path(acc.path, acc.count)
     if draft_append is not None:
         draft_append(taps[acc.path], acc.count)  # rows past count: the root's taps, never read
     ints = torch.cat([acc.count[None], acc.bonus[None], acc.path, tree.tokens, tree.parents, tree.depths]).int()

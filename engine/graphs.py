@@ -79,6 +79,10 @@ class _TreeBucket:
         self.forward_out: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.round_graph: torch.cuda.CUDAGraph | None = None
         self.round_out: PackedRound | None = None
+        # A recurrent cache's handles on the graphs' own tensors (HybridCache.stash / last_round
+        # as the capture left them; each replay rewrites those tensors).
+        self.forward_stash = None
+        self.round_commit = None
 
     def load(self, tree: Tree) -> None:
         """Write a tree into the static inputs (device to device; inside the draft graph for
@@ -120,8 +124,11 @@ class VerifyRunner:
         self.draft_kv, self.draft_append = draft_kv, draft_append
         self.max_path = max_depth + 1  # no tree is deeper than the draft head drafts
         self.device = kv.device_length.device
-        # A recurrent cache's state walk and commit run eagerly (no graph-capturable path yet).
-        self.use_graphs = self.device.type == "cuda" and not getattr(kv, "recurrent", False)
+        self.use_graphs = self.device.type == "cuda"
+        # A recurrent cache (HybridCache) also holds the committed state and conv windows, which
+        # the round graph's commit rewrites, and per round a stash of the nodes' operands that
+        # the host keeps a handle on for a rollback inside the round (HybridCache.replayed).
+        self.recurrent = getattr(kv, "recurrent", False)
         self._buckets: dict[int, _TreeBucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
@@ -169,7 +176,10 @@ class VerifyRunner:
         b = self._stage(tree)
         if b.forward_graph is None:
             b.forward_graph, b.forward_out = capture(lambda: self._padded_forward(b)[1:], self.device, self._pool)
+            b.forward_stash = getattr(self.kv, "stash", None)
         b.forward_graph.replay()
+        if self.recurrent:  # the eager commit after this forward reads this graph's stash
+            self.kv.stash = b.forward_stash
         hidden, taps = b.forward_out
         return hidden[:n], (taps[:n] if taps is not None else None)
 
@@ -185,8 +195,13 @@ class VerifyRunner:
             b = self.bucket(tree.size) if staged else self._stage(tree)
             if b.round_graph is None:
                 keep = (self.anchor, self.kv.device_length) + ((self.draft_kv.device_length,) if self.draft_kv else ())
+                if self.recurrent:  # the warm-ups commit: put the committed state back too
+                    keep += (self.kv.conv, self.kv.state)
                 b.round_graph, b.round_out = capture(lambda: self._greedy_round(b), self.device, self._pool, keep)
+                b.round_commit = self.kv.last_round if self.recurrent else None
             b.round_graph.replay()
+            if self.recurrent:  # this round's commit, for a rollback inside it
+                self.kv.replayed(b.round_commit)
             mark("verify_ms")
             return b.round_out
         # Sampling draws from a torch.Generator on the host side of the graph; the CPU has no graphs.

@@ -10,12 +10,12 @@ and a causal conv window (the last K-1 pre-conv projections). One token updates 
     o      = S^T q ;  out = out_proj(rmsnorm(o) * w * silu(z))
 
 Tree verify: a node's conv window is its nearest ancestors, falling back into the committed
-window; its state is its parent's state updated by its own token. Nodes are visited depth-first
-with one state per open branch point (a chain holds one state at a time), so a tree costs at
-most (depth + 1) states, never one per node. What each node contributed (its conv input row and
-its k, v, g, beta) is kept (`RoundStash`); the commit replays the accepted path from the
-committed state with the same per-token arithmetic, so the committed state is bitwise the one
-each accepted node saw. The full-attention layers keep using the paged KV cache.
+window (`conv_window_index`, from the ancestor mask on the device); its state is its parent's
+state updated by its own token (kernels/gated_delta.py: one launch per layer, no per-node state
+stored, no host values). What each node contributed (its conv input row and its q, k, v, g,
+beta) is kept (`RoundStash`); the commit walks the accepted path from the committed state with
+the same kernel, so the committed state is bitwise the one each accepted node saw. The
+full-attention layers keep using the paged KV cache.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import TreeWalk, gated_delta_path, gated_delta_tree
 from .layers import Linear
 
 
@@ -69,61 +70,40 @@ class DepthwiseConv(nn.Module):
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
 
 
-def delta_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-               beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token of the gated delta rule, fp32. state [H, dk, dv]; q, k [H, dk]; v [H, dv];
-    g, beta [H]. Returns (new state, output [H, dv]). The one arithmetic of every path (prefill,
-    tree node, AR step, commit replay), so their states agree bitwise."""
-    state = state * g.exp()[:, None, None]
-    kv_mem = (state * k[:, :, None]).sum(dim=1)
-    delta = (v - kv_mem) * beta[:, None]
-    state = state + k[:, :, None] * delta[:, None, :]
-    return state, (state * q[:, :, None]).sum(dim=1)
-
-
-def tree_parents(tree_mask: torch.Tensor) -> tuple[list[int], list[int]]:
-    """(parents, depths) of T new tokens from their ancestor-or-self mask (-1: the committed
-    prefix). A prefill chunk's causal mask is a chain."""
-    mask = tree_mask.bool()
-    depths = (mask.sum(dim=1) - 1).tolist()
+def conv_window_index(ancestors: torch.Tensor, kernel: int) -> torch.Tensor:
+    """[T, K] row indices into cat(committed window (K-1 rows, oldest first), the T nodes' rows):
+    each node's K-1 nearest ancestors, falling back into the committed window, then itself,
+    oldest first. From the ancestor-or-self mask on the device (no host values: CUDA-graph safe).
+    A prefill chunk's causal mask is a chain."""
+    mask = ancestors.bool()
     t = mask.shape[0]
-    strict = mask & ~torch.eye(t, dtype=torch.bool, device=mask.device)
-    score = torch.where(strict, torch.tensor(depths, device=mask.device)[None, :] + 1, 0)
-    parents = torch.where(strict.any(dim=1), score.argmax(dim=1), -1).tolist()
-    return parents, depths
-
-
-def depth_first(parents: list[int]) -> list[int]:
-    """Node order for the state walk: every node right after its parent's subtree began."""
-    children: list[list[int]] = [[] for _ in parents]
-    roots = []
-    for i, p in enumerate(parents):
-        (roots if p < 0 else children[p]).append(i)
-    order, stack = [], list(reversed(roots))
-    while stack:
-        i = stack.pop()
-        order.append(i)
-        stack.extend(reversed(children[i]))
-    return order
+    idx = torch.arange(t, device=mask.device)
+    strict = mask & (idx[:, None] != idx[None, :])
+    depth = strict.sum(dim=1)
+    parent = torch.where(strict.any(dim=1), torch.where(strict, depth[None, :] + 1, 0).argmax(dim=1), -1)
+    cols, node = [kernel - 1 + idx], idx
+    for h in range(1, kernel):
+        node = parent[node.clamp(min=0)]  # the h-th ancestor where h <= depth
+        cols.append(torch.where(depth >= h, kernel - 1 + node, kernel - 1 - h + depth))
+    return torch.stack(cols[::-1], dim=1)
 
 
 @dataclass
 class LayerStash:
-    """One layer's per-node contributions in the last forward (for the commit replay)."""
+    """One layer's per-node operands in the last forward (what its commit replays)."""
 
     conv_in: torch.Tensor  # [T, conv_dim] pre-conv projections
-    k: torch.Tensor  # [T, H, dk] normed
-    v: torch.Tensor  # [T, H, dv]
-    g: torch.Tensor  # [T, H]
-    beta: torch.Tensor  # [T, H]
-    q: torch.Tensor  # [T, H, dk] normed and scaled (delta_step's output; the replay discards it)
+    q: torch.Tensor  # [T, k_heads, dk] after the conv (views of one [T, conv_dim] tensor)
+    k: torch.Tensor  # [T, k_heads, dk]
+    v: torch.Tensor  # [T, v_heads, dv]
+    g: torch.Tensor  # [T, v_heads] fp32
+    beta: torch.Tensor  # [T, v_heads] fp32
 
 
 @dataclass
 class RoundStash:
-    """What the last forward left for its commit: per-layer contributions, the tree's parents."""
+    """What the last forward left for its commit: per-layer operands by state slot."""
 
-    parents: list[int]
     layers: dict[int, LayerStash]
 
 
@@ -147,72 +127,40 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_b = Linear(hidden, v_heads, bias=False)
         self.in_proj_a = Linear(hidden, v_heads, bias=False)
 
-    def conv_windows(self, conv_in: torch.Tensor, conv_state: torch.Tensor, parents: list[int]) -> torch.Tensor:
-        """Each node's K inputs, oldest first: its K-1 nearest ancestors (then the committed
-        window, newest last) and itself. conv_state [conv_dim, K-1]. Returns [T, K, conv_dim]."""
-        k = self.kernel
-        rows = torch.cat([conv_state.t().to(conv_in.dtype), conv_in])  # committed rows 0..K-2, then node i at K-1+i
-        index = []
-        for i in range(len(parents)):
-            chain = [k - 1 + i]
-            p, back = parents[i], k - 2
-            while len(chain) < k:
-                if p >= 0:
-                    chain.append(k - 1 + p)
-                    p = parents[p]
-                else:
-                    chain.append(back)
-                    back -= 1
-            index.append(chain[::-1])
-        return rows[torch.tensor(index, device=conv_in.device)]
-
-    def contributions(self, x: torch.Tensor, conv_state: torch.Tensor, parents: list[int]):
+    def forward(self, x: torch.Tensor, conv_state: torch.Tensor, state: torch.Tensor, ancestors: torch.Tensor,
+                window: torch.Tensor, walk: TreeWalk | None) -> tuple[torch.Tensor, LayerStash]:
+        """T new tokens (a tree: ancestor-or-self mask `ancestors`; `window` = conv_window_index;
+        `walk` = tree_walk on CUDA) after the committed (conv_state, state); nothing is written.
+        Returns the layer output [T, hidden] and the stash the commit replays."""
         t = x.shape[0]
         conv_in = self.in_proj_qkv(x)
-        windows = self.conv_windows(conv_in, conv_state, parents)  # [T, K, C]
-        w = self.conv1d.weight[:, 0, :].to(windows.dtype)  # [C, K]
-        mixed = F.silu((windows * w.t()[None]).sum(dim=1))
+        rows = torch.cat([conv_state.t().to(conv_in.dtype), conv_in])  # committed rows, then node i at K-1+i
+        w = self.conv1d.weight[:, 0, :].to(conv_in.dtype)  # [C, K]
+        # Tap by tap, elementwise: a node's bits never depend on the other rows (batch invariance).
+        acc = rows[window[:, 0]] * w[:, 0]
+        for j in range(1, self.kernel):
+            acc = acc + rows[window[:, j]] * w[:, j]
+        mixed = F.silu(acc)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        rep = self.v_heads // self.k_heads
-        q = q.reshape(t, self.k_heads, self.k_dim).repeat_interleave(rep, dim=1).float()
-        k = k.reshape(t, self.k_heads, self.k_dim).repeat_interleave(rep, dim=1).float()
-        v = v.reshape(t, self.v_heads, self.v_dim).float()
-        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-        q = q / (self.k_dim**0.5)
-        beta = self.in_proj_b(x).sigmoid().float()
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
-        return LayerStash(conv_in=conv_in, k=k, v=v, g=g, beta=beta, q=q)
-
-    def forward(self, x: torch.Tensor, conv_state: torch.Tensor, state: torch.Tensor, parents: list[int],
-                order: list[int]) -> tuple[torch.Tensor, LayerStash]:
-        """T new tokens after the committed (conv_state, state); nothing is written. Returns the
-        layer output [T, hidden] and the stash the commit replays."""
-        t = x.shape[0]
-        c = self.contributions(x, conv_state, parents)
-        out = torch.empty(t, self.v_heads, self.v_dim, dtype=torch.float32, device=x.device)
-        children = [0] * t
-        for p in parents:
-            if p >= 0:
-                children[p] += 1
-        states: dict[int, torch.Tensor] = {}  # open branch points only (depth-first)
-        for i in order:
-            p = parents[i]
-            before = state if p < 0 else states[p]
-            if p >= 0:
-                children[p] -= 1
-                if children[p] == 0:
-                    del states[p]  # its last child: the parent's state is no longer needed
-            s, out[i] = delta_step(before, c.q[i], c.k[i], c.v[i], c.g[i], c.beta[i])
-            if children[i]:
-                states[i] = s
+        c = LayerStash(
+            conv_in=conv_in,
+            q=q.unflatten(-1, (self.k_heads, self.k_dim)),
+            k=k.unflatten(-1, (self.k_heads, self.k_dim)),
+            v=v.unflatten(-1, (self.v_heads, self.v_dim)),
+            beta=self.in_proj_b(x).sigmoid().float(),
+            g=-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias),
+        )
+        out = gated_delta_tree(c.q, c.k, c.v, c.g, c.beta, ancestors, state, walk)
         z = self.in_proj_z(x).reshape(t, self.v_heads, self.v_dim)
         o = self.norm(out.to(x.dtype), z).reshape(t, -1)
         return self.out_proj(o), c
 
-    def replay(self, conv_state: torch.Tensor, state: torch.Tensor, c: LayerStash, path: list[int]):
-        """The committed (conv_state, state) after the accepted nodes `path` (root first)."""
-        for i in path:
-            state, _ = delta_step(state, c.q[i], c.k[i], c.v[i], c.g[i], c.beta[i])
+    def commit(self, conv_state: torch.Tensor, state: torch.Tensor, c: LayerStash, path: torch.Tensor, count,
+               conv_out: torch.Tensor, state_out: torch.Tensor) -> None:
+        """Write into (conv_out, state_out) the committed (conv_state, state) advanced by the
+        accepted nodes path[:count] (root first; count >= 1, an int or a 0-d device tensor):
+        the deepest one's state, walked by the verify's own kernel, and the last K-1 rows."""
+        gated_delta_path(c.q, c.k, c.v, c.g, c.beta, path, count, state, state_out)
         rows = torch.cat([conv_state.t().to(c.conv_in.dtype), c.conv_in[path]])
-        return rows[-(self.kernel - 1):].t().to(conv_state.dtype), state
+        keep = count + torch.arange(self.kernel - 1, device=rows.device)
+        conv_out.copy_(rows[keep].t())

@@ -195,24 +195,35 @@ def print_engine_only(report, console) -> None:
             )
         console.print(t)
         moe = m.contexts[0].verify[0].experts_per_layer is not None
+        state = m.contexts[0].state_bytes
         v = Table(title="verify: target forward over N tree nodes + logits (median ms, ×AR step, ×bound); "
                         + ("bound: expected distinct experts' bytes (uniform routing) + the other weights"
-                           if moe else "bound: weights / copy bandwidth"), title_justify="left")
+                           if moe else "bound: weights")
+                        + (" + the recurrent state read and written" if state else "")
+                        + ("" if moe else ", / copy bandwidth"), title_justify="left")
         v.add_column("nodes", justify="right")
         if moe:
             v.add_column("experts/layer", justify="right")
         v.add_column("weights read", justify="right")
         v.add_column("bound ms", justify="right")
+        if state:
+            v.add_column("tree stash", justify="right")
         for c in m.contexts:
             v.add_column(f"ctx {c.context}", justify="right")
         for i, r in enumerate(m.contexts[0].verify):
             cells = [str(r.nodes)] + ([f"{r.experts_per_layer:.1f}"] if moe else []) + [_bytes(r.weight_bytes), f"{r.bound_ms:.3f}"]
+            cells += [_bytes(r.tree_state_bytes)] if state else []
             v.add_row(*cells, *(f"{c.verify[i].ms.median:.3f} ({c.verify[i].over_ar_step:.2f}×, {c.verify[i].over_bound:.2f}× bound)"
                                 for c in m.contexts))
         console.print(v)
         b = m.bars
-        lines = [(f"context {b.context}: AR step {b.ar_step_ms:.3f} ms vs weights/copy-bandwidth "
+        lines = [(f"context {b.context}: AR step {b.ar_step_ms:.3f} ms vs weights"
+                  + (" + recurrent state read and written" if state else "") + "/copy-bandwidth "
                   f"{b.ar_bound_ms:.3f} ms = {b.ar_step_over_bound:.2f}×")]
+        if state:
+            lines.append(f"recurrent state {_bytes(state)} (conv windows + fp32 states, one copy; the cache keeps "
+                         f"two); per tree no per-node state, a stash of the nodes' operands: "
+                         + ", ".join(f"{r.nodes} nodes {_bytes(r.tree_state_bytes)}" for r in m.contexts[0].verify))
         lines += [f"verify {n} nodes {b.verify_ms[n]:.3f} ms = {b.verify_over_ar_step[n]:.2f}× AR step, "
                   f"{b.verify_over_bound[n]:.2f}× its weight-bytes bound" for n in b.verify_ms]
         if b.draft_ms is not None:

@@ -12,12 +12,23 @@ from .fused import (
     silu_mul,
     silu_mul_triton,
 )
+from .gated_delta import (
+    TreeWalk,
+    gated_delta_path,
+    gated_delta_path_triton,
+    gated_delta_tree,
+    gated_delta_tree_triton,
+    tree_walk,
+)
 from .matmul import Partials, linear_partials_triton, linear_ref, linear_triton
 from .moe import moe_block, moe_block_gpt_oss, moe_block_gpt_oss_triton, moe_block_triton, moe_route_triton
 from .reference import (
     accum_tree_ref,
     add_rms_norm_ref,
     ancestor_mask_ref,
+    delta_step_ref,
+    gated_delta_path_ref,
+    gated_delta_tree_ref,
     logical_to_slots,
     clamped_swiglu_ref,
     gelu_tanh_mul_ref,
@@ -51,6 +62,7 @@ from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
     "Partials",
+    "TreeWalk",
     "VisibleKeys",
     "accum_tree",
     "accum_tree_ref",
@@ -62,6 +74,13 @@ __all__ = [
     "distill_rows",
     "distill_rows_ref",
     "distill_rows_triton",
+    "delta_step_ref",
+    "gated_delta_path",
+    "gated_delta_path_ref",
+    "gated_delta_path_triton",
+    "gated_delta_tree",
+    "gated_delta_tree_ref",
+    "gated_delta_tree_triton",
     "linear_partials_triton",
     "linear_ref",
     "linear_triton",
@@ -99,6 +118,7 @@ __all__ = [
     "silu_mul_ref",
     "silu_mul_triton",
     "split_len_for",
+    "tree_walk",
     "visible_keys",
     "write_kv",
     "write_kv_ref",

@@ -384,3 +384,71 @@ def moe_block_gemma4_ref(
         h = torch.nn.functional.linear(gelu_tanh_mul_ref(gu[:, :inter], gu[:, inter:]), down[e])
         out.index_add_(0, token, (h * weights[token, slot, None]).to(out.dtype))
     return out
+
+
+# ----------------------------------------------------------------------------- Gated DeltaNet
+
+
+def delta_step_ref(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                   beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the gated delta rule, fp32. state [H, dk, dv]; q, k [H, dk] (normed, q
+    scaled); v [H, dv]; g, beta [H]. Returns (new state, output Sᵀq [H, dv])."""
+    state = state * g.exp()[:, None, None]
+    kv_mem = (state * k[:, :, None]).sum(dim=1)
+    delta = (v - kv_mem) * beta[:, None]
+    state = state + k[:, :, None] * delta[:, None, :]
+    return state, (state * q[:, :, None]).sum(dim=1)
+
+
+def gated_delta_inputs_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, v_heads: int):
+    """The per-token operands of the recurrence from the conv's outputs: q, k [T, k_heads, dk]
+    L2-normed (q also / sqrt(dk)) in fp32 and repeated over the value heads (head h reads key
+    head h // (v_heads // k_heads)); v [T, v_heads, dv] in fp32."""
+    rep = v_heads // q.shape[1]
+    q = q.float().repeat_interleave(rep, dim=1)
+    k = k.float().repeat_interleave(rep, dim=1)
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    return q / (q.shape[-1] ** 0.5), k, v.float()
+
+
+def gated_delta_tree_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                         ancestors: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """The recurrent tree walk: T nodes in topological order (every ancestor before its node)
+    after the committed `state` [H, dk, dv] fp32; node i's state is its parent's (the committed
+    one for a root) updated by its own token. q, k [T, k_heads, dk], v [T, H, dv] as the conv
+    gives them; g, beta [T, H] fp32; ancestors [T, T] bool ancestor-or-self. Returns the outputs
+    [T, H, dv] fp32. Holds a node's state only until its last child is done."""
+    q, k, v = gated_delta_inputs_ref(q, k, v, state.shape[0])
+    t = q.shape[0]
+    strict = ancestors.bool() & ~torch.eye(t, dtype=torch.bool, device=ancestors.device)
+    depth = strict.sum(dim=1)
+    score = torch.where(strict, depth[None, :] + 1, 0)
+    parents = torch.where(strict.any(dim=1), score.argmax(dim=1), -1).tolist()
+    children = [0] * t
+    for p in parents:
+        if p >= 0:
+            children[p] += 1
+    out = torch.empty(t, *v.shape[1:], dtype=torch.float32, device=v.device)
+    states: dict[int, torch.Tensor] = {}
+    for i, p in enumerate(parents):
+        before = state if p < 0 else states[p]
+        if p >= 0:
+            children[p] -= 1
+            if children[p] == 0:
+                del states[p]
+        s, out[i] = delta_step_ref(before, q[i], k[i], v[i], g[i], beta[i])
+        if children[i]:
+            states[i] = s
+    return out
+
+
+def gated_delta_path_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                         path: torch.Tensor, count, state_in: torch.Tensor, state_out: torch.Tensor) -> None:
+    """The commit: state_out = state_in updated by the tokens of nodes path[:count] in order
+    (root first; count an int or a 0-d tensor). Operands as for gated_delta_tree_ref."""
+    q, k, v = gated_delta_inputs_ref(q, k, v, state_in.shape[0])
+    s = state_in
+    for j in path[: int(count)].tolist():
+        s, _ = delta_step_ref(s, q[j], k[j], v[j], g[j], beta[j])
+    state_out.copy_(s)

@@ -79,8 +79,9 @@ class VerifyResult:
     over_ar_step: float  # verify ms / AR step ms at the same context
     weight_bytes: int  # weights N rows read: all of a dense model; a MoE's expected distinct experts
     experts_per_layer: float | None  # MoE: expected distinct experts per MoE layer (uniform routing)
-    bound_ms: float  # weight_bytes / copy bandwidth
+    bound_ms: float  # (weight_bytes + recurrent state read and written) / copy bandwidth
     over_bound: float  # verify ms / bound_ms
+    tree_state_bytes: int  # hybrid targets: the per-node operands kept for the commit (0 otherwise)
 
 
 @dataclass
@@ -89,8 +90,9 @@ class ContextResult:
     kv_bytes: int  # target K/V bytes an AR step reads at this context
     draft_kv_bytes: int | None  # draft-head context K/V bytes a draft forward reads
     ar_step_ms: Stat  # target forward of 1 token + logits + argmax
-    ar_bound_ms: float  # weights read per step / copy bandwidth
-    ar_bound_kv_ms: float  # (weights + K/V) / copy bandwidth
+    ar_bound_ms: float  # (weights + recurrent state read and written) per step / copy bandwidth
+    ar_bound_kv_ms: float  # plus K/V, / copy bandwidth
+    state_bytes: int  # hybrid targets: the committed recurrent state (conv windows + fp32 states); 0 otherwise
     ar_step_over_bound: float
     ar_round_ms: Stat  # engine._round with speculation off (the engine's real AR step)
     verify: list[VerifyResult]
@@ -168,6 +170,19 @@ def head_weight_bytes(engine) -> int:
 
 def kv_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: int, element_size: int) -> int:
     return 2 * num_layers * tokens * num_kv_heads * head_dim * element_size
+
+
+def recurrent_state_bytes(engine) -> int:
+    """A hybrid target's committed recurrent state (every linear layer's conv window and fp32
+    state), which each step reads and rewrites; 0 for attention-only targets."""
+    return getattr(engine.kv, "committed_state_nbytes", 0)
+
+
+def tree_state_bytes(engine, nodes: int) -> int:
+    """What a hybrid target's verify of `nodes` nodes keeps for its commit (no per-node state:
+    the nodes' recurrence operands); 0 for attention-only targets."""
+    fn = getattr(engine.kv, "stash_nbytes", None)
+    return fn(nodes) if fn is not None else 0
 
 
 def bound_ms(nbytes: int, gb_s: float) -> float:
@@ -258,8 +273,11 @@ def _measure_context(engine, opts: EngineOnlyOptions, context: int, bw: float, g
 
     ar = Stat.of(timed(ar_step))
     w_bytes = weight_bytes_per_ar_step(engine.target)
-    kvb = kv_bytes(cfg.num_layers, context, cfg.num_kv_heads, cfg.head_dim, el)
-    ar_bound = bound_ms(w_bytes, bw)
+    attn_layers = len(cfg.hybrid.full_layers) if cfg.hybrid is not None else cfg.num_layers
+    kvb = kv_bytes(attn_layers, context, cfg.num_kv_heads, cfg.head_dim, el)
+    # A recurrent layer reads its committed state and writes the updated one every step.
+    state_rw = 2 * recurrent_state_bytes(engine)
+    ar_bound = bound_ms(w_bytes + state_rw, bw)
     ar_round = Stat.of(timed(lambda: engine.round(GenerationParams(spec=SpecParams(enabled=False)), None),
                              state.restore))
     state.restore()
@@ -276,9 +294,10 @@ def _measure_context(engine, opts: EngineOnlyOptions, context: int, bw: float, g
         ms = Stat.of(timed(verify_fn))
         nbytes = round(expected_weight_bytes(engine.target, n))
         experts = expected_distinct_experts(cfg.num_experts, cfg.num_experts_per_tok, n) if cfg.num_experts else None
-        v_bound = bound_ms(nbytes, bw)
+        v_bound = bound_ms(nbytes + state_rw, bw)
         verify.append(VerifyResult(nodes=n, ms=ms, over_ar_step=ms.median / ar.median, weight_bytes=nbytes,
-                                   experts_per_layer=experts, bound_ms=v_bound, over_bound=ms.median / v_bound))
+                                   experts_per_layer=experts, bound_ms=v_bound, over_bound=ms.median / v_bound,
+                                   tree_state_bytes=tree_state_bytes(engine, n)))
 
     # (c) draft forward over the full block, (d) a whole round at the round budget.
     draft = draft_bound = draft_bound_kv = round_ms = phases = nodes = dkv = None
@@ -300,7 +319,8 @@ def _measure_context(engine, opts: EngineOnlyOptions, context: int, bw: float, g
 
     return ContextResult(
         context=context, kv_bytes=kvb, draft_kv_bytes=dkv,
-        ar_step_ms=ar, ar_bound_ms=ar_bound, ar_bound_kv_ms=bound_ms(w_bytes + kvb, bw),
+        ar_step_ms=ar, ar_bound_ms=ar_bound, ar_bound_kv_ms=bound_ms(w_bytes + state_rw + kvb, bw),
+        state_bytes=recurrent_state_bytes(engine),
         ar_step_over_bound=ar.median / ar_bound, ar_round_ms=ar_round, verify=verify,
         draft_ms=draft, draft_bound_ms=draft_bound, draft_bound_kv_ms=draft_bound_kv,
         draft_over_bound=ratio(draft.median if draft else None, draft_bound),

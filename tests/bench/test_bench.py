@@ -253,3 +253,21 @@ def test_engine_only_on_a_moe_model_reports_the_expert_bytes_bound(tmp_path, cap
     assert all(v["bound_ms"] > 0 and v["over_bound"] == pytest.approx(v["ms"]["median"] / v["bound_ms"]) for v in (v1, v16))
     assert set(m["bars"]["verify_over_bound"]) == {"1", "16"}
     assert "experts/layer" in table and "weight-bytes bound" in table
+
+
+def test_engine_only_on_a_hybrid_model_counts_the_recurrent_state(tmp_path, capsys):
+    """Qwen3.5 hybrids: the bounds add the committed recurrent state (read and written per step),
+    the K/V bytes count only the full-attention layers, and each tree size reports its stash."""
+    report, table = bench_json(
+        tmp_path, capsys, "random:tiny-qwen3.5", "--engine-only", "--contexts", "64", "--tree-sizes", "1,16",
+        "--round-budget", "16", "--warmup", "1", "--reps", "1", "--copy-mib", "8",
+    )
+    (m,) = report["models"]
+    (c,) = m["contexts"]
+    # tiny-qwen3.5: 3 linear layers, conv_dim 2·2·16 + 4·16, a 3-row window, states 4×16×16; fp32.
+    assert c["state_bytes"] == 3 * ((2 * 2 * 16 + 4 * 16) * 3 * 4 + 4 * 16 * 16 * 4)
+    v1, v16 = c["verify"]
+    assert 0 < v1["tree_state_bytes"] and v16["tree_state_bytes"] == 16 * v1["tree_state_bytes"]
+    bw = m["copy_bandwidth_gb_s"] * 1e9
+    assert c["ar_bound_ms"] == pytest.approx((m["weight_bytes_per_ar_step"] + 2 * c["state_bytes"]) / bw * 1e3)
+    assert "recurrent state" in table

@@ -205,7 +205,8 @@ def test_gpt_oss_fp32_on_cuda_is_lossless():
 def test_hybrid_targets_on_cuda(model):
     """Qwen3.5 hybrids (Gated DeltaNet + gated attention): fp32 speculative equals transformers;
     bf16 speculative equals the same engine's AR (a node's recurrent step is the AR step's
-    arithmetic: one fp32 delta step per token, batch-invariant linears and attention)."""
+    arithmetic: kernels/gated_delta.py walks each node's path with the AR step's per-token code,
+    batch-invariant linears and attention), both with the greedy rounds CUDA-graphed."""
     fp32 = load_engine(f"random:{model}", None, device="cuda", dtype="float32", max_context=2048)
     for budget, width, algo in [(1, 1, "accum_logp"), (16, 4, "accum_logp"), (64, 8, "adaptive"), (16, 1, "chain")]:
         fp32.reset()
@@ -222,3 +223,19 @@ def test_hybrid_targets_on_cuda(model):
             result = list(bf16.generate(prompt, params))[-1].result
             verdict = check_lossless(bf16, prompt, result, 64, against="ar", params=params)
             assert verdict["lossless"], (model, len(prompt), budget, algo, verdict)
+    # The greedy rounds ran as CUDA graphs: the recurrent walk and commit need no host values.
+    assert bf16.verify.use_graphs and all(b.round_graph is not None for b in bf16.verify._buckets.values())
+    # Graphed rounds (padded buckets) give the eager path's tokens (exact tree sizes); a second
+    # turn reuses the committed state (and the answer's rollback inside its last round).
+    params = GenerationParams(max_new_tokens=48, spec=SpecParams(budget=16, width=4))
+    bf16.reset()
+    graphed = list(bf16.generate(BF16_PROMPTS[1], params))[-1].result
+    bf16.reset()
+    with eager_runners(bf16):
+        eager = list(bf16.generate(BF16_PROMPTS[1], params))[-1].result
+    assert graphed.token_ids == eager.token_ids
+    turn2 = BF16_PROMPTS[1] + list(eager.token_ids) + PROMPT
+    second = list(bf16.generate(turn2, params))[-1].result
+    assert second.reused_tokens >= len(BF16_PROMPTS[1]) + len(eager.token_ids) - 1
+    verdict = check_lossless(bf16, turn2, second, 48, against="ar", params=params)
+    assert verdict["lossless"], (model, "second turn", verdict)

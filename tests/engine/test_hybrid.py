@@ -62,8 +62,21 @@ def test_prefill_logits_match_transformers(name):
             torch.testing.assert_close(ours, ref, rtol=1e-4, atol=2e-5)
 
 
+@pytest.fixture(params=["reference", "kernel"])
+def recurrence(request, monkeypatch):
+    """The recurrence as the CPU runs it (the torch reference) or as the GPU does (the Triton
+    tree-walk kernel and its one-lane commit, here under the interpreter)."""
+    if request.param == "kernel":
+        if request.node.callspec.params.get("name", MODELS[0]) != MODELS[0]:
+            pytest.skip("the kernel path on one model: the recurrence is the same in the MoE")
+        import jetspec_chat.kernels.gated_delta as gd
+
+        monkeypatch.setattr(gd, "_use_triton", lambda *tensors: True)
+    return request.param
+
+
 @pytest.mark.parametrize("name", MODELS)
-def test_tree_nodes_match_each_path_run_as_a_plain_sequence(name):
+def test_tree_nodes_match_each_path_run_as_a_plain_sequence(name, recurrence):
     """Each node's logits equal transformers' for its own root-to-node sequence (the conv window
     reaches through ancestors into the committed window, the state is the parent's); after
     committing a path, the next step equals transformers on prefix + path."""
@@ -96,7 +109,7 @@ def test_tree_nodes_match_each_path_run_as_a_plain_sequence(name):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_truncate_restores_the_state_inside_the_last_round(name):
+def test_truncate_restores_the_state_inside_the_last_round(name, recurrence):
     """A rollback to a length inside the last commit replays that round's path prefix exactly."""
     engine = tiny_engine(name)
     prefix = random_prompt(3, 20)
@@ -186,3 +199,19 @@ def test_multimodal_checkpoint_loads_the_text_model(tmp_path):
     loaded.load_safetensors(tmp_path)
     for (name, ours), (_, theirs) in zip(hf_parameters(loaded), hf_parameters(engine.target)):
         assert torch.equal(ours, theirs), name
+
+
+def test_whole_answers_through_either_recurrence(recurrence):
+    """Whole answers through either recurrence: greedy speculative equals transformers over tree
+    rounds with long accepted paths (the commit takes the device path and count), and a second
+    turn reuses the state."""
+    name = "tiny-qwen3.5"
+    engine = tiny_engine(name)
+    prompt = random_prompt(11, 9)
+    with OracleDraft(engine, hf_model(name), error_rate=0.3, seed=0):
+        _, r1 = run(engine, prompt, max_new_tokens=8, budget=16, width=4)
+    assert r1.decoded_ids == hf_greedy(name, prompt, 8)
+    p2 = prompt + list(r1.token_ids) + random_prompt(12, 3)
+    _, r2 = run(engine, p2, max_new_tokens=3, budget=8, width=1, tree_algo="chain")
+    assert r2.reused_tokens >= len(prompt) + len(r1.token_ids) - 1
+    assert r2.decoded_ids == hf_greedy(name, p2, 3)
