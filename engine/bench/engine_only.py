@@ -245,7 +245,8 @@ def _prepare_engine(engine, capacity: int, seed: int) -> None:
     engine.reset()
     engine.allocate()
     gen = torch.Generator(device=engine.torch_device).manual_seed(seed)
-    engine.kv.pool.normal_(0.0, 1.0, generator=gen)
+    for pool in getattr(engine.kv, "pools", None) or [engine.kv.pool]:  # MixedKVCache: a pool per K/V shape
+        pool.normal_(0.0, 1.0, generator=gen)
     if engine.draft_kv is not None:
         engine.draft_kv.k.normal_(0.0, 1.0, generator=gen)
         engine.draft_kv.v.normal_(0.0, 1.0, generator=gen)
@@ -259,7 +260,7 @@ def _round_tree_size(out) -> int:
 def _measure_context(engine, opts: EngineOnlyOptions, context: int, bw: float, gen: torch.Generator) -> ContextResult:
     device = engine.torch_device
     cfg = engine.target.cfg
-    el = engine.kv.pool.element_size()
+    el = engine.torch_dtype.itemsize  # the K/V pools hold the model's dtype
     state = _State(engine, context, gen)
     state.restore()
     timed = lambda fn, setup=None: time_fn(fn, opts.warmup, opts.reps, device, setup)
