@@ -25,6 +25,8 @@ from .reference import (
     moe_route_gpt_oss_ref,
     moe_experts_ref,
     moe_route_ref,
+    nucleus_mask_ref,
+    nucleus_sample_ref,
     paged_tree_attention_ref,
     qk_norm_rope_ref,
     qkv_rope_write_ref,
@@ -43,6 +45,7 @@ from .tree_attention import (
     write_kv,
     write_kv_triton,
 )
+from .sampling import nucleus_sample, nucleus_sample_triton
 from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
@@ -71,6 +74,10 @@ __all__ = [
     "moe_experts_ref",
     "moe_route_ref",
     "moe_route_triton",
+    "nucleus_mask_ref",
+    "nucleus_sample",
+    "nucleus_sample_ref",
+    "nucleus_sample_triton",
     "paged_tree_attention",
     "paged_tree_attention_ref",
     "paged_tree_attention_triton",
