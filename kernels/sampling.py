@@ -8,9 +8,10 @@ G(v*) is below top_p * Z is the last kept value (G only changes at the row's own
 the bisection over the 2^32 order-preserving integer keys of the logits ends on one of them, in
 33 passes over the row). Of the tokens tied at v*, the sorted order keeps the first
 r = ceil((top_p * Z - G) / w(v*)) by index (at least one, at most all), and so does the kernel.
-Masses are summed in float64; exp is Triton's, so the kept set can differ from the reference's
-only where a cumulative mass lies within float rounding of top_p, and the sampled token only
-where u * total lies within rounding of a cumulative weight.
+The weights are torch's (exp(x - max) in fp32, CUDA expf through libdevice; numpy's exp under
+the interpreter), their sums float64 in another order: the kept set can differ from the
+reference's only where a cumulative mass lies within float64 rounding of top_p, and the sampled
+token only where u * total lies within rounding of a cumulative weight.
 
 It is the exact fallback of engine/sampling.py: rows whose nucleus the top-K candidates do not
 hold (`need`); rows not needed return at once, so inside a CUDA graph it costs a launch when
@@ -20,15 +21,17 @@ from __future__ import annotations
 
 import torch
 
-from .launch import launch_args, wait_for_previous
+from .launch import interpreting, launch_args, wait_for_previous
 from .reference import nucleus_sample_ref
 
 try:  # triton is optional: CPU-only installs use the torch reference.
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - exercised only without triton
     triton = None
     tl = None
+    libdevice = None
 
 BLOCK = 2048  # logits per step of a pass
 WARPS = 8
@@ -50,10 +53,19 @@ if triton is not None:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _weight(x, m, USE_LIBDEVICE: tl.constexpr):
+        """exp(x - m) in fp32 as torch computes it on the GPU (CUDA expf), widened to float64."""
+        if USE_LIBDEVICE:
+            w = libdevice.exp(x - m)
+        else:
+            w = tl.exp(x - m)
+        return w.to(tl.float64)
+
+    @triton.jit
     def _nucleus_sample_kernel(
         X, U, TOP_P, NEED, TOKENS, KEPT,  # [N, V] fp32, [N] fp64, 0-d fp64, [N] int8, [N] int64, [N] int32
         V, stride,
-        NUCLEUS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+        NUCLEUS: tl.constexpr, BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
         row = tl.program_id(0)
@@ -68,7 +80,7 @@ if triton is not None:
             z_acc = tl.zeros([BLOCK], tl.float64)
             for s in range(0, V, BLOCK):
                 x = tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf)
-                z_acc += tl.exp(x - m).to(tl.float64)
+                z_acc += _weight(x, m, USE_LIBDEVICE)
             z = tl.sum(z_acc, 0)
             # The kept set: keys above `hi`, and the first `r` (by index) of the ties at `hi`.
             lowest = _order_key(m) * 0 - 2147483649  # below every key
@@ -82,7 +94,7 @@ if triton is not None:
                     g_acc = tl.zeros([BLOCK], tl.float64)
                     for s in range(0, V, BLOCK):
                         x = tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf)
-                        w = tl.exp(x - m).to(tl.float64)
+                        w = _weight(x, m, USE_LIBDEVICE)
                         g_acc += tl.where(_order_key(x) > mid, w, 0.0)
                     g = tl.sum(g_acc, 0)
                     open_range = hi - lo > 1
@@ -97,7 +109,7 @@ if triton is not None:
                     ties += (key == hi).to(tl.int64)
                     above += (key > hi).to(tl.int64)
                 n_ties = tl.sum(ties, 0)
-                q = tl.exp(_key_value(hi) - m).to(tl.float64)
+                q = _weight(_key_value(hi), m, USE_LIBDEVICE)
                 r = tl.minimum(tl.maximum(tl.math.ceil((bound - g_hi) / q).to(tl.int64), 1), n_ties)
                 n_kept = tl.sum(above, 0) + r
             else:
@@ -115,7 +127,7 @@ if triton is not None:
                 tie = (key == hi).to(tl.int64)
                 kept = (key > hi) | ((tie != 0) & (tie_rank + tl.cumsum(tie, 0) - 1 < r))
                 tie_rank += tl.sum(tie, 0)
-                w = tl.where(kept, tl.exp(x - m).to(tl.float64), 0.0)
+                w = tl.where(kept, _weight(x, m, USE_LIBDEVICE), 0.0)
                 cum = total + tl.cumsum(w, 0)
                 total = tl.sum(tl.where(offs == BLOCK - 1, cum, 0.0), 0)
                 last = tl.maximum(last, tl.max(tl.where(w > 0.0, s + offs, 0), 0).to(tl.int64))
@@ -129,7 +141,7 @@ if triton is not None:
                 tie = (key == hi).to(tl.int64)
                 kept = (key > hi) | ((tie != 0) & (tie_rank + tl.cumsum(tie, 0) - 1 < r))
                 tie_rank += tl.sum(tie, 0)
-                w = tl.where(kept, tl.exp(x - m).to(tl.float64), 0.0)
+                w = tl.where(kept, _weight(x, m, USE_LIBDEVICE), 0.0)
                 cum = run + tl.cumsum(w, 0)
                 run = tl.sum(tl.where(offs == BLOCK - 1, cum, 0.0), 0)
                 count += tl.sum((cum <= target).to(tl.int64), 0)
@@ -150,7 +162,7 @@ def nucleus_sample_triton(
     kept = torch.empty(n, dtype=torch.int32, device=x.device)
     _nucleus_sample_kernel[(n,)](
         x, u, top_p, need.to(torch.int8), tokens, kept, v, x.stride(0),
-        NUCLEUS=nucleus, BLOCK=BLOCK, num_warps=WARPS, enable_fp_fusion=False, **launch_args(x.device, n),
+        NUCLEUS=nucleus, BLOCK=BLOCK, USE_LIBDEVICE=not interpreting(), num_warps=WARPS, enable_fp_fusion=False, **launch_args(x.device, n),
     )
     return tokens, kept
 

@@ -18,10 +18,11 @@ from jetspec_chat.kernels import sampling  # noqa: E402
 
 if __name__ == "__main__":
     sig = {"X": "*fp32", "U": "*fp64", "TOP_P": "*fp64", "NEED": "*i8", "TOKENS": "*i64", "KEPT": "*i32",
-           "V": "i32", "stride": "i32", "NUCLEUS": "constexpr", "BLOCK": "constexpr", "PDL": "constexpr"}
+           "V": "i32", "stride": "i32", "NUCLEUS": "constexpr", "BLOCK": "constexpr", "USE_LIBDEVICE": "constexpr",
+           "PDL": "constexpr"}
     for nucleus in (True, False):
         for pdl in (True, False):
-            consts = dict(NUCLEUS=nucleus, BLOCK=sampling.BLOCK, PDL=pdl)
+            consts = dict(NUCLEUS=nucleus, BLOCK=sampling.BLOCK, USE_LIBDEVICE=True, PDL=pdl)
             src = ASTSource(fn=sampling._nucleus_sample_kernel, signature=sig, constexprs=consts)
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=sampling.WARPS, enable_fp_fusion=False))
             print(json.dumps(dict(nucleus=nucleus, pdl=pdl, **resource_usage(kernel))))

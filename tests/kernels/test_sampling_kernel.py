@@ -8,6 +8,7 @@ from jetspec_chat.kernels import sampling
 from jetspec_chat.kernels.reference import nucleus_sample_ref
 
 V = 1000
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the compiled kernel on a GPU
 
 
 def rows() -> torch.Tensor:
@@ -20,7 +21,7 @@ def rows() -> torch.Tensor:
     out.append(tied)
     out.append((torch.randn(V, generator=g) * 2).masked_fill(torch.rand(V, generator=g) > 0.05, float("-inf")))
     out.append(torch.zeros(V))  # all tied
-    return torch.stack(out)
+    return torch.stack(out).to(DEVICE)
 
 
 @pytest.fixture
@@ -31,8 +32,8 @@ def small_blocks(monkeypatch):
 @pytest.mark.parametrize("top_p", [0.3, 0.9, 0.97, 1.0])
 def test_nucleus_sample_kernel_equals_the_sorted_reference(small_blocks, top_p):
     x = rows()
-    u = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(int(top_p * 100)), dtype=torch.float64)
-    need = torch.ones(x.shape[0], dtype=torch.bool)
+    u = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(int(top_p * 100)), dtype=torch.float64).to(DEVICE)
+    need = torch.ones(x.shape[0], dtype=torch.bool, device=DEVICE)
     tokens, kept = sampling.nucleus_sample_triton(x, top_p, u, need)
     ref_tokens, ref_kept = nucleus_sample_ref(x, top_p, u)
     assert torch.equal(kept, ref_kept)
@@ -41,8 +42,8 @@ def test_nucleus_sample_kernel_equals_the_sorted_reference(small_blocks, top_p):
 
 def test_a_needed_row_among_skipped_rows(small_blocks):
     x = rows()[:3]
-    u = torch.full((3,), 0.5, dtype=torch.float64)
-    tokens, _ = sampling.nucleus_sample_triton(x, 0.9, u, torch.tensor([False, True, False]))
+    u = torch.full((3,), 0.5, dtype=torch.float64, device=DEVICE)
+    tokens, _ = sampling.nucleus_sample_triton(x, 0.9, u, torch.tensor([False, True, False], device=DEVICE))
     assert int(tokens[1]) == int(nucleus_sample_ref(x[1:2], 0.9, u[1:2])[0])
 
 
