@@ -1,15 +1,17 @@
 """Sampling with speculation is distribution-preserving and reproducible."""
+import contextlib
 import itertools
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine_helpers import OracleDraft, hf_model, random_prompt, run, tiny_engine
-from jetspec_chat.engine.accept import processed_probs
+from engine_helpers import OracleDraft, emulated_graphs, hf_model, random_prompt, run, tiny_engine
+from jetspec_chat.engine.sampling import processed_probs
 from jetspec_chat.engine.params import SamplingParams
 
-SAMPLING = SamplingParams(temperature=0.7, top_k=3)
+# top_p 0.6 of the top 3: the nucleus drops the third token (or the second) in most steps.
+SAMPLING = SamplingParams(temperature=0.7, top_k=3, top_p=0.6)
 K_TOKENS = 3
 
 
@@ -32,19 +34,22 @@ def exact_distribution(name, prompt):
     return probs
 
 
-@pytest.mark.parametrize("name,budget,error_rate", [("tiny-qwen3", 16, 0.3), ("tiny-llama", 4, 0.6)])
-def test_speculative_sampling_matches_the_target_distribution(name, budget, error_rate):
+@pytest.mark.parametrize("name,budget,error_rate,graphs", [("tiny-qwen3", 16, 0.3, True), ("tiny-llama", 4, 0.6, False)])
+def test_speculative_sampling_matches_the_target_distribution(name, budget, error_rate, graphs):
+    """graphs: the CUDA-graph code path (sampling inside the verify graph, emulated on the CPU),
+    else the eager one."""
     engine = tiny_engine(name)
     prompt = random_prompt(11, 6)
     exact = exact_distribution(name, prompt)
     counts = dict.fromkeys(exact, 0)
     n = 600
     accepted_deep = 0
-    with OracleDraft(engine, hf_model(name), error_rate=error_rate, seed=1):
+    with emulated_graphs(engine) if graphs else contextlib.nullcontext(), \
+            OracleDraft(engine, hf_model(name), error_rate=error_rate, seed=1):
         for seed in range(n):
             engine.reset()
             _, res = run(engine, prompt, max_new_tokens=K_TOKENS, budget=budget, width=3,
-                         temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, seed=seed)
+                         temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, top_p=SAMPLING.top_p, seed=seed)
             counts[tuple(res.token_ids[:K_TOKENS])] += 1
             accepted_deep += any(n > 1 for n in res.accept_lengths)
     # The draft must actually have been accepted for the test to say anything.
@@ -81,7 +86,7 @@ def test_the_same_test_catches_a_biased_acceptance_rule(monkeypatch):
 
     monkeypatch.setattr(engine_mod, "target_choices", biased)
     with pytest.raises(AssertionError):
-        test_speculative_sampling_matches_the_target_distribution("tiny-qwen3", 16, 0.3)
+        test_speculative_sampling_matches_the_target_distribution("tiny-qwen3", 16, 0.3, True)
 
 
 def test_seed_reproducibility():
