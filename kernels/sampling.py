@@ -161,7 +161,7 @@ def nucleus_sample_triton(
     tokens = torch.empty(n, dtype=torch.int64, device=x.device)
     kept = torch.empty(n, dtype=torch.int32, device=x.device)
     _nucleus_sample_kernel[(n,)](
-        x, u, top_p, need.to(torch.int8), tokens, kept, v, x.stride(0),
+        x, u, top_p, need.view(torch.int8), tokens, kept, v, x.stride(0),
         NUCLEUS=nucleus, BLOCK=BLOCK, USE_LIBDEVICE=not interpreting(), num_warps=WARPS, enable_fp_fusion=False, **launch_args(x.device, n),
     )
     return tokens, kept
