@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import nucleus_mask_ref, nucleus_sample
+from ..kernels import nucleus_mask_ref, nucleus_sample, row_mass
 from .params import SamplingParams
 
 # Logits per row that the fast path orders. The nucleus of a trained model's row at top_p 0.95
@@ -58,9 +58,10 @@ def nucleus_candidates(x: torch.Tensor, top_p: float | torch.Tensor) -> Candidat
     # The candidates in the stable sort's order: by index, then stably by value (descending).
     index = x.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
     values, order = x.gather(-1, index).sort(dim=-1, descending=True, stable=True)
-    # softmax64_ref(x) at the candidates, element for element the same arithmetic.
-    w = (x - x.amax(-1, keepdim=True)).exp()
-    probs = w.gather(-1, index).double() / w.sum(-1, keepdim=True, dtype=torch.float64)
+    # softmax64_ref(x) at the candidates, element for element the same arithmetic; the row's
+    # maximum is its top candidate, and the normaliser one read of the row (row_mass).
+    m = values[:, 0]
+    probs = (x.gather(-1, index) - m[:, None]).exp().double() / row_mass(x, m)
     p = probs.gather(-1, order)
     keep = p.cumsum(-1) - p < top_p  # a prefix of the sorted candidates: the top one always stays
     last_kept = values.gather(-1, keep.sum(-1, keepdim=True) - 1)[:, 0]

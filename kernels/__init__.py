@@ -28,6 +28,7 @@ from .reference import (
     nucleus_mask_ref,
     nucleus_sample_ref,
     paged_tree_attention_ref,
+    row_mass_ref,
     qk_norm_rope_ref,
     qkv_rope_write_ref,
     rms_norm_ref,
@@ -45,7 +46,7 @@ from .tree_attention import (
     write_kv,
     write_kv_triton,
 )
-from .sampling import nucleus_sample, nucleus_sample_triton
+from .sampling import nucleus_sample, nucleus_sample_triton, row_mass, row_mass_triton
 from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
@@ -92,6 +93,9 @@ __all__ = [
     "rms_norm_ref",
     "rms_norm_triton",
     "rope_ref",
+    "row_mass",
+    "row_mass_ref",
+    "row_mass_triton",
     "silu_mul",
     "silu_mul_ref",
     "silu_mul_triton",

@@ -334,11 +334,17 @@ def moe_block_gpt_oss_ref(
     return out
 
 
+def row_mass_ref(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """sum(exp(x - m)) of each row of x [N, V] fp32, the fp32 weights summed in float64; m [N]
+    fp32 (the row maxima). [N, 1] float64."""
+    return (x - m[:, None]).exp().sum(-1, keepdim=True, dtype=torch.float64)
+
+
 def softmax64_ref(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim with the normaliser summed in float64 ([N, V] fp32 -> float64):
     what the nucleus's cumulative masses are compared in."""
-    w = (x - x.amax(-1, keepdim=True)).exp()
-    return w.double() / w.sum(-1, keepdim=True, dtype=torch.float64)
+    m = x.amax(-1)
+    return (x - m[:, None]).exp().double() / row_mass_ref(x, m)
 
 
 def nucleus_mask_ref(x: torch.Tensor, top_p: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

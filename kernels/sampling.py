@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .launch import interpreting, launch_args, wait_for_previous
-from .reference import nucleus_sample_ref
+from .reference import nucleus_sample_ref, row_mass_ref
 
 try:  # triton is optional: CPU-only installs use the torch reference.
     import triton
@@ -147,6 +147,49 @@ if triton is not None:
                 count += tl.sum((cum <= target).to(tl.int64), 0)
             tl.store(TOKENS + row, tl.minimum(count, last))
             tl.store(KEPT + row, n_kept.to(tl.int32))
+
+
+    @triton.jit
+    def _row_mass_kernel(
+        X, M, PART,  # [N, V] fp32, [N] fp32 row maxima, [N, chunks] fp64 partial sums
+        V, stride, chunks,
+        CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        wait_for_previous(PDL)
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        x_row = X + row.to(tl.int64) * stride
+        m = tl.load(M + row)
+        acc = tl.zeros([BLOCK], tl.float64)
+        for s in range(0, CHUNK, BLOCK):
+            offs = chunk * CHUNK + s + tl.arange(0, BLOCK)
+            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf"))
+            acc += _weight(x, m, USE_LIBDEVICE)
+        tl.store(PART + row * chunks + chunk, tl.sum(acc, 0))
+
+
+MASS_CHUNK = 8192  # logits a program sums (a multiple of its block): 19 programs a row at 152k tokens
+
+
+def row_mass_triton(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """row_mass_ref on the GPU: partial float64 sums per chunk of the row (one program each),
+    then their sum; the same weights, another order of summation. [N, 1] float64."""
+    n, v = x.shape
+    chunks = triton.cdiv(v, MASS_CHUNK)
+    part = torch.empty(n, chunks, dtype=torch.float64, device=x.device)
+    _row_mass_kernel[(n, chunks)](
+        x, m, part, v, x.stride(0), chunks, CHUNK=MASS_CHUNK, BLOCK=min(BLOCK, MASS_CHUNK), USE_LIBDEVICE=not interpreting(),
+        num_warps=WARPS, enable_fp_fusion=False, **launch_args(x.device, n),
+    )
+    return part.sum(-1, keepdim=True)
+
+
+def row_mass(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """sum(exp(x - m)) of each row in float64 ([N, 1]), m [N] fp32 the row maxima: Triton on CUDA
+    tensors (one read of the rows), the reference elsewhere."""
+    if x.is_cuda and triton is not None:
+        return row_mass_triton(x, m)
+    return row_mass_ref(x, m)
 
 
 def nucleus_sample_triton(

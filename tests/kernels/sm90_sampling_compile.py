@@ -1,5 +1,5 @@
-"""Compile kernels/sampling.py's _nucleus_sample_kernel for sm_90 without a GPU (both NUCLEUS
-variants, PDL on and off) and print, per variant, its registers, local memory and shared memory,
+"""Compile kernels/sampling.py's _nucleus_sample_kernel (both NUCLEUS variants) and
+_row_mass_kernel for sm_90 without a GPU, PDL on and off, and print, per variant, its registers, local memory and shared memory,
 one JSON object a line. Run as a script (test_sampling_kernel.py does, in a subprocess: the
 compiler needs the real triton.jit, not the interpreter's)."""
 from __future__ import annotations
@@ -26,3 +26,11 @@ if __name__ == "__main__":
             src = ASTSource(fn=sampling._nucleus_sample_kernel, signature=sig, constexprs=consts)
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=sampling.WARPS, enable_fp_fusion=False))
             print(json.dumps(dict(nucleus=nucleus, pdl=pdl, **resource_usage(kernel))))
+    sig = {"X": "*fp32", "M": "*fp32", "PART": "*fp64", "V": "i32", "stride": "i32", "chunks": "i32",
+           "CHUNK": "constexpr", "BLOCK": "constexpr", "USE_LIBDEVICE": "constexpr", "PDL": "constexpr"}
+    for pdl in (True, False):
+        consts = dict(CHUNK=sampling.MASS_CHUNK, BLOCK=sampling.BLOCK, USE_LIBDEVICE=True, PDL=pdl)
+        src = ASTSource(fn=sampling._row_mass_kernel, signature=sig, constexprs=consts)
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                options=dict(num_warps=sampling.WARPS, enable_fp_fusion=False))
+        print(json.dumps(dict(kernel="row_mass", pdl=pdl, **resource_usage(kernel))))
