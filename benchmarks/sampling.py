@@ -28,6 +28,7 @@ from jetspec_chat.engine.bench.timing import time_fn
 from jetspec_chat.engine.graphs import capture
 from jetspec_chat.engine.models.loader import load_engine
 from jetspec_chat.engine.params import SamplingParams
+from jetspec_chat.engine import sampling as sampler
 from jetspec_chat.engine.sampling import nucleus_candidates, sample, scaled_logits, uniforms
 from jetspec_chat.kernels.reference import nucleus_mask_ref, nucleus_sample_ref
 
@@ -99,15 +100,17 @@ def main() -> int:
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--logit-scale", type=float, default=12.0)
+    ap.add_argument("--candidates", type=int, default=sampler.CANDIDATES, help="the fast path's top logits a row")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the step table (fp32, no graphs)")
     args = ap.parse_args()
+    sampler.CANDIDATES = args.candidates
     cuda = args.device.startswith("cuda")
     engine = load_engine(args.model, args.draft_head, device=args.device, dtype="bfloat16" if cuda else "float32")
     device = engine.torch_device
     where = torch.cuda.get_device_name(device) if cuda else "cpu"
     print(f"{args.model} + {args.draft_head} on {where}, context {args.context}, "
-          f"T {args.temperature}, top-p {args.top_p}, top-k {args.top_k}")
+          f"T {args.temperature}, top-p {args.top_p}, top-k {args.top_k}, {args.candidates} candidates")
     _prepare_engine(engine, args.context + max(args.nodes, 1) + 64, 0)
     gen = torch.Generator().manual_seed(0)
     state = _State(engine, args.context, gen)
