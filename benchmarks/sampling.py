@@ -69,24 +69,27 @@ def nucleus_stats(engine, tree, sampling) -> str:
 
 
 def sampler_table(engine, state, trees, sampling, reps: int) -> None:
-    """The choice alone (argmax / sample / sort reference) on the rows' fp32 logits, each call
+    """The choice alone (argmax / sample / sort reference) on the rows' fp32 logits, and two parts
+    of `sample` (the temperature division; the top-k selection of the candidates), each call
     captured in a CUDA graph."""
     device = engine.torch_device
     t = torch.tensor(sampling.temperature, dtype=torch.float32, device=device)
     p = torch.tensor(sampling.top_p, dtype=torch.float64, device=device)
-    print(f"{'rows':>12} {'argmax us':>10} {'sample us':>10} {'sort ref us':>12}")
+    print(f"{'rows':>12} {'argmax us':>10} {'sample us':>10} {'sort ref us':>12} {'scale us':>9} {'topk us':>8}")
     pool = torch.cuda.graph_pool_handle()
     for name, tree, _ in trees:
         hidden, _ = engine.verify.forward(tree)
         logits = engine.target.logits(hidden).clone()
         u = torch.rand(logits.shape[0], dtype=torch.float64, device=device)
         fns = (lambda: logits.argmax(-1), lambda: sample(logits, t, p, sampling.top_k, u),
-               lambda: nucleus_sample_ref(scaled_logits(logits, t, sampling.top_k), p, u)[0])
+               lambda: nucleus_sample_ref(scaled_logits(logits, t, sampling.top_k), p, u)[0],
+               lambda: scaled_logits(logits, t, sampling.top_k),
+               lambda: logits.topk(min(sampler.CANDIDATES, logits.shape[-1]), dim=-1, sorted=False))
         us = []
         for fn in fns:
             graph, _ = capture(fn, device, pool)
             us.append(median_ms(graph.replay, None, reps, device) * 1e3)
-        print(f"{name:>12} {us[0]:10.1f} {us[1]:10.1f} {us[2]:12.1f}")
+        print(f"{name:>12} {us[0]:10.1f} {us[1]:10.1f} {us[2]:12.1f} {us[3]:9.1f} {us[4]:8.1f}")
         state.restore()
 
 
