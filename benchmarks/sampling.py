@@ -87,7 +87,12 @@ def sampler_table(engine, state, trees, sampling, reps: int) -> None:
                lambda: logits.topk(min(sampler.CANDIDATES, logits.shape[-1]), dim=-1, sorted=False))
         us = []
         for fn in fns:
-            graph, _ = capture(fn, device, pool)
+            try:
+                graph, _ = capture(fn, device, pool)
+            except RuntimeError as e:  # say so and go on: the other columns still stand
+                print(f"  (a call could not be captured: {str(e).splitlines()[0]})")
+                us.append(float("nan"))
+                continue
             us.append(median_ms(graph.replay, None, reps, device) * 1e3)
         print(f"{name:>12} {us[0]:10.1f} {us[1]:10.1f} {us[2]:12.1f} {us[3]:9.1f} {us[4]:8.1f}")
         state.restore()
