@@ -33,7 +33,7 @@ def scaled_logits(logits: torch.Tensor, temperature: float | torch.Tensor, top_k
     """fp32 logits [N, V] divided by the temperature; with top_k, every logit below the k-th
     largest set to -inf (ties with the k-th stay)."""
     if not isinstance(temperature, torch.Tensor):  # divide as the graphs do (by a device scalar)
-        temperature = torch.tensor(temperature, dtype=torch.float32, device=logits.device)
+        temperature = torch.full((), temperature, dtype=torch.float32, device=logits.device)
     x = logits.float() / temperature
     if 0 < top_k < x.shape[-1]:
         kth = x.topk(top_k, dim=-1).values[:, -1:]

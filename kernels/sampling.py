@@ -175,6 +175,7 @@ def row_mass_triton(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """row_mass_ref on the GPU: partial float64 sums per chunk of the row (one program each),
     then their sum; the same weights, another order of summation. [N, 1] float64."""
     n, v = x.shape
+    m = m.contiguous()  # the maxima may be a column of the candidates
     chunks = triton.cdiv(v, MASS_CHUNK)
     part = torch.empty(n, chunks, dtype=torch.float64, device=x.device)
     _row_mass_kernel[(n, chunks)](
@@ -199,8 +200,8 @@ def nucleus_sample_triton(
     are left unwritten. x [N, V] fp32 (contiguous rows), u [N] float64."""
     n, v = x.shape
     nucleus = isinstance(top_p, torch.Tensor) or top_p < 1.0
-    if not isinstance(top_p, torch.Tensor):
-        top_p = torch.tensor(top_p, dtype=torch.float64, device=x.device)
+    if not isinstance(top_p, torch.Tensor):  # a fill, not a host copy: capturable in a graph
+        top_p = torch.full((), top_p, dtype=torch.float64, device=x.device)
     tokens = torch.empty(n, dtype=torch.int64, device=x.device)
     kept = torch.empty(n, dtype=torch.int32, device=x.device)
     _nucleus_sample_kernel[(n,)](
