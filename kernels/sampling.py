@@ -16,6 +16,8 @@ token only where u * total lies within rounding of a cumulative weight.
 It is the exact fallback of engine/sampling.py: rows whose nucleus the top-K candidates do not
 hold (`need`); rows not needed return at once, so inside a CUDA graph it costs a launch when
 no row needs it. A needed row costs ~38 passes over its logits on one SM.
+
+Also here: `row_mass`, the fast path's softmax normaliser in one read of the rows.
 """
 from __future__ import annotations
 
