@@ -18,31 +18,17 @@ import torch
 
 from .kv_cache import PagedKVCache
 from .params import SamplingParams
+from .sampling import sample, uniforms
 from .tree import Tree
 
 
-def processed_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, then top-p, on fp32 logits [N, V] -> probabilities [N, V]."""
-    logits = logits.float() / sampling.temperature
-    if sampling.top_k > 0 and sampling.top_k < logits.shape[-1]:
-        kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if sampling.top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        # Drop a token if the mass before it already reaches top_p (the top token always stays).
-        drop_sorted = probs.cumsum(-1) - probs >= sampling.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
-
-
 def target_choices(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """The target's token at every node: argmax (greedy) or one sample each. [N] int64."""
+    """The target's token at every node: argmax (greedy) or one sample each (sampling.sample,
+    one uniform per node from `generator`). [N] int64."""
     if sampling.greedy:
         return logits.argmax(dim=-1)
-    probs = processed_probs(logits, sampling)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    u = uniforms(logits.shape[0], generator, logits.device)
+    return sample(logits, sampling.temperature, sampling.top_p, sampling.top_k, u)
 
 
 @dataclass

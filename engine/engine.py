@@ -240,7 +240,8 @@ class SpecEngine:
         from the device anchor; then the round's one device->host copy (the packed integers
         with the tree's scores). Greedy with a fixed-shape tree on CUDA: the draft graph (which
         writes the tree into the verify bucket), the verify graph (which commits, appends the
-        draft context and advances the lengths on the device), the copy; nothing in between."""
+        draft context and advances the lengths on the device), the copy; nothing in between
+        (sampling: the draw of the round's uniforms before the verify replay)."""
         spec, sampling = params.spec, params.sampling
         base = self.kv.length
         clock = _PhaseClock(self.torch_device)
@@ -251,8 +252,8 @@ class SpecEngine:
             tree, staged = self.drafter.tree(self.anchor, depth, spec.tree_algo, spec.budget, spec.width, clock.mark)
         else:
             tree, staged = self._root, True  # bucket 1 holds the root-only tree; its token is the anchor
-        # On CUDA with greedy decoding one graph runs the forward and finish_round (accept, KV
-        # commit, draft-context append, lengths, packing, next anchor): verify_ms is that graph
+        # On CUDA one graph runs the forward, the target's choices (greedy or sampled) and
+        # finish_round (accept, KV commit, draft-context append, lengths, packing, next anchor): verify_ms is that graph
         # and accept_ms only the copy and the host's unpacking. Elsewhere verify_ms ends at the
         # target's choices.
         packed = self.verify.round(tree, staged, sampling, generator, clock.mark)

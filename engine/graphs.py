@@ -1,13 +1,15 @@
 """Static-buffer runners for the two forwards of a round, CUDA-graphed on the GPU.
 
-VerifyRunner: the target forward over a tree (or one AR token), per tree-size bucket; for
-greedy decoding the same graph also finishes the round (accept, KV commit, packing).
+VerifyRunner: the target forward over a tree (or one AR token), per tree-size bucket; the same
+graph also takes the target's choices (argmax, or samples from uniforms drawn before the replay)
+and finishes the round (accept, KV commit, packing).
 DraftRunner: the draft head's block forward (through lm_head and log-softmax) and the tree
 built from it, per depth and tree shape. Each bucket is captured once and replayed; lengths are read from device
 scalars, so one graph serves every context length, turn and budget mapping to the bucket.
 Elsewhere (CPU) the same functions run eagerly on exact sizes.
 
-A greedy round with a fixed-shape tree on CUDA is two graph replays and one copy: the draft
+A greedy round with a fixed-shape tree on CUDA is two graph replays and one copy (a sampling
+round adds the draw of its uniforms, and a write of the temperature or top_p when they change): the draft
 graph (draft forward, tree build, and the tree written straight into the verify bucket's static
 inputs) and the verify graph (target forward, accept, KV commit, draft-context append, lengths
 and anchor advanced on the device, packing); then the packed integers go to the host.
@@ -19,6 +21,7 @@ from typing import Callable
 import torch
 
 from .accept import DraftAppend, PackedRound, finish_round, target_choices
+from .sampling import sample, uniforms
 from .draft_head import DraftHead, DraftKVCache
 from .kv_cache import PagedKVCache
 from .model import ForwardBatch, TargetModel
@@ -27,7 +30,14 @@ from .tree import FIXED_SHAPE_ALGOS, TREE_ALGOS, Tree, fixed_tree_size
 
 TREE_BUCKETS = (1, 16, 32, 64, 128, 256, 512, 1024)
 SCRATCH_ROWS = TREE_BUCKETS[-1]  # KV rows past the context limit reserved for one padded tree
-GREEDY = SamplingParams()
+
+# What a verify-round graph bakes in of the sampling parameters: None for greedy, else (top_k,
+# whether top_p < 1). The temperature and top_p themselves are device scalars (VerifyRunner).
+RoundKey = tuple[int, bool] | None
+
+
+def round_key(sampling: SamplingParams) -> RoundKey:
+    return None if sampling.greedy else (sampling.top_k, sampling.top_p < 1.0)
 
 
 def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
@@ -74,15 +84,15 @@ class _TreeBucket:
         self.ancestors = self.eye.clone()
         self.n = torch.ones((), dtype=torch.long, device=device)
         self.index = torch.arange(size, device=device)
+        self.uniforms = torch.zeros(size, dtype=torch.float64, device=device)  # one per node, sampling rounds
         self.path_len = path_len
         self.forward_graph: torch.cuda.CUDAGraph | None = None
         self.forward_out: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        self.round_graph: torch.cuda.CUDAGraph | None = None
-        self.round_out: PackedRound | None = None
+        self.rounds: dict[RoundKey, tuple[torch.cuda.CUDAGraph, PackedRound]] = {}
         # A recurrent cache's handles on the graphs' own tensors (HybridCache.stash / last_round
-        # as the capture left them; each replay rewrites those tensors).
+        # as each capture left them; each replay rewrites those tensors).
         self.forward_stash = None
-        self.round_commit = None
+        self.round_commits: dict[RoundKey, tuple | None] = {}
 
     def load(self, tree: Tree) -> None:
         """Write a tree into the static inputs (device to device; inside the draft graph for
@@ -101,9 +111,10 @@ class VerifyRunner:
     """The target forward over a tree (K/V written after the committed prefix). On CUDA, trees
     are padded to a bucket whose padding nodes see only themselves (and the prefix), write K/V
     into scratch rows and are never accepted; per bucket one graph for the forward alone and,
-    for greedy decoding, one for the whole verify step: forward, logits, argmax and
-    finish_round (accept, KV commit, draft-context append, lengths, packing, the next anchor),
-    so a greedy round needs no launches after the replay but its one device->host copy.
+    per round_key, one for the whole verify step: forward, logits, the target's choices (argmax,
+    or sampling.sample from the bucket's uniforms and the runner's temperature and top_p device
+    scalars) and finish_round (accept, KV commit, draft-context append, lengths, packing, the
+    next anchor), so a round needs no launches after the replay but its one device->host copy.
 
     The committed length is read from `kv.device_length` (advanced by finish_round), and a
     tree's positions are computed from it inside the graphs. `anchor` is the engine's 0-d
@@ -114,7 +125,7 @@ class VerifyRunner:
     end of this graph rather than at the start of the draft graph: the path and the taps are
     made here (each bucket's graph has its own taps buffer, which a draft graph would have to
     pick by the last round's bucket), every round passes here (AR rounds too, so no pending
-    context builds up), and the sampling path runs the same finish_round eagerly."""
+    context builds up), and the eager path (CPU, recurrent caches) runs the same finish_round."""
 
     def __init__(
         self, target: TargetModel, kv: PagedKVCache, tap_layers: tuple[int, ...], anchor: torch.Tensor, max_depth: int,
@@ -131,6 +142,10 @@ class VerifyRunner:
         self.recurrent = getattr(kv, "recurrent", False)
         self._buckets: dict[int, _TreeBucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        # The sampling graphs' temperature and top_p, written when an answer changes them.
+        self.temperature = torch.ones((), dtype=torch.float32, device=self.device)
+        self.top_p = torch.ones((), dtype=torch.float64, device=self.device)
+        self._loaded: tuple[float, float] | None = None
 
     def bucket(self, n: int) -> _TreeBucket:
         """The static inputs for trees of n nodes (created on first use)."""
@@ -158,12 +173,25 @@ class VerifyRunner:
         hidden, taps = self.target(batch, self.kv, self.tap_layers)
         return tree, hidden, taps
 
-    def _greedy_round(self, b: _TreeBucket) -> PackedRound:
+    def _graph_round(self, b: _TreeBucket, key: RoundKey) -> PackedRound:
         # The root is the anchor: the AR round's tree (bucket 1) gets its token here, in the graph.
         b.tokens[:1].copy_(self.anchor)
         tree, hidden, taps = self._padded_forward(b)
-        choices = target_choices(self.target.logits(hidden), GREEDY, None)
+        logits = self.target.logits(hidden)
+        if key is None:
+            choices = logits.argmax(dim=-1)
+        else:
+            top_k, nucleus = key
+            choices = sample(logits, self.temperature, self.top_p if nucleus else 1.0, top_k, b.uniforms)
         return finish_round(tree, choices, self.kv, taps, self.anchor, self.draft_append, b.n, b.path_len)
+
+    def _load_sampling(self, sampling: SamplingParams) -> None:
+        """Write the temperature and top_p into the graphs' device scalars if they changed."""
+        values = (sampling.temperature, sampling.top_p)
+        if values != self._loaded:
+            self.temperature.fill_(sampling.temperature)
+            self.top_p.fill_(sampling.top_p)
+            self._loaded = values
 
     def forward(self, tree: Tree) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward the tree's nodes after the kv.length committed tokens; node i's K/V land at
@@ -188,23 +216,28 @@ class VerifyRunner:
     ) -> PackedRound:
         """Verify the tree and finish the round (finish_round). `staged`: the tree is already in
         its bucket's inputs (the draft graph wrote it, or it is the root-only tree, whose token
-        the greedy graph reads from the anchor). `mark(phase)` closes the verify phase: after the
-        graph on the CUDA greedy path (which holds the acceptance too), else after the target's
-        choices."""
-        if self.use_graphs and sampling.greedy:
+        the round graph reads from the anchor). `mark(phase)` closes the verify phase: after the
+        graph on the CUDA path (which holds the acceptance too), else after the target's
+        choices. Sampling: one uniform per node from `generator`, drawn before the replay (the
+        graph holds no generator state), so a seed gives the same answer every time."""
+        if self.use_graphs:
             b = self.bucket(tree.size) if staged else self._stage(tree)
-            if b.round_graph is None:
+            key = round_key(sampling)
+            if key is not None:
+                self._load_sampling(sampling)
+                uniforms(b.uniforms.shape[0], generator, self.device, out=b.uniforms)
+            if key not in b.rounds:
                 keep = (self.anchor, self.kv.device_length) + ((self.draft_kv.device_length,) if self.draft_kv else ())
                 if self.recurrent:  # the warm-ups commit: put the committed state back too
                     keep += (self.kv.conv, self.kv.state)
-                b.round_graph, b.round_out = capture(lambda: self._greedy_round(b), self.device, self._pool, keep)
-                b.round_commit = self.kv.last_round if self.recurrent else None
-            b.round_graph.replay()
+                b.rounds[key] = capture(lambda: self._graph_round(b, key), self.device, self._pool, keep)
+                b.round_commits[key] = self.kv.last_round if self.recurrent else None
+            graph, out = b.rounds[key]
+            graph.replay()
             if self.recurrent:  # this round's commit, for a rollback inside it
-                self.kv.replayed(b.round_commit)
+                self.kv.replayed(b.round_commits[key])
             mark("verify_ms")
-            return b.round_out
-        # Sampling draws from a torch.Generator on the host side of the graph; the CPU has no graphs.
+            return out
         hidden, taps = self.forward(tree)
         choices = target_choices(self.target.logits(hidden), sampling, generator)
         mark("verify_ms")

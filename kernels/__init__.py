@@ -39,7 +39,10 @@ from .reference import (
     moe_route_gpt_oss_ref,
     moe_experts_ref,
     moe_route_ref,
+    nucleus_mask_ref,
+    nucleus_sample_ref,
     paged_tree_attention_ref,
+    row_mass_ref,
     qk_norm_rope_ref,
     qkv_rope_write_ref,
     rms_norm_ref,
@@ -58,6 +61,7 @@ from .tree_attention import (
     write_kv,
     write_kv_triton,
 )
+from .sampling import nucleus_sample, nucleus_sample_triton, row_mass, row_mass_triton
 from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
@@ -100,6 +104,10 @@ __all__ = [
     "moe_experts_ref",
     "moe_route_ref",
     "moe_route_triton",
+    "nucleus_mask_ref",
+    "nucleus_sample",
+    "nucleus_sample_ref",
+    "nucleus_sample_triton",
     "paged_tree_attention",
     "paged_tree_attention_ref",
     "paged_tree_attention_triton",
@@ -114,6 +122,9 @@ __all__ = [
     "rms_norm_ref",
     "rms_norm_triton",
     "rope_ref",
+    "row_mass",
+    "row_mass_ref",
+    "row_mass_triton",
     "silu_mul",
     "silu_mul_ref",
     "silu_mul_triton",

@@ -452,3 +452,49 @@ def gated_delta_path_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     for j in path[: int(count)].tolist():
         s, _ = delta_step_ref(s, q[j], k[j], v[j], g[j], beta[j])
     state_out.copy_(s)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def row_mass_ref(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """sum(exp(x - m)) of each row of x [N, V] fp32, the fp32 weights summed in float64; m [N]
+    fp32 (the row maxima). [N, 1] float64."""
+    return (x - m[:, None]).exp().sum(-1, keepdim=True, dtype=torch.float64)
+
+
+def softmax64_ref(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim with the normaliser summed in float64 ([N, V] fp32 -> float64):
+    what the nucleus's cumulative masses are compared in."""
+    m = x.amax(-1)
+    return (x - m[:, None]).exp().double() / row_mass_ref(x, m)
+
+
+def nucleus_mask_ref(x: torch.Tensor, top_p: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-p by the sorted definition: (softmax64_ref(x), kept [N, V] bool). Tokens in stable
+    descending order of x (ties: the lower index first); a token is kept while the probability
+    mass before it is below top_p, so the top token always stays. top_p >= 1 keeps every token."""
+    probs = softmax64_ref(x)
+    if not isinstance(top_p, torch.Tensor) and top_p >= 1.0:
+        return probs, torch.ones_like(x, dtype=torch.bool)
+    order = x.sort(dim=-1, descending=True, stable=True).indices
+    p = probs.gather(-1, order)
+    keep_sorted = p.cumsum(-1) - p < top_p
+    return probs, torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+def inverse_cdf_ref(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One index per row of `weights` ([N, V] >= 0, float64): the first whose cumulative weight
+    (in index order) exceeds u * total, u [N] uniform in [0, 1); never past the last positive
+    weight (u * total may round up to the total). [N] int64."""
+    cdf = weights.cumsum(-1)
+    j = (cdf <= u[:, None] * cdf[:, -1:]).sum(-1)
+    return torch.minimum(j, cdf.argmax(-1))  # argmax: the first index that reaches the total
+
+
+def nucleus_sample_ref(x: torch.Tensor, top_p: float | torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row of x [N, V] (fp32 logits, already divided by the temperature)
+    from the top-p nucleus (nucleus_mask_ref) renormalised, by inverse CDF in index order with
+    u [N]: (tokens [N] int64, kept token count [N] int32)."""
+    probs, kept = nucleus_mask_ref(x, top_p)
+    return inverse_cdf_ref(torch.where(kept, probs, 0.0), u), kept.sum(-1, dtype=torch.int32)

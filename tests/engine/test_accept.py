@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from engine_helpers import NoHostReads
-from jetspec_chat.engine.accept import accept, finish_round, processed_probs, unpack_round
+from jetspec_chat.engine.accept import accept, finish_round, unpack_round
+from jetspec_chat.engine.sampling import processed_probs
 from jetspec_chat.engine.graphs import TREE_BUCKETS, bucket_for
 from jetspec_chat.engine.kv_cache import PagedKVCache
 from jetspec_chat.engine.params import SamplingParams

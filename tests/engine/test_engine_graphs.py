@@ -15,7 +15,7 @@ from engine_helpers import (
     run,
     tiny_engine,
 )
-from jetspec_chat.engine import GenerationParams, RoundEvent, SpecParams
+from jetspec_chat.engine import GenerationParams, RoundEvent, SamplingParams, SpecParams
 
 CONFIGS = [  # (budget, width, depth, algo): buckets 1, 16, 32, 64, 256 and the eager tree builder
     (1, 1, None, "accum_logp"),
@@ -86,6 +86,17 @@ def test_a_greedy_round_is_the_graph_replays_and_one_copy(spec, replays):
     with emulated_graphs(engine):
         rounds = round_launches(engine, random_prompt(302, 10), GenerationParams(max_new_tokens=24, spec=spec))
     assert rounds and all(r == (replays, 1, []) for r in rounds), rounds
+
+
+@pytest.mark.parametrize("spec,replays", [(SpecParams(budget=16, width=4), 2), (SpecParams(enabled=False), 1)])
+def test_a_sampling_round_is_the_uniforms_the_replays_and_one_copy(spec, replays):
+    """Sampling rounds too: the target's samples are taken inside the verify graph, so the host
+    adds only the draw of the round's uniforms (the temperature and top_p were written once)."""
+    engine = tiny_engine("tiny-qwen3")
+    params = GenerationParams(max_new_tokens=24, spec=spec, sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=3))
+    with emulated_graphs(engine):
+        rounds = round_launches(engine, random_prompt(304, 10), params)
+    assert rounds and all(r == (replays, 1, ["aten.rand.generator_out"]) for r in rounds), rounds
 
 
 def _draft_context_reference(engine, tokens):

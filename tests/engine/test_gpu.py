@@ -132,14 +132,33 @@ def test_a_graphed_greedy_round_launches_only_its_graphs_and_one_copy(engine, sp
     assert rounds and all(r == (replays, 1, []) for r in rounds), rounds
 
 
-def test_sampling_stays_on_the_eager_acceptance_and_is_reproducible(engine):
-    params = GenerationParams(max_new_tokens=32, spec=SpecParams(budget=32, width=4),
-                              sampling=SamplingParams(temperature=0.8, top_k=20, seed=5))
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.8, top_k=20, seed=5),
+                                      SamplingParams(temperature=0.7, top_p=0.95, seed=5),
+                                      SamplingParams(temperature=1.0, seed=5)])
+def test_graphed_sampling_is_reproducible_and_equals_eager_sampling(engine, sampling):
+    """The sampling verify graph (the sampler, the fallback kernel, acceptance) draws the same
+    tokens as the eager path from the same seed (the uniforms of an eager round are the first of
+    its bucket's), and the same again."""
+    params = GenerationParams(max_new_tokens=32, spec=SpecParams(budget=1), sampling=sampling)
     runs = []
     for _ in range(2):
         engine.reset()
         runs.append(list(engine.generate(PROMPT, params))[-1].result.token_ids)
-    assert runs[0] == runs[1] and runs[0]
+    engine.reset()
+    with eager_runners(engine):
+        eager = list(engine.generate(PROMPT, params))[-1].result.token_ids
+    assert runs[0] == runs[1] == eager and runs[0]
+
+
+@pytest.mark.parametrize("spec", [SpecParams(budget=64, width=8), SpecParams(enabled=False)])
+def test_a_graphed_sampling_round_draws_its_uniforms_replays_and_copies(engine, spec):
+    """Sampling rounds are graphed like greedy ones: the host adds only the draw of the round's
+    uniforms, and syncs only for the packed copy."""
+    params = GenerationParams(max_new_tokens=40, spec=spec, sampling=SamplingParams(temperature=0.7, top_p=0.95, seed=1))
+    engine.reset()
+    rounds = round_launches(engine, PROMPT, params)
+    replays = 2 if spec.enabled else 1
+    assert rounds and all(r[:2] == (replays, 1) and len(r[2]) == 1 for r in rounds), rounds
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -1,18 +1,20 @@
 """Sampling with speculation is distribution-preserving and reproducible."""
+import contextlib
 import itertools
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine_helpers import OracleDraft, hf_model, random_prompt, run, tiny_engine
-from jetspec_chat.engine.accept import processed_probs
+from engine_helpers import OracleDraft, emulated_graphs, hf_model, random_prompt, run, tiny_engine
+from jetspec_chat.engine.sampling import processed_probs
 from jetspec_chat.engine.params import SamplingParams
 
 # Tiny models: one intra-op thread (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SAMPLING = SamplingParams(temperature=0.7, top_k=3)
+# top_p 0.6 of the top 3: the nucleus drops the third token (or the second) in most steps.
+SAMPLING = SamplingParams(temperature=0.7, top_k=3, top_p=0.6)
 K_TOKENS = 3
 
 
@@ -36,24 +38,28 @@ def exact_distribution(name, prompt, sampling=SAMPLING):
 
 
 # tiny-gemma4: its final logit soft-cap (0.5) reshapes the distribution the sampler draws from;
-# at temperature 0.1 an uncapped sampler fails this test.
-@pytest.mark.parametrize("name,budget,error_rate,temperature", [
-    ("tiny-qwen3", 16, 0.3, SAMPLING.temperature), ("tiny-llama", 4, 0.6, SAMPLING.temperature),
-    ("tiny-gemma4", 16, 0.3, 0.1),
+# at temperature 0.1 (no top-p there, to keep enough outcomes) an uncapped sampler fails this test.
+@pytest.mark.parametrize("name,budget,error_rate,temperature,top_p,graphs", [
+    ("tiny-qwen3", 16, 0.3, SAMPLING.temperature, SAMPLING.top_p, True),
+    ("tiny-llama", 4, 0.6, SAMPLING.temperature, SAMPLING.top_p, False),
+    ("tiny-gemma4", 16, 0.3, 0.1, 1.0, False),
 ])
-def test_speculative_sampling_matches_the_target_distribution(name, budget, error_rate, temperature):
+def test_speculative_sampling_matches_the_target_distribution(name, budget, error_rate, temperature, top_p, graphs):
+    """graphs: the CUDA-graph code path (sampling inside the verify graph, emulated on the CPU),
+    else the eager one."""
     engine = tiny_engine(name)
     prompt = random_prompt(11, 6)
-    sampling = SamplingParams(temperature=temperature, top_k=SAMPLING.top_k)
+    sampling = SamplingParams(temperature=temperature, top_k=SAMPLING.top_k, top_p=top_p)
     exact = exact_distribution(name, prompt, sampling)
     counts = dict.fromkeys(exact, 0)
     n = 600
     accepted_deep = 0
-    with OracleDraft(engine, hf_model(name), error_rate=error_rate, seed=1):
+    with emulated_graphs(engine) if graphs else contextlib.nullcontext(), \
+            OracleDraft(engine, hf_model(name), error_rate=error_rate, seed=1):
         for seed in range(n):
             engine.reset()
             _, res = run(engine, prompt, max_new_tokens=K_TOKENS, budget=budget, width=3,
-                         temperature=sampling.temperature, top_k=sampling.top_k, seed=seed)
+                         temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed)
             counts[tuple(res.token_ids[:K_TOKENS])] += 1
             accepted_deep += any(n > 1 for n in res.accept_lengths)
     # The draft must actually have been accepted for the test to say anything.
@@ -90,7 +96,7 @@ def test_the_same_test_catches_a_biased_acceptance_rule(monkeypatch):
 
     monkeypatch.setattr(engine_mod, "target_choices", biased)
     with pytest.raises(AssertionError):
-        test_speculative_sampling_matches_the_target_distribution("tiny-qwen3", 16, 0.3, SAMPLING.temperature)
+        test_speculative_sampling_matches_the_target_distribution("tiny-qwen3", 16, 0.3, SAMPLING.temperature, SAMPLING.top_p, True)
 
 
 def test_seed_reproducibility():

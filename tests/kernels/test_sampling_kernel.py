@@ -1,0 +1,70 @@
+"""The nucleus sampling kernel against the sorted definition (nucleus_sample_ref), under the
+interpreter: the same kept count and the same token for the same uniform, on flat to peaked
+rows, ties inside and at the nucleus's boundary (across a block edge), -inf logits, top_p 1."""
+import pytest
+import torch
+
+from jetspec_chat.kernels import sampling
+from jetspec_chat.kernels.reference import nucleus_sample_ref
+
+V = 1000
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the compiled kernel on a GPU
+
+
+def rows() -> torch.Tensor:
+    g = torch.Generator().manual_seed(5)
+    out = [torch.randn(V, generator=g) * s for s in (0.05, 1.0, 4.0, 20.0)]
+    for scale in (6, 7, 8):  # integer logits: tied groups, often split by the boundary
+        out.append((torch.randn(V, generator=g) * scale).round())
+    tied = torch.randn(V, generator=g)
+    tied[200:300] = 4.0  # one tied group across the block edge at 256
+    out.append(tied)
+    out.append((torch.randn(V, generator=g) * 2).masked_fill(torch.rand(V, generator=g) > 0.05, float("-inf")))
+    out.append(torch.zeros(V))  # all tied
+    return torch.stack(out).to(DEVICE)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(sampling, "BLOCK", 256)  # several blocks a row
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.97, 1.0])
+def test_nucleus_sample_kernel_equals_the_sorted_reference(small_blocks, top_p):
+    x = rows()
+    u = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(int(top_p * 100)), dtype=torch.float64).to(DEVICE)
+    need = torch.ones(x.shape[0], dtype=torch.bool, device=DEVICE)
+    tokens, kept = sampling.nucleus_sample_triton(x, top_p, u, need)
+    ref_tokens, ref_kept = nucleus_sample_ref(x, top_p, u)
+    assert torch.equal(kept, ref_kept)
+    assert torch.equal(tokens, ref_tokens)
+
+
+def test_a_needed_row_among_skipped_rows(small_blocks):
+    x = rows()[:3]
+    u = torch.full((3,), 0.5, dtype=torch.float64, device=DEVICE)
+    tokens, _ = sampling.nucleus_sample_triton(x, 0.9, u, torch.tensor([False, True, False], device=DEVICE))
+    assert int(tokens[1]) == int(nucleus_sample_ref(x[1:2], 0.9, u[1:2])[0])
+
+
+def test_row_mass_kernel_sums_the_reference_weights(monkeypatch):
+    """The normaliser of the fast path: the same fp32 weights as the reference, summed in float64
+    in chunks (several programs a row, a partial last chunk)."""
+    monkeypatch.setattr(sampling, "MASS_CHUNK", 512)
+    x = rows()
+    m = x.topk(4, dim=-1).values[:, 0]  # a strided column, as the engine passes it
+    assert not m.is_contiguous()
+    got = sampling.row_mass_triton(x, m)
+    want = sampling.row_mass_ref(x, m)
+    assert got.shape == want.shape == (x.shape[0], 1)
+    # On the GPU both take expf from libdevice; the interpreter's numpy exp may differ from
+    # torch's CPU exp by an ulp (relative 1e-7 per weight).
+    torch.testing.assert_close(got, want, rtol=1e-12 if x.is_cuda else 1e-6, atol=0)
+
+
+def test_the_kernels_compile_for_sm90_without_spills():
+    from sm90 import run_compile_script
+
+    out = run_compile_script("sm90_sampling_compile.py", [])
+    assert len(out) == 6
+    assert all(k["local"] == 0 and k["regs"] is not None for k in out), out
