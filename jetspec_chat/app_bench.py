@@ -79,11 +79,11 @@ def app_settings(opts, budget: int | None):
 async def _answer(app, pilot, prompt: str) -> float:
     """One answer in a new chat; its decode tokens/s as the engine measured it inside the app."""
     app.action_new_chat()
-    await _until(lambda: not app.busy and app.outbox.empty())
+    await _until(lambda: not app.chat.busy and app.chat.outbox.empty())
     await app.drain_now()
     if not await app.send_message(prompt):
         raise RuntimeError("the app did not take the prompt")
-    trace = app.current_trace
+    trace = app.chat.current_trace
     await _until(lambda: trace.result is not None or bool(trace.error))
     if trace.error or trace.result is None:
         raise RuntimeError(f"the app's answer failed: {trace.error}")
@@ -111,9 +111,9 @@ async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]]
     results: list[AppConfigResult] = []
     async with app.run_test(size=(160, 48), headless=True) as pilot:
         t0 = time.perf_counter()
-        await _until(lambda: app.load_state != "loading")
-        if app.load_state != "ready":
-            raise RuntimeError(f"the app could not load the model: {app.load_error}")
+        await _until(lambda: app.chat.load_state != "loading")
+        if app.chat.load_state != "ready":
+            raise RuntimeError(f"the app could not load the model: {app.chat.load_error}")
         load_s = time.perf_counter() - t0
         first_prompt = next(iter(opts.prompt_sets.values()))[0]
         say("app: first and second answer after start")
@@ -121,7 +121,7 @@ async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]]
         second = await _answer(app, pilot, first_prompt)
         for set_name, prompts in opts.prompt_sets.items():
             for name, budget in configs:
-                app.settings = app_settings(opts, budget)
+                app.chat.settings = app_settings(opts, budget)
                 for _ in range(opts.warmup):
                     await _answer(app, pilot, prompts[0])
                 result = AppConfigResult(name, set_name)

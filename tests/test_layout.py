@@ -31,7 +31,7 @@ from jetspec_chat.ui import launch
 args = cli.app_parser().parse_args(["qwen2.5-coder-0.5b", "--device", "cpu"])
 cli.check_model_argument(args.model)
 app = launch.build_app(args)
-assert app.engine_process and app.worker.pid is None  # the engine process is not started yet
+assert app.chat.engine_process and app.chat.worker.pid is None  # the engine process is not started yet
 import jetspec_chat.ui.fake_engine  # --demo and the tests run the fake in the UI process
 print("\\n".join(sorted(sys.modules)))
 """

@@ -19,7 +19,7 @@ import time
 
 from jetspec_chat.engine.params import GenerationParams, SpecParams
 from jetspec_chat.ui import engine_worker as ew
-from jetspec_chat.ui.compare_state import AR_LABEL, parse_budget_list
+from jetspec_chat.ui.compare import AR_LABEL, parse_budget_list
 from jetspec_chat.ui.race import LaneView, RaceRecording, ReplayClock
 from jetspec_chat.ui.race_screen import FRAME_S
 from jetspec_chat.ui.trace import AnswerTrace

@@ -468,10 +468,10 @@ def test_generation_params_clamps_depth():
     from jetspec_chat.ui.app import JetspecApp
 
     app = JetspecApp(backend=FakeBackend(), settings=Settings(depth=40))
-    app.engine_info = ew.EngineInfo("m", "h", "cpu", "float32", 15, 100, ("accum_logp",))
-    assert app.generation_params().spec.depth is None
-    app.engine_info = replace(app.engine_info, max_depth=None)
-    assert app.generation_params().spec.enabled is False
+    app.chat.engine_info = ew.EngineInfo("m", "h", "cpu", "float32", 15, 100, ("accum_logp",))
+    assert app.chat.generation_params().spec.depth is None
+    app.chat.engine_info = replace(app.chat.engine_info, max_depth=None)
+    assert app.chat.generation_params().spec.enabled is False
 
 
 def test_fake_engine_ends_answers_by_the_engines_rules():

@@ -1,7 +1,7 @@
 """What a budget comparison holds and how the engine's reports change it (no Textual here).
 
-`CompareState` is the model behind `CompareScreen`; the app feeds it the worker's
-`CompareRunStarted` / `GenerationEvent` / `CompareRunFinished` / `JobFinished` items.
+`CompareState` is the model behind `CompareScreen`; `CompareRuns` (runs.py) feeds it the
+worker's `CompareRunStarted` / `GenerationEvent` / `CompareRunFinished` / `JobFinished` items.
 """
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import re
 from dataclasses import dataclass, field
 
 from jetspec_chat.engine.events import Event, GenerationResult, RoundEvent
-from jetspec_chat.engine.params import MAX_BUDGET
+from jetspec_chat.engine.params import MAX_BUDGET, GenerationParams
 
-from .trace import AnswerTrace, ArBaseline
+from ..trace import AnswerTrace, ArBaseline
 
 AR_LABEL = "AR"
 _AR_WORDS = {"ar", "off", "none", "0", "plain"}
@@ -76,6 +76,8 @@ class CompareState:
     # The answer's expected length in tokens, for the bar inside a run (0: unknown). Every run
     # reruns the same prompt, so once one finished its length is the estimate.
     expected_tokens: int = 0
+    params: dict[str, GenerationParams] = field(default_factory=dict)  # label -> the run's parameters
+    run_trace: AnswerTrace | None = None  # the run in progress
 
     def __post_init__(self) -> None:
         if not self.rows:

@@ -1,32 +1,32 @@
 """Compare budgets: rerun the last prompt at several budgets (and plain AR), side by side.
 
-The app owns the run (it talks to the engine thread); this screen edits the budget list,
-starts and cancels, and renders `CompareState` as a table and a budget-scaling plot (textual-plotext).
+`CompareRuns` (runs.py) owns the runs; this screen edits the budget list, asks for a run or a
+cancel with a message (`RunRequested`, `CancelRequested`, handled by the app), and renders
+`CompareState` as a table and a budget-scaling plot (textual-plotext).
 """
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from rich.color import Color as RichColor
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.message import Message
 from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, ProgressBar, Static
 from textual_plotext import PlotextPlot
 
-from .compare_state import AR_LABEL, BudgetListError, CompareRow, CompareState, parse_budget_list
-from .liveness import can_update, dismiss_if_current
-from .race import RaceError, RaceRecording
-from .race_screen import RaceScreen
-from .stats import fmt
-from .themes import SpecColors
-from .trace import result_round_ms
-
-__all__ = ["AR_LABEL", "BudgetListError", "CompareRow", "CompareScreen", "CompareState", "draw_scaling_plot", "parse_budget_list"]
-
+from .state import AR_LABEL, BudgetListError, CompareRow, CompareState, parse_budget_list
+from ..liveness import can_update, dismiss_if_current
+from ..race import RaceError, RaceRecording
+from ..race_screen import RaceScreen
+from ..stats import fmt
+from ..themes import SpecColors
+from ..trace import result_round_ms
 
 def draw_scaling_plot(plot: PlotextPlot, state: CompareState, colors: SpecColors) -> None:
     """tokens/s (left axis) and τ (right axis) against budget on a log-2 axis, AR's tokens/s as
@@ -77,10 +77,24 @@ class CompareScreen(Screen):
         Binding("f6", "close", "Close", show=False),
     ]
 
-    def __init__(self, state: CompareState, budgets_text: str) -> None:
+    class RunRequested(Message):
+        """Run the comparison of these budget labels."""
+
+        def __init__(self, labels: list[str]) -> None:
+            super().__init__()
+            self.labels = labels
+
+    class CancelRequested(Message):
+        """Cancel the comparison in progress."""
+
+    def __init__(self, state: CompareState, budgets_text: str,
+                 estimate_seconds: Callable[[list[str]], float | None]) -> None:
+        """`estimate_seconds(labels)`: how long a comparison of `labels` should take (None:
+        nothing measured yet), for the hint under the list."""
         super().__init__(id="compare")
         self.state = state
         self.budgets_text = budgets_text
+        self.estimate_seconds = estimate_seconds
 
     def compose(self) -> ComposeResult:
         yield Static("", id="compare-title")
@@ -118,7 +132,7 @@ class CompareScreen(Screen):
             self.query_one("#compare-error", Static).update(Text(str(err), style="bold red"))
             return
         self.query_one("#compare-error", Static).update("")
-        self.app.start_compare(labels)  # type: ignore[attr-defined]
+        self.post_message(self.RunRequested(labels))
 
     @on(Button.Pressed, "#compare-close")
     def action_close(self) -> None:
@@ -126,7 +140,7 @@ class CompareScreen(Screen):
 
     def action_cancel_or_close(self) -> None:
         if self.state.running:
-            self.app.cancel_compare()  # type: ignore[attr-defined]
+            self.post_message(self.CancelRequested())
         else:
             dismiss_if_current(self)
 
@@ -194,7 +208,7 @@ class CompareScreen(Screen):
             labels = parse_budget_list(self.query_one("#compare-budgets", Input).value)
         except BudgetListError:
             return ""
-        seconds = self.app.estimate_compare_seconds(labels)  # type: ignore[attr-defined]
+        seconds = self.estimate_seconds(labels)
         if seconds is None:
             return " No estimate of its time yet (nothing measured on this engine)."
         return f" About {format_duration(seconds)} ({len(labels)} runs, from the speeds measured so far)."
