@@ -62,9 +62,9 @@ def main() -> None:
         backend = FakeBackend()
     worker = ew.EngineWorker(backend)
     worker.start()
-    spec = ew.EngineSpec(args.model, args.draft_head, args.device, args.dtype)
+    setup = ew.EngineSetup(args.model, args.draft_head, args.device, args.dtype)
     budgets = tuple(int(b) for b in labels if b != AR_LABEL)
-    worker.submit(ew.LoadCommand(spec, budget=budgets[0] if budgets else None, compare_budgets=budgets))
+    worker.submit(ew.LoadCommand(setup, budget=budgets[0] if budgets else None, compare_budgets=budgets))
     ready = wait_for(worker.outbox, (ew.EngineReady,))
     print(f"engine: {ready.info}", flush=True)
 

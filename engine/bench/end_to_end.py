@@ -335,10 +335,10 @@ def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) ->
     opts.validate()
     results: list[ModelResult] = []
     env: dict | None = None
-    for model_spec in opts.models:
+    for model_arg in opts.models:
         t0 = time.perf_counter()
-        say(f"loading {model_spec or 'the default model'}")
-        engine = load_engine(model_spec, opts.draft_head, device=opts.device, dtype=opts.dtype,
+        say(f"loading {model_arg or 'the default model'}")
+        engine = load_engine(model_arg, opts.draft_head, device=opts.device, dtype=opts.dtype,
                              max_context=opts.max_context, tp=opts.tp)
         load_s = time.perf_counter() - t0
         device = engine.torch_device

@@ -339,10 +339,10 @@ def run_engine_only(opts: EngineOnlyOptions, progress: ProgressFn | None = None)
     opts.validate()
     results: list[EngineOnlyResult] = []
     env: dict | None = None
-    for model_spec in opts.models:
+    for model_arg in opts.models:
         t0 = time.perf_counter()
-        say(f"loading {model_spec}")
-        engine = load_engine(model_spec, opts.draft_head, device=opts.device, dtype=opts.dtype, tp=opts.tp)
+        say(f"loading {model_arg}")
+        engine = load_engine(model_arg, opts.draft_head, device=opts.device, dtype=opts.dtype, tp=opts.tp)
         load_s = time.perf_counter() - t0
         device = engine.torch_device
         env = env or environment(device)

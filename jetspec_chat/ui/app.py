@@ -81,7 +81,7 @@ class JetspecApp(App):
         and its numbers are scripted. `race`: each finished comparison opens its race."""
         super().__init__()
         self.chat = ChatController(
-            engine_spec=ew.EngineSpec(model, draft_head, device, dtype, max_context, tp),
+            engine_setup=ew.EngineSetup(model, draft_head, device, dtype, max_context, tp),
             settings=settings if settings is not None else load_settings(),
             backend=backend,
             engine_process=backend is None if engine_process is None else engine_process,

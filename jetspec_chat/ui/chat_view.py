@@ -92,7 +92,7 @@ class ChatView:
             else:
                 top.append(f"  {info.device} {info.dtype}", style=colors.muted)
         elif chat.load_state == "loading":
-            top.append(f"  loading {chat.engine_spec.model or 'the default model'}…", style=colors.muted)
+            top.append(f"  loading {chat.engine_setup.model or 'the default model'}…", style=colors.muted)
         else:
             top.append("  no model loaded", style="bold red")
         top.append("  │  ", style=colors.muted)
@@ -157,7 +157,7 @@ class ChatView:
             return
         panel.display = True
         p = self.chat.load_progress
-        title = f"Loading {self.chat.engine_spec.model or 'the default model'}"
+        title = f"Loading {self.chat.engine_setup.model or 'the default model'}"
         panel.set_progress(title, p.message if p else "starting", p.fraction if p else None)
 
     # ------------------------------------------------------------------ tree and stats

@@ -28,11 +28,11 @@ KEEP_ROUNDS_OF_LAST = 20  # answers whose per-round trees stay in memory (for st
 class ChatController:
     """The chat's state and what the app asks of the engine."""
 
-    def __init__(self, *, engine_spec: ew.EngineSpec, settings: Settings, backend: ew.Backend | None,
+    def __init__(self, *, engine_setup: ew.EngineSetup, settings: Settings, backend: ew.Backend | None,
                  engine_process: bool, persist_settings: bool) -> None:
         """`backend`: see `JetspecApp`. `engine_process`: run the engine in a child process
         rather than on a thread of this one."""
-        self.engine_spec = engine_spec
+        self.engine_setup = engine_setup
         self.settings = settings
         self.persist_settings = persist_settings
         self.backend = backend
@@ -74,7 +74,7 @@ class ChatController:
         """Load the model and warm the budgets the first answers and the compare screen use."""
         s = self.settings
         compare = None if s.compare_budgets is None else tuple(int(b) for b in s.compare_budgets if b.isdigit())
-        return ew.LoadCommand(self.engine_spec, s.system_prompt, s.thinking, None if s.budget_auto else s.budget, compare)
+        return ew.LoadCommand(self.engine_setup, s.system_prompt, s.thinking, None if s.budget_auto else s.budget, compare)
 
     def start_loading(self) -> None:
         self.load_state = "loading"

@@ -76,8 +76,8 @@ class SessionActions:
         chat = self.chat
         info = chat.engine_info
         return {
-            "model": info.model_name if info else chat.engine_spec.model,
-            "draft_head": info.head_name if info else chat.engine_spec.draft_head,
+            "model": info.model_name if info else chat.engine_setup.model,
+            "draft_head": info.head_name if info else chat.engine_setup.draft_head,
             "extra": {"settings": dataclasses.asdict(chat.generation_params())},
         }
 

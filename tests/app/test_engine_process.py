@@ -130,8 +130,8 @@ def test_worker_warms_the_budgets_before_they_are_timed():
     worker = ew.EngineWorker(None)
     worker.start()
     try:
-        spec = ew.EngineSpec("random:tiny-qwen3", device="cpu", max_context=512)
-        worker.submit(ew.LoadCommand(spec, budget=8, compare_budgets=(16,)))
+        setup = ew.EngineSetup("random:tiny-qwen3", device="cpu", max_context=512)
+        worker.submit(ew.LoadCommand(setup, budget=8, compare_budgets=(16,)))
         progress, ready = [], None
         deadline = _time.monotonic() + TIMEOUT
         while ready is None and _time.monotonic() < deadline:

@@ -44,7 +44,7 @@ def _forward_logits(model, tokens: torch.Tensor) -> torch.Tensor:
 
 def _load(name: str):
     from jetspec_chat.engine.models.loader import load_target
-    from jetspec_chat.engine.models.model_specs import resolve_model
+    from jetspec_chat.engine.models.model_sources import resolve_model
 
     return load_target(resolve_model(name), torch.device("cpu"), torch.float32)
 

