@@ -1,6 +1,6 @@
 """`jetspec-chat bench --app MODEL ...`: the real app, headless, against the engine bench.
 
-One run does both: first the end-to-end engine bench (engine/bench/bench.py, modes ar and
+One run does both: first the end-to-end engine bench (jetspec_chat/bench/bench.py, modes ar and
 spec, the same prompts, budgets and generation options), then the Textual app driven by its
 pilot (`App.run_test`) through the same prompts and configs, each answer in a new chat (a
 fresh prefill, as the bench resets the engine). It prints app tok/s next to engine tok/s and
@@ -137,8 +137,8 @@ def run(args, end_to_end_options, say, console) -> int:
     """The engine bench, then the app on the same options; one table (and `--json-out`)."""
     from rich.table import Table
 
-    from .engine.bench.end_to_end import run_end_to_end
-    from .engine.bench.report import write_json
+    from .bench.end_to_end import run_end_to_end
+    from .bench.report import write_json
 
     opts = end_to_end_options(args)
     opts.modes = tuple(m for m in opts.modes if m in ("ar", "spec")) or ("ar", "spec")

@@ -113,7 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from .engine.training.config import TrainConfig
+    from .training.config import TrainConfig
 
     return TrainConfig(
         target=args.target, out=args.out, stage=args.stage, device=args.device, dtype=args.dtype, seed=args.seed,
@@ -146,7 +146,7 @@ def print_summary(summary: dict) -> None:
             tau = f"{h['tau']:.3f}" if h["tau"] is not None else f"n/a ({h.get('error')})"
             print(f"  step {h['step']:>6}: tau {tau} (budget {h['budget']})", file=out)
     if "replay" in summary:
-        from .engine.training.replay import format_report
+        from .training.replay import format_report
 
         print("replayed on the target's greedy answers (held-out prompts):", file=out)
         for line in format_report(summary["replay"]):
@@ -163,7 +163,7 @@ def print_summary(summary: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .engine.errors import EngineError
-    from .engine.training.run import run_training
+    from .training.run import run_training
 
     try:
         summary = run_training(config_from_args(args))

@@ -1,5 +1,5 @@
 """Where a round leaves the GPU idle: a few rounds under the torch profiler, the kernel timeline
-split into busy time and gaps, and the per-kernel device time of a round (engine/bench/BENCH.md)."""
+split into busy time and gaps, and the per-kernel device time of a round (jetspec_chat/bench/BENCH.md)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..params import GenerationParams
+from ..engine.params import GenerationParams
 from .timing import Stat, sync
 
 ROUND_LABEL = "jetspec_bench_round"  # profiler range around one round (GPU idle analysis)

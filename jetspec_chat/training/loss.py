@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...kernels import distill_rows
+from ..kernels import distill_rows
 
 
 @dataclass

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..draft_head import DraftHead, DraftHeadConfig, build_head
-from ..eval_sets import eval_prompts
+from ..engine.draft_head import DraftHead, DraftHeadConfig, build_head
+from ..engine.eval_sets import eval_prompts
 from .config import LogFn, TrainConfig
 from .outputs import append_log, progress_bar
 from .workspace import Workspace
@@ -32,7 +32,7 @@ class Evaluator:
     trained, in the engine's dtype, on prompts the head never trained on."""
 
     def __init__(self, ws: Workspace, cfg: TrainConfig, head_cfg: DraftHeadConfig, dev_prompts: list[str], log: LogFn):
-        from ..engine import SpecEngine
+        from ..engine.engine import SpecEngine
 
         self.ws, self.cfg, self.log = ws, cfg, log
         self.dev = dev_prompts[: cfg.eval_prompts]
@@ -49,9 +49,9 @@ class Evaluator:
         self.engine.reset()  # the draft KV cache holds context projected by the old weights
 
     def tau(self, prompts: list[str], budget: int, deadline: float | None = None) -> TauResult:
-        from ..events import FinishEvent
-        from ..params import GenerationParams, SpecParams
-        from ..session import ChatSession
+        from ..engine.events import FinishEvent
+        from ..engine.params import GenerationParams, SpecParams
+        from ..engine.session import ChatSession
 
         params = GenerationParams(max_new_tokens=self.cfg.eval_max_new_tokens,
                                   spec=SpecParams(budget=budget, width=self.cfg.eval_width))

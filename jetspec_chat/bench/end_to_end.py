@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
-from ..eval_sets import EVAL_SETS, eval_prompts
-from ..events import FinishEvent, RoundEvent
-from ..params import DEFAULT_WIDTH, GenerationParams, SamplingParams, SpecParams
+from ..engine.errors import ConfigError
+from ..engine.eval_sets import EVAL_SETS, eval_prompts
+from ..engine.events import FinishEvent, RoundEvent
+from ..engine.params import DEFAULT_WIDTH, GenerationParams, SamplingParams, SpecParams
 from .report import options_dict
 from .timing import (
     ProgressFn,
@@ -64,7 +64,7 @@ def load_prompts_jsonl(path: str | Path) -> list[str]:
 def _prompt_ids(engine, text: str, thinking: bool) -> list[int]:
     """Chat-templated prompt ids, as the app sends them (raw text if there is no template)."""
     if getattr(engine.tokenizer, "chat_template", None):
-        from ..session import ChatSession
+        from ..engine.session import ChatSession
 
         session = ChatSession(engine, thinking=thinking)
         session.messages.append({"role": "user", "content": text})
@@ -329,7 +329,7 @@ def _summarize(name: str, mode: str, budget: int | None, runs: list[RunRecord], 
 
 
 def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) -> EndToEndReport:
-    from .. import load_engine
+    from ..engine import load_engine
 
     say = progress or (lambda msg: None)
     opts.validate()
@@ -359,7 +359,7 @@ def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) ->
             ar: ConfigResult | None = None
             for name, mode, budget in opts.configs():
                 if mode == "hf" and hf_model is None:
-                    from ..models.oracle import transformers_model
+                    from ..engine.models.oracle import transformers_model
 
                     say("building the transformers model on the same weights")
                     hf_model = transformers_model(engine)

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..draft_head import DraftHead, DraftHeadConfig
-from ..errors import ConfigError
+from ..engine.draft_head import DraftHead, DraftHeadConfig
+from ..engine.errors import ConfigError
 from .config import LogFn, TrainConfig
 from .evaluate import Evaluator
 from .export import init_head

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError
-from ..params import DEFAULT_WIDTH
+from ..engine.errors import ConfigError
+from ..engine.params import DEFAULT_WIDTH
 
 LogFn = Callable[[str], None]
 

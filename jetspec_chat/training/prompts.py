@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..eval_sets import EVAL_SETS
+from ..engine.eval_sets import EVAL_SETS
 
 DEV_PER_MILLE = 20  # ~2% of generated prompts are held out for evaluation
 DEV_SEED = 0  # the dev prompts come from this stream whatever the run's seed

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..draft_head import DraftHead
-from ..layers import Rotary
+from ..engine.draft_head import DraftHead
+from ..engine.layers import Rotary
 
 
 def block_attention_mask(anchors: torch.Tensor, ctx_len: int, block: int, causal: bool) -> torch.Tensor:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...kernels import accum_tree
-from ..draft_head import DraftHead
-from ..params import DEFAULT_WIDTH, MAX_WIDTH
-from ..tree import static_tree_size
+from ..kernels import accum_tree
+from ..engine.draft_head import DraftHead
+from ..engine.params import DEFAULT_WIDTH, MAX_WIDTH
+from ..engine.tree import static_tree_size
 from .batch_decode import BatchDecoder
 from .forward import block_attention_mask, block_ids, context_len, head_forward
 from .target import target_features

@@ -10,9 +10,9 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..errors import ConfigError
+from ..engine.errors import ConfigError
 from . import prompts as P
-from ..eval_sets import EVAL_SETS
+from ..engine.eval_sets import EVAL_SETS
 from .batch_decode import BatchDecoder
 from .config import LogFn, TrainConfig
 from .loss import Sequence

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..draft_head import DraftHeadConfig
-from ..errors import ConfigError
+from ..engine.draft_head import DraftHeadConfig
+from ..engine.errors import ConfigError
 from .config import LogFn, TrainConfig
 from .export import head_config_for
 from .prompts import Prompt, as_messages
@@ -16,8 +16,8 @@ class Workspace:
     transformers model of the same weights (batched generation and features)."""
 
     def __init__(self, cfg: TrainConfig, log: LogFn):
-        from ..models.loader import load_engine, resolve_device, resolve_dtype
-        from ..models.oracle import transformers_model
+        from ..engine.models.loader import load_engine, resolve_device, resolve_dtype
+        from ..engine.models.oracle import transformers_model
 
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
@@ -36,7 +36,7 @@ class Workspace:
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The prompt (one user message or a multi-turn context) exactly as the chat renders it,
         ready for the assistant's turn (same template path, thinking off)."""
-        from ..session import ChatSession
+        from ..engine.session import ChatSession
 
         session = ChatSession(self.engine, thinking=False)
         session.messages.extend(as_messages(prompt))

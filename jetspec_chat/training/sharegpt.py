@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, TextIO
 
-from ..errors import ConfigError
+from ..engine.errors import ConfigError
 from .prompts import is_dev
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..layers import MoEExperts
+from ..engine.layers import MoEExperts
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, rows: int) -> float:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from ..draft_head import DraftHead, DraftHeadConfig, build_head, default_target_layer_ids
-from ..errors import ConfigError
-from ..layers import hf_parameters
+from ..engine.draft_head import DraftHead, DraftHeadConfig, build_head, default_target_layer_ids
+from ..engine.errors import ConfigError
+from ..engine.layers import hf_parameters
 from .config import TrainConfig
 
 
@@ -54,7 +54,7 @@ def init_head(head: DraftHead, how: str, seed: int, hf_model=None) -> None:
     if how == "random":
         return
     if how != "target":
-        from ..draft_head import load_head_dir
+        from ..engine.draft_head import load_head_dir
 
         trained = load_head_dir(Path(how), next(head.parameters()).device, torch.float32)
         want, got = head.cfg.to_json(), trained.cfg.to_json()

@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...kernels import add_rms_norm
-from ..graphs import capture
-from ..model import TargetModel
+from ..kernels import add_rms_norm
+from ..engine.graphs import capture
+from ..engine.model import TargetModel
 
 COLUMN_BUCKET = 128
 CHECK_EVERY = 8
@@ -172,7 +172,7 @@ class BatchDecoder:
     def _decode_recurrent(self, prompt: list[int]) -> tuple[list[int], str]:
         """A hybrid target's answer, one token per step through its HybridCache (the batched
         cache above holds attention layers only). Slower, same answers as the engine's AR."""
-        from ..model import ForwardBatch
+        from ..engine.model import ForwardBatch
 
         dev = self.device
         kv = self.model.make_cache(len(prompt) + self.max_new, dev, self.dtype)

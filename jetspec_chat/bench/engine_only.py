@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import ConfigError
-from ..params import DEFAULT_WIDTH, MAX_BUDGET, GenerationParams, SpecParams
-from ..tree import build_accum_logp, root_only
+from ..engine.errors import ConfigError
+from ..engine.params import DEFAULT_WIDTH, MAX_BUDGET, GenerationParams, SpecParams
+from ..engine.tree import build_accum_logp, root_only
 from .gpu_idle import GpuIdle, measure_gpu_idle
 from .moe_bytes import expected_distinct_experts, expected_weight_bytes
 from .report import options_dict
@@ -333,7 +333,7 @@ def _bars(opts: EngineOnlyOptions, bw: float, contexts: list[ContextResult], idl
 
 
 def run_engine_only(opts: EngineOnlyOptions, progress: ProgressFn | None = None) -> EngineOnlyReport:
-    from .. import load_engine
+    from ..engine import load_engine
 
     say = progress or (lambda msg: None)
     opts.validate()

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from ..draft_head import DraftHead
-from ..errors import ConfigError
-from ..eval_sets import eval_prompts
+from ..engine.draft_head import DraftHead
+from ..engine.errors import ConfigError
+from ..engine.eval_sets import eval_prompts
 from .config import LogFn, TrainConfig
 from .data import gen_batch_size, generate_data, load_sequences, prepare_prompts, prompt_sha, read_proposals
 from .evaluate import Evaluator
@@ -137,7 +137,7 @@ def run_training(cfg: TrainConfig, log: LogFn | None = None) -> dict:
 
 def load_trained_head(ws: Workspace, head_dir: Path) -> DraftHead:
     """OUT/head, checked against the target (for the stages that only evaluate it)."""
-    from ..draft_head import load_head_dir
+    from ..engine.draft_head import load_head_dir
 
     if not (head_dir / "config.json").is_file():
         raise ConfigError(f"no trained head in {head_dir}; run the train stage first")
@@ -157,7 +157,7 @@ def replay_stage(ws: Workspace, cfg: TrainConfig, dev_prompts: list[str], log: L
 
 
 def _dtype(name: str) -> torch.dtype:
-    from ..models.loader import DTYPES
+    from ..engine.models.loader import DTYPES
 
     if name not in DTYPES:
         raise ConfigError(f"unknown dtype {name!r}")
