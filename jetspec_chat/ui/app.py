@@ -215,11 +215,12 @@ class JetspecApp(App):
             save_history(self.history)
         except OSError:
             pass
-        label = "jetspec · " + params_label(chat.generation_params())
-        msg = AssistantMessage(label, thinking_enabled=chat.session_thinking(), streaming=True)
+        params = chat.generation_params()
+        msg = AssistantMessage("jetspec · " + params_label(params), thinking_enabled=chat.session_thinking(),
+                               streaming=True)
         await view.chat_log.mount_all([UserMessage(text), msg])
         view.chat_log.follow()
-        msg.trace = chat.send(text, msg)
+        msg.trace = chat.send(text, params, msg)
         view.show_trace(msg.trace)
         view.refresh_chrome()
         return True

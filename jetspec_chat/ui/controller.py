@@ -202,9 +202,8 @@ class ChatController:
             return f"Send a message first: {what} reruns the last prompt."
         return None
 
-    def send(self, text: str, message: Any) -> AnswerTrace:
+    def send(self, text: str, params: GenerationParams, message: Any) -> AnswerTrace:
         """Ask the engine for the answer to `text`, streamed into `message` (an AssistantMessage)."""
-        params = self.generation_params()
         trace = AnswerTrace(job_id=0, kind="chat", params=params, user_text=text)
         job_id = self.worker.submit(ew.SendCommand(text, params))
         trace.job_id = job_id
