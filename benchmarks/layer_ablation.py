@@ -27,7 +27,7 @@ from decoder_stack import build_stack, make_batch  # noqa: E402  (also puts the 
 
 import torch  # noqa: E402
 
-from jetspec_chat.engine.bench.timing import graphed_ms  # noqa: E402
+from jetspec_chat.bench.timing import graphed_ms  # noqa: E402
 from jetspec_chat.engine.layers import linear  # noqa: E402
 from jetspec_chat.kernels import add_rms_norm, paged_tree_attention, prefix_tensor, silu_mul, visible_keys  # noqa: E402
 

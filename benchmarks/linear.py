@@ -51,7 +51,7 @@ if str(REPO) not in jetspec_chat.__path__:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from jetspec_chat.engine.bench.timing import graphed_ms, measure_copy_bandwidth  # noqa: E402
+from jetspec_chat.bench.timing import graphed_ms, measure_copy_bandwidth  # noqa: E402
 from jetspec_chat.kernels import matmul  # noqa: E402
 from jetspec_chat.kernels.matmul import (  # noqa: E402
     BLOCK_M,

@@ -32,7 +32,7 @@ from decoder_stack import build_stack, make_batch  # noqa: E402  (also puts the 
 import torch  # noqa: E402
 
 from jetspec_chat.engine import layers  # noqa: E402
-from jetspec_chat.engine.bench.timing import graphed_ms  # noqa: E402
+from jetspec_chat.bench.timing import graphed_ms  # noqa: E402
 from jetspec_chat.kernels import matmul  # noqa: E402
 
 VARIANTS = ("tuned", "rule", "cublas")

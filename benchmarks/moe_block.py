@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from jetspec_chat.engine.bench.timing import graphed_ms, measure_copy_bandwidth, time_fn
+from jetspec_chat.bench.timing import graphed_ms, measure_copy_bandwidth, time_fn
 from jetspec_chat.kernels import moe_block_triton, moe_experts_ref, moe_route_ref, moe_route_triton
 from jetspec_chat.kernels.moe import TILE, MoeTile, router_logits
 

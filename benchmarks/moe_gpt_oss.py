@@ -21,7 +21,7 @@ import statistics
 
 import torch
 
-from jetspec_chat.engine.bench.timing import graphed_ms, measure_copy_bandwidth
+from jetspec_chat.bench.timing import graphed_ms, measure_copy_bandwidth
 from jetspec_chat.kernels import moe_block_gpt_oss_triton, moe_route_gpt_oss_ref
 
 HIDDEN, INTER, EXPERTS, TOP_K, ALPHA, LIMIT = 2880, 2880, 32, 4, 1.702, 7.0  # gpt-oss-20b

@@ -23,8 +23,8 @@ import sys
 import torch
 
 from jetspec_chat.engine.accept import finish_round
-from jetspec_chat.engine.bench.engine_only import _prepare_engine, _random_tree, _State
-from jetspec_chat.engine.bench.timing import time_fn
+from jetspec_chat.bench.engine_only import _prepare_engine, _random_tree, _State
+from jetspec_chat.bench.timing import time_fn
 from jetspec_chat.engine.graphs import capture
 from jetspec_chat.engine.models.loader import load_engine
 from jetspec_chat.engine.params import SamplingParams

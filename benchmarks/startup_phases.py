@@ -29,16 +29,16 @@ def main() -> None:
     import torch  # noqa: F401 - timed on its own
 
     lap("import torch")
-    from jetspec_chat.engine.models import loader, model_specs
+    from jetspec_chat.engine.models import loader, model_sources
 
     lap("import the engine")
     dev = loader.resolve_device(args.device)
     dt = loader.resolve_dtype(args.dtype, dev)
-    source = model_specs.resolve_model(args.model)
+    source = model_sources.resolve_model(args.model)
     lap("resolve (convert on first use)")
     target = loader.load_target(source, dev, dt)
     lap(f"build + load weights ({str(dt).removeprefix('torch.')})")
-    model_specs.load_tokenizer(source)
+    model_sources.load_tokenizer(source)
     lap("tokenizer")
     loader.load_draft_head(None, source, target.cfg, dev, dt)
     lap("draft head")

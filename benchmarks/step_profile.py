@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from jetspec_chat.engine.bench.engine_only import _prepare_engine, _random_tree, _State, _verify_forward
-from jetspec_chat.engine.bench.gpu_idle import GPU_TRACE_CATS, idle_from_trace, kernel_table
-from jetspec_chat.engine.bench.timing import time_fn
+from jetspec_chat.bench.engine_only import _prepare_engine, _random_tree, _State, _verify_forward
+from jetspec_chat.bench.gpu_idle import GPU_TRACE_CATS, idle_from_trace, kernel_table
+from jetspec_chat.bench.timing import time_fn
 from jetspec_chat.engine.models.loader import load_engine
 from jetspec_chat.engine.tree import root_only
 

@@ -11,7 +11,7 @@ class ConfigError(EngineError, ValueError):
 
 
 class ModelNotFoundError(EngineError):
-    """The model spec names nothing we can load (unknown alias, missing files, offline hub)."""
+    """The MODEL argument names nothing we can load (unknown alias, missing files, offline hub)."""
 
 
 class DraftHeadError(EngineError):

@@ -1,7 +1,7 @@
 """The built-in evaluation prompt sets: `coding` and `chat` (20 hand-written prompts each) and
 `math` (12 short reasoning problems).
 
-Both the benchmark (engine/bench) and head training (engine/training: the eval stage, replay,
+Both the benchmark (jetspec_chat/bench) and head training (jetspec_chat/training: the eval stage, replay,
 and the prompt generators, which keep these prompts out of every training set) read them here.
 They are disjoint from the training generators' output and draw on no public benchmark.
 """

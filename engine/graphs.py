@@ -26,7 +26,7 @@ from .draft_head import DraftHead, DraftKVCache
 from .kv_cache import PagedKVCache
 from .model import ForwardBatch, TargetModel
 from .params import SamplingParams
-from .tree import FIXED_SHAPE_ALGOS, TREE_ALGOS, Tree, fixed_tree_size
+from .tree import FIXED_SHAPE_ALGOS, TREE_BUILDERS, Tree, fixed_tree_size
 
 TREE_BUCKETS = (1, 16, 32, 64, 128, 256, 512, 1024)
 SCRATCH_ROWS = TREE_BUCKETS[-1]  # KV rows past the context limit reserved for one padded tree
@@ -290,7 +290,7 @@ class DraftRunner:
         the tree phase reads 0 ms: it is inside the draft's), and then the same graph writes it
         into the bucket: the key fixes the tree's size, hence its bucket, at capture time.
         `mark(phase)` closes a timing phase."""
-        build = TREE_ALGOS[algo]
+        build = TREE_BUILDERS[algo]
         if not self.use_graphs or algo not in FIXED_SHAPE_ALGOS:
             logp = self.logp(anchor, depth)
             mark("draft_ms")

@@ -8,7 +8,7 @@ from .errors import ConfigError
 MAX_BUDGET = 1024
 MAX_WIDTH = 64
 MAX_DEPTH = 64  # no head drafts deeper (block sizes are 16 or less); a parse-time bound
-# The tree algorithms by name; tree.TREE_ALGOS maps each to its builder (and imports torch).
+# The tree algorithms by name; tree.TREE_BUILDERS maps each to its builder (and imports torch).
 TREE_ALGOS = ("accum_logp", "chain", "adaptive")
 GPU_BUDGET = 64  # engine bench, 1.5B on an H200: budget 64 is the fastest (README)
 CPU_BUDGET = 4  # the verify forward is compute-bound on a CPU: 4 beats AR there, 64 does not (docs/performance.md)

@@ -323,7 +323,7 @@ def launch(tp: int, model: str | None, draft_head: str | None = None, device: st
     load = LoadArgs(model, draft_head, device, dtype, max_context, depth)
     from .model_config import ModelConfig
     from .models.loader import resolve_device
-    from .models.model_specs import resolve_model
+    from .models.model_sources import resolve_model
 
     device = resolve_device(load.device)
     if tp < 1:

@@ -117,7 +117,7 @@ FIXED_SHAPE_ALGOS = frozenset({"accum_logp", "chain"})
 
 TreeBuilder = Callable[[torch.Tensor, torch.Tensor, int, int], Tree]
 
-TREE_ALGOS: dict[str, TreeBuilder] = {
+TREE_BUILDERS: dict[str, TreeBuilder] = {
     "accum_logp": build_accum_logp,
     "chain": build_chain,
     "adaptive": build_adaptive,

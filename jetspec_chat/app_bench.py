@@ -1,6 +1,6 @@
 """`jetspec-chat bench --app MODEL ...`: the real app, headless, against the engine.
 
-One run does both: first the end-to-end engine bench (engine/bench/end_to_end.py, modes ar and
+One run does both: first the end-to-end engine bench (jetspec_chat/bench/end_to_end.py, modes ar and
 spec, the same prompts, budgets and generation options; its report goes to `--json-out`), then
 the Textual app driven by its pilot (`App.run_test`) through the same prompts and configs, each
 answer in a new chat (a fresh prefill, as the bench resets the engine).
@@ -94,11 +94,11 @@ def app_settings(opts, budget: int | None):
 async def _answer(app, pilot, prompt: str) -> float:
     """One answer in a new chat; its decode tokens/s as the engine measured it inside the app."""
     app.action_new_chat()
-    await _until(lambda: not app.busy and app.outbox.empty())
+    await _until(lambda: not app.chat.busy and app.chat.outbox.empty())
     await app.drain_now()
     if not await app.send_message(prompt):
         raise RuntimeError("the app did not take the prompt")
-    trace = app.current_trace
+    trace = app.chat.current_trace
     await _until(lambda: trace.result is not None or bool(trace.error))
     if trace.error or trace.result is None:
         raise RuntimeError(f"the app's answer failed: {trace.error}")
@@ -123,7 +123,7 @@ def engine_beside(opts) -> tuple[EngineAnswer, Callable[[], None]]:
     """An engine in this process, loaded as the app's is, answering one prompt at a time as the
     engine bench does (fresh prefill); and a function that frees it."""
     from .engine import load_engine
-    from .engine.bench.end_to_end import _engine_run, _prompt_ids
+    from .bench.end_to_end import _engine_run, _prompt_ids
 
     engine = load_engine(opts.models[0], opts.draft_head, device=opts.device, dtype=opts.dtype,
                          max_context=opts.max_context)
@@ -150,9 +150,9 @@ async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]]
     results: list[AppConfigResult] = []
     async with app.run_test(size=(160, 48), headless=True) as pilot:
         t0 = time.perf_counter()
-        await _until(lambda: app.load_state != "loading")
-        if app.load_state != "ready":
-            raise RuntimeError(f"the app could not load the model: {app.load_error}")
+        await _until(lambda: app.chat.load_state != "loading")
+        if app.chat.load_state != "ready":
+            raise RuntimeError(f"the app could not load the model: {app.chat.load_error}")
         load_s = time.perf_counter() - t0
         first_prompt = next(iter(opts.prompt_sets.values()))[0]
         say("app: first and second answer after start")
@@ -160,7 +160,7 @@ async def run_app(model: str | None, opts, configs: list[tuple[str, int | None]]
         second = await _answer(app, pilot, first_prompt)
         for set_name, prompts in opts.prompt_sets.items():
             for name, budget in configs:
-                app.settings = app_settings(opts, budget)
+                app.chat.settings = app_settings(opts, budget)
                 for _ in range(opts.warmup):
                     await _answer(app, pilot, prompts[0])
                     engine_answer(prompts[0], budget)
@@ -184,8 +184,8 @@ def run(args, end_to_end_options, say, console) -> int:
     """The engine bench, then the app on the same options; one table (and `--json-out`)."""
     from rich.table import Table
 
-    from .engine.bench.end_to_end import run_end_to_end
-    from .engine.bench.report import write_json
+    from .bench.end_to_end import run_end_to_end
+    from .bench.report import write_json
     from .engine.models.loader import default_max_context, resolve_device
 
     opts = end_to_end_options(args)

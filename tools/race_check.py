@@ -19,7 +19,7 @@ import time
 
 from jetspec_chat.engine.params import GenerationParams, SpecParams
 from jetspec_chat.ui import engine_worker as ew
-from jetspec_chat.ui.compare_state import AR_LABEL, parse_budget_list
+from jetspec_chat.ui.compare import AR_LABEL, parse_budget_list
 from jetspec_chat.ui.race import LaneView, RaceRecording, ReplayClock
 from jetspec_chat.ui.race_screen import FRAME_S
 from jetspec_chat.ui.trace import AnswerTrace
@@ -62,9 +62,9 @@ def main() -> None:
         backend = FakeBackend()
     worker = ew.EngineWorker(backend)
     worker.start()
-    spec = ew.EngineSpec(args.model, args.draft_head, args.device, args.dtype)
+    setup = ew.EngineSetup(args.model, args.draft_head, args.device, args.dtype)
     budgets = tuple(int(b) for b in labels if b != AR_LABEL)
-    worker.submit(ew.LoadCommand(spec, budget=budgets[0] if budgets else None, compare_budgets=budgets))
+    worker.submit(ew.LoadCommand(setup, budget=budgets[0] if budgets else None, compare_budgets=budgets))
     ready = wait_for(worker.outbox, (ew.EngineReady,))
     print(f"engine: {ready.info}", flush=True)
 

@@ -1,4 +1,4 @@
-"""load_engine: from a MODEL spec and a draft-head spec to a ready SpecEngine."""
+"""load_engine: from a MODEL argument and a --draft-head argument to a ready SpecEngine."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from ..hybrid_model import build_hybrid_target
 from ..model import TargetModel, build_target
 from ..model_config import ModelConfig
 from ..params import check_head_depth
-from .model_specs import HEAD_NOTES, ModelSource, download_hub_dir, load_tokenizer, resolve_model
+from .model_sources import HEAD_NOTES, ModelSource, download_hub_dir, load_tokenizer, resolve_model
 
 ProgressFn = Callable[[str, float | None], None]
 
@@ -112,16 +112,16 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype, s
 
 
 def load_draft_head(
-    spec: str | None, source: ModelSource, target_cfg: ModelConfig, device: torch.device, dtype: torch.dtype
+    head_arg: str | None, source: ModelSource, target_cfg: ModelConfig, device: torch.device, dtype: torch.dtype
 ) -> tuple[DraftHead | None, str | None]:
-    """Resolve the head: explicit spec, else the model's default. Returns (head, display name).
+    """Resolve the head: the given argument, else the model's default. Returns (head, display name).
 
-    Spec forms: a directory in the published format, a hub id, `random` / `random:LAYERS`
+    Argument forms: a directory in the published format, a hub id, `random` / `random:LAYERS`
     (a random head shaped for this target), or `none` (plain AR only).
     """
     from safetensors import SafetensorError
 
-    if spec is None:
+    if head_arg is None:
         if source.random_head is not None:
             shape = source.random_head
             cfg = DraftHeadConfig.for_target(
@@ -130,34 +130,34 @@ def load_draft_head(
             head = build_head(cfg, device, dtype)
             head.init_random(source.seed + 1)
             return head, random_head_name(cfg)
-        spec = source.default_draft_head
-        if spec is None:
+        head_arg = source.default_draft_head
+        if head_arg is None:
             return None, None
-    if spec == "none":
+    if head_arg == "none":
         return None, None
-    if spec == "random" or spec.startswith("random:"):
-        layers = int(spec.split(":", 1)[1]) if ":" in spec else 1
+    if head_arg == "random" or head_arg.startswith("random:"):
+        layers = int(head_arg.split(":", 1)[1]) if ":" in head_arg else 1
         cfg = DraftHeadConfig.for_target(target_cfg, num_layers=layers, block_size=16)
         head = build_head(cfg, device, dtype)
         head.init_random(1)
         return head, random_head_name(cfg)
-    path = Path(spec).expanduser()
+    path = Path(head_arg).expanduser()
     if not path.exists():
-        if spec.count("/") != 1 or spec.startswith((".", "/", "~")):
-            raise DraftHeadError(f"draft head {spec} not found (no such directory)")
-        path = download_hub_dir(spec, ["config.json", "model.safetensors"])
+        if head_arg.count("/") != 1 or head_arg.startswith((".", "/", "~")):
+            raise DraftHeadError(f"draft head {head_arg} not found (no such directory)")
+        path = download_hub_dir(head_arg, ["config.json", "model.safetensors"])
     try:
         head = load_head_dir(path, device, dtype)
     except (SafetensorError, OSError) as err:  # a truncated or corrupt model.safetensors
-        what = "reinstall jetspec-chat" if spec == source.default_draft_head else "download or copy the head again"
+        what = "reinstall jetspec-chat" if head_arg == source.default_draft_head else "download or copy the head again"
         raise DraftHeadError(
             f"The draft head's {path / 'model.safetensors'} is truncated or corrupt ({str(err).splitlines()[0]}); "
             f"{what}, or start with --draft-head none."
         ) from None
-    head.cfg.check_against(target_cfg, spec)
-    if source.kind == "embedded" and spec == source.default_draft_head:
+    head.cfg.check_against(target_cfg, head_arg)
+    if source.kind == "embedded" and head_arg == source.default_draft_head:
         return head, f"{source.name} head (shipped)"  # a short name for the header, not the install path
-    return head, spec
+    return head, head_arg
 
 
 def stop_token_ids(tokenizer, source: ModelSource) -> tuple[int, ...]:

@@ -51,7 +51,9 @@ def tree_algos(backend: Backend | None) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class EngineSetup:
+    """Which engine to load: the target model, its draft head and where it runs."""
+
     model: str | None = None
     draft_head: str | None = None
     device: str = "auto"
@@ -62,7 +64,7 @@ class EngineSpec:
 
 @dataclass(frozen=True)
 class LoadCommand:
-    spec: EngineSpec
+    setup: EngineSetup
     system_prompt: str | None = None
     thinking: bool = False
     budget: int | None = None  # the app's budget, warmed during the load; None: auto_budget(device)
@@ -374,7 +376,7 @@ class EngineWorker:
             self._compare(job_id, cmd, cancel)
 
     def _load(self, cmd: LoadCommand) -> None:
-        spec = cmd.spec
+        setup = cmd.setup
 
         def progress(message: str, fraction: float | None = None) -> None:
             self._post(LoadProgress(str(message), fraction))
@@ -384,13 +386,13 @@ class EngineWorker:
                 progress("Importing the engine", None)
                 self.backend = real_backend()
             engine = self.backend.load_engine(
-                spec.model,
-                draft_head=spec.draft_head,
-                device=spec.device,
-                dtype=spec.dtype,
-                max_context=spec.max_context,
+                setup.model,
+                draft_head=setup.draft_head,
+                device=setup.device,
+                dtype=setup.dtype,
+                max_context=setup.max_context,
                 progress=progress,
-                **({"tp": spec.tp} if spec.tp != 1 else {}),  # the fake backend has no tp
+                **({"tp": setup.tp} if setup.tp != 1 else {}),  # the fake backend has no tp
             )
             session = self.backend.ChatSession(engine, system_prompt=cmd.system_prompt, thinking=cmd.thinking)
         except BaseException as err:  # noqa: BLE001
@@ -400,7 +402,7 @@ class EngineWorker:
                                         retryable=not isinstance(err, ImportError)))
             return
         self._engine, self._session, self._load_error = engine, session, None
-        device = str(getattr(engine, "device", spec.device))
+        device = str(getattr(engine, "device", setup.device))
         budgets = [0, cmd.budget or auto_budget(device)]
         if device.startswith("cuda"):  # graphs and kernels per tree size: all of them now
             compare = auto_compare_budgets(device) if cmd.compare_budgets is None else cmd.compare_budgets
@@ -415,10 +417,10 @@ class EngineWorker:
         self._post(
             EngineReady(
                 EngineInfo(
-                    model_name=str(getattr(engine, "model_name", spec.model or "?")),
+                    model_name=str(getattr(engine, "model_name", setup.model or "?")),
                     head_name=getattr(engine, "head_name", None),
-                    device=str(getattr(engine, "device", spec.device)),
-                    dtype=str(getattr(engine, "dtype", spec.dtype)),
+                    device=str(getattr(engine, "device", setup.device)),
+                    dtype=str(getattr(engine, "dtype", setup.dtype)),
                     max_depth=getattr(engine, "max_depth", None),
                     max_context=int(getattr(engine, "max_context", 0) or 0),
                     tree_algos=tree_algos(self.backend),

@@ -168,7 +168,8 @@ class FakeEngine:
 
 
 class FakeBackend:
-    """The fake's `load_engine` / `ChatSession` / `TREE_ALGOS`, with knobs for tests and demos."""
+    """The fake's `load_engine`, `ChatSession` (a `FakeChatSession`) and `TREE_ALGOS`, with knobs
+    for tests and demos."""
 
     TREE_ALGOS = TREE_ALGOS
 
@@ -195,7 +196,7 @@ class FakeBackend:
 
     @property
     def ChatSession(self) -> type:  # noqa: N802 - mirrors the engine module's class name
-        return ChatSession
+        return FakeChatSession
 
     def load_engine(
         self,
@@ -260,7 +261,7 @@ def _count(text: str) -> int:
     return len(tokenize(text))
 
 
-class ChatSession:
+class FakeChatSession:
     def __init__(self, engine: FakeEngine, system_prompt: str | None = None, thinking: bool = False) -> None:
         self.engine = engine
         self.system_prompt = system_prompt
@@ -291,7 +292,7 @@ class ChatSession:
         }
 
     @classmethod
-    def from_dict(cls, engine: FakeEngine, data: dict) -> "ChatSession":
+    def from_dict(cls, engine: FakeEngine, data: dict) -> "FakeChatSession":
         s = cls(engine, system_prompt=data.get("system_prompt"), thinking=bool(data.get("thinking", False)))
         s.messages = [
             {"role": str(m["role"]), "content": str(m["content"])} for m in data.get("messages", [])

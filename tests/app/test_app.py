@@ -64,19 +64,19 @@ async def test_send_prompt_streams_answer():
             return len(seen) >= 2
 
         await wait_until(pilot, two_partials, what="streamed text")
-        assert app.busy, "the answer streams in several batches while the engine runs"
+        assert app.chat.busy, "the answer streams in several batches while the engine runs"
         await pilot.press("escape")
         await wait_idle(pilot)
-        assert msg.raw == app.current_trace.text
+        assert msg.raw == app.chat.current_trace.text
         await send(pilot, "write python fib")
         msg = answers(app)[-1]
         assert msg.raw == ANSWERS[1]
         assert msg.answer_text.startswith("Here is a small")
-        trace = app.current_trace
+        trace = app.chat.current_trace
         assert trace.result is not None and trace.result.finish_reason == "eos"
         assert trace.rounds and trace.text == ANSWERS[1]
         # the session mirror and the status line
-        assert [m["role"] for m in app.session_messages] == ["user", "assistant"] * 2
+        assert [m["role"] for m in app.chat.session_messages] == ["user", "assistant"] * 2
         status = str(app.main_screen.query_one("#status").content)
         assert "prefill" in status and "context" in status
         assert "tok/s" in str(msg.query_one(".meta").content)
@@ -91,7 +91,7 @@ async def test_second_turn_reuses_kv_cache():
         await wait_ready(pilot)
         await send(pilot, "hello")
         await send(pilot, "and the kv cache?")
-        assert app.last_prefill is not None and app.last_prefill.reused_tokens > 0
+        assert app.chat.last_prefill is not None and app.chat.last_prefill.reused_tokens > 0
         status = str(app.main_screen.query_one("#status").content)
         assert "reused from the KV cache" in status
         meta = str(answers(app)[-1].query_one(".meta").content)
@@ -104,18 +104,18 @@ async def test_escape_cancels_at_round_boundary_and_app_stays_usable():
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "/long tell me about speculation", wait=False)
-        await wait_until(pilot, lambda: app.current_trace is not None and len(app.current_trace.rounds) >= 3, what="rounds")
+        await wait_until(pilot, lambda: app.chat.current_trace is not None and len(app.chat.current_trace.rounds) >= 3, what="rounds")
         await pilot.press("escape")
         await wait_idle(pilot)
-        trace = app.current_trace
+        trace = app.chat.current_trace
         assert trace.result.finish_reason == "cancelled"
         assert 3 <= trace.result.rounds < 150
         msg = answers(app)[-1]
         assert "stopped (Esc)" in str(msg.query_one(".meta").content)
-        assert app.session_messages[-1]["role"] == "assistant"
-        assert app.session_messages[-1]["content"] == trace.text  # partial answer kept
+        assert app.chat.session_messages[-1]["role"] == "assistant"
+        assert app.chat.session_messages[-1]["content"] == trace.text  # partial answer kept
         await send(pilot, "hello again")
-        assert app.current_trace.result.finish_reason == "eos"
+        assert app.chat.current_trace.result.finish_reason == "eos"
 
 
 @async_test
@@ -126,7 +126,7 @@ async def test_auto_scroll_stops_when_the_user_scrolls_up():
         await send(pilot, "write python fib")
         await send(pilot, "/long go", wait=False)
         chat = app.main_screen.query_one("#chat")
-        await wait_until(pilot, lambda: len(app.current_trace.rounds) > 10, what="rounds")
+        await wait_until(pilot, lambda: len(app.chat.current_trace.rounds) > 10, what="rounds")
         await pilot.pause(0.1)
         assert chat.scroll_y == chat.max_scroll_y  # following the answer
         chat.scroll_up(animate=False)
@@ -150,31 +150,31 @@ async def test_budget_depth_width_algo_changes():
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await pilot.press("f3")
-        assert app.settings.budget == 96
+        assert app.chat.settings.budget == 96
         await pilot.press("f2", "f2", "f2")
-        assert app.settings.budget == 32
+        assert app.chat.settings.budget == 32
         await pilot.pause()
         assert "budget 32" in str(app.main_screen.query_one("#topbar").content)
         await pilot.press("f4")
-        assert app.settings.tree_algo == "adaptive"
+        assert app.chat.settings.tree_algo == "adaptive"
         # the settings dialog: budget up, depth down, width down, algorithm next
         await pilot.press("ctrl+b")
         await pilot.pause()
         assert isinstance(app.screen, SpecSettingsScreen)
         await pilot.press("right", "down", "left", "down", "left", "down", "right", "enter")
         await pilot.pause()
-        assert app.settings.budget == 48
-        assert app.settings.depth == 14
-        assert app.settings.width == 24  # a step down from the default 32
-        assert app.settings.tree_algo == "chain"
+        assert app.chat.settings.budget == 48
+        assert app.chat.settings.depth == 14
+        assert app.chat.settings.width == 24  # a step down from the default 32
+        assert app.chat.settings.tree_algo == "chain"
         # typed numbers
         await pilot.press("ctrl+b")
         await pilot.pause()
         await pilot.press("1", "6", "enter")
         await pilot.pause()
-        assert app.settings.budget == 16
+        assert app.chat.settings.budget == 16
         await send(pilot, "hello")
-        trace = app.current_trace
+        trace = app.chat.current_trace
         assert trace.params.spec.budget == 16 and trace.params.spec.tree_algo == "chain"
         assert all(len(r.tree_texts) <= 16 for r in trace.rounds)
         assert load_settings().budget == 16  # remembered
@@ -189,9 +189,9 @@ async def test_live_changes_reach_the_answer_in_progress():
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "/long tell me about speculation", wait=False)
-        trace = app.current_trace
+        trace = app.chat.current_trace
         await wait_until(pilot, lambda: len(trace.rounds) >= 3, what="rounds")
-        app.set_budget(8)
+        app.speculation.set_budget(8)
         assert toasts[-1] == "budget 8 (from the next round)"
         await wait_until(pilot, lambda: trace.spec_changes, what="the budget change to reach the engine")
         start = trace.spec_changes[-1][0]
@@ -201,9 +201,9 @@ async def test_live_changes_reach_the_answer_in_progress():
         await wait_until(pilot, lambda: len(trace.spec_changes) == 2, what="speculation off")
         off = trace.spec_changes[-1][0]
         await wait_until(pilot, lambda: len(trace.rounds) >= off + 3, what="plain AR rounds")
-        app.set_temperature(0.7)
+        app.speculation.set_temperature(0.7)
         assert toasts[-1] == "temperature 0.7 (from the next answer)"
-        app.set_temperature(0.0)
+        app.speculation.set_temperature(0.0)
         await pilot.press("escape")
         await wait_idle(pilot)
         sizes = [len(r.tree_texts) for r in trace.rounds]
@@ -213,11 +213,11 @@ async def test_live_changes_reach_the_answer_in_progress():
         assert f"→ budget 8 · depth full · width 32 · accum_logp (from round {start + 1})" in role
         assert f"→ AR (from round {off + 1})" in role
         assert "τ" in str(msg.query_one(".meta").content)  # partly speculative: still has a tau
-        assert app.baseline is None  # not a plain AR answer
+        assert app.chat.baseline is None  # not a plain AR answer
         assert "speedup" in str(app.main_screen.query_one("#stats-lines").content)
         # the next answer starts with the settings as they are now
         await send(pilot, "hello")
-        assert not app.current_trace.params.spec.enabled and not app.current_trace.spec_changes
+        assert not app.chat.current_trace.params.spec.enabled and not app.chat.current_trace.spec_changes
 
 
 @async_test
@@ -228,14 +228,14 @@ async def test_the_result_text_is_shown_when_an_answer_ends():
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "/long go", wait=False)
-        await wait_until(pilot, lambda: len(app.current_trace.rounds) >= 3, what="rounds")
+        await wait_until(pilot, lambda: len(app.chat.current_trace.rounds) >= 3, what="rounds")
         await pilot.press("escape")
         await wait_idle(pilot)
-        result = app.current_trace.result
+        result = app.chat.current_trace.result
         assert result.finish_reason == "cancelled"
         msg = answers(app)[-1]
-        assert msg.raw == result.text == app.session_messages[-1]["content"]
-        assert result.text.endswith(app.current_trace.segments[-1][0])
+        assert msg.raw == result.text == app.chat.session_messages[-1]["content"]
+        assert result.text.endswith(app.chat.current_trace.segments[-1][0])
         await send(pilot, "write python fib")
         assert answers(app)[-1].raw == ANSWERS[1]
 
@@ -247,13 +247,13 @@ async def test_frames_wait_for_the_budget_and_lose_nothing():
     app = make_app(FakeBackend(round_delay_s=0.02))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        app.frames = FrameBudget(cpu_share=0.0, max_interval_s=3600.0)  # no frame but forced ones
-        app.frames.drew()
+        app.view.frames = FrameBudget(cpu_share=0.0, max_interval_s=3600.0)  # no frame but forced ones
+        app.view.frames.drew()
         await send(pilot, "/long go", wait=False)
-        trace = app.current_trace
+        trace = app.chat.current_trace
         await wait_until(pilot, lambda: len(trace.rounds) >= 5, what="rounds")
         msg = answers(app)[-1]
-        assert msg.raw == "" and app._pending[msg]  # reported and handled, not drawn yet
+        assert msg.raw == "" and app.view.pending[msg]  # reported and handled, not drawn yet
         await app.drain_now()  # a forced frame
         assert msg.raw == trace.text
         await pilot.press("escape")
@@ -271,7 +271,7 @@ async def test_no_draft_head_says_speculation_is_off():
         assert "no draft head: speculation off (plain AR)" in str(app.main_screen.query_one("#topbar").content)
         await pilot.press("f5")
         await send(pilot, "hello")
-        assert not app.current_trace.params.spec.enabled
+        assert not app.chat.current_trace.params.spec.enabled
 
 
 @async_test
@@ -284,7 +284,7 @@ async def test_command_palette_sets_budget():
         await pilot.press(*"budget: 256")
         await pilot.pause(0.5)
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.settings.budget == 256, timeout=5, what="palette command")
+        await wait_until(pilot, lambda: app.chat.settings.budget == 256, timeout=5, what="palette command")
 
 
 @async_test
@@ -293,22 +293,22 @@ async def test_speculation_off_runs_plain_ar_and_sets_baseline():
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await pilot.press("f5")
-        assert app.settings.speculation is False
+        assert app.chat.settings.speculation is False
         await send(pilot, "hello")
-        trace = app.current_trace
+        trace = app.chat.current_trace
         assert not trace.params.spec.enabled
         assert all(len(r.tree_texts) == 1 and r.accept_length == 1 for r in trace.rounds)
-        assert app.baseline is not None and "plain AR answer" in app.baseline.source
+        assert app.chat.baseline is not None and "plain AR answer" in app.chat.baseline.source
         await pilot.press("f5")
         await send(pilot, "hello")
-        spec_trace = app.current_trace
+        spec_trace = app.chat.current_trace
         assert spec_trace.params.spec.enabled
         stats = app.main_screen.query_one("#stats-lines")
         # the AR answer was another turn (a longer context): not this prompt's baseline
         assert "no AR measurement of this prompt yet" in str(stats.content)
         await pilot.press("ctrl+r")  # AR on this very prompt
         await wait_idle(pilot)
-        baseline = app.baselines.for_trace(spec_trace)
+        baseline = app.chat.baselines.for_trace(spec_trace)
         assert baseline is not None and "AR rerun of turn 2" in baseline.source
         stats = compute_stats(spec_trace, baseline)
         spec_ms = sum(r.timings.total_ms for r in spec_trace.rounds) / len(spec_trace.rounds)
@@ -323,11 +323,11 @@ async def test_measure_ar_rerun():
         await wait_ready(pilot)
         await pilot.press("ctrl+r")
         await pilot.pause()
-        assert app.baseline is None  # nothing to rerun yet
+        assert app.chat.baseline is None  # nothing to rerun yet
         await send(pilot, "write python fib")
         await pilot.press("ctrl+r")
         await wait_idle(pilot)
-        assert app.baseline is not None and "AR rerun of turn 1" in app.baseline.source
+        assert app.chat.baseline is not None and "AR rerun of turn 1" in app.chat.baseline.source
         assert any("Plain AR on the last prompt" in n for n in notes(app))
         # greedy: the AR rerun reproduces the answer exactly, so the chat keeps it
         assert answers(app)[-1].raw == ANSWERS[1]
@@ -344,12 +344,12 @@ async def test_compare_budgets_flow():
         await send(pilot, "write python fib")
         screen = await open_compare(pilot)
         assert "Compare budgets" in str(screen.query_one("#compare-title").content)  # drawn on open
-        assert screen.query_one("#compare-table").row_count == len(app.compare_list())
-        assert app.compare_list() == ["AR", "2", "4", "8", "16"]  # the fake engine runs on "cpu"
+        assert screen.query_one("#compare-table").row_count == len(app.compare_runs.budget_labels())
+        assert app.compare_runs.budget_labels() == ["AR", "2", "4", "8", "16"]  # the fake engine runs on "cpu"
         # the time the list should take, from the answer's measured speed, before anything runs
-        tps = app.current_trace.result.tokens_per_second
-        tokens = app.current_trace.result.new_tokens
-        assert app.estimate_compare_seconds(["AR", "16"]) == pytest.approx(2 * tokens / tps)
+        tps = app.chat.current_trace.result.tokens_per_second
+        tokens = app.chat.current_trace.result.new_tokens
+        assert app.compare_runs.estimate_seconds(["AR", "16"]) == pytest.approx(2 * tokens / tps)
         await pilot.pause()
         assert "About " in str(screen.query_one("#compare-status").content)
         box = screen.query_one("#compare-budgets")
@@ -359,18 +359,18 @@ async def test_compare_budgets_flow():
         assert "not a budget" in str(screen.query_one("#compare-error").content)
         box.value = "AR 16 64"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.compare is not None and not app.compare.running and app.compare.done_count == 3)
+        await wait_until(pilot, lambda: app.chat.compare is not None and not app.chat.compare.running and app.chat.compare.done_count == 3)
         await wait_idle(pilot)
-        rows = app.compare.rows
+        rows = app.chat.compare.rows
         assert [r.label for r in rows] == ["AR", "16", "64"]
         assert all(r.status == "done" for r in rows)
         assert rows[0].tau == 1.0 and rows[2].tau > rows[1].tau > 1.0
         table = screen.query_one("#compare-table")
         assert table.row_count == 3
         assert "1.00×" in str(table.get_row_at(0)[3])
-        assert app.baseline is not None and "comparison" in app.baseline.source
-        assert app.settings.compare_budgets == ["AR", "16", "64"]
-        budgets, tps, taus = app.compare.scaling_points()  # what the plot draws
+        assert app.chat.baseline is not None and "comparison" in app.chat.baseline.source
+        assert app.chat.settings.compare_budgets == ["AR", "16", "64"]
+        budgets, tps, taus = app.chat.compare.scaling_points()  # what the plot draws
         assert budgets == [16, 64] and tps == [rows[1].tps, rows[2].tps] and taus == [rows[1].tau, rows[2].tau]
         assert [str(table.get_row_at(i)[7]) for i in range(3)] == ["—", "yes", "yes"]  # =AR: token-identical
         # the answer is unchanged (greedy is lossless)
@@ -390,21 +390,21 @@ async def test_compare_can_be_cancelled():
         await pilot.pause()
         app.screen.query_one("#compare-budgets").value = "AR, 16, 32, 64"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.compare.rows[0].live_rounds >= 3, what="first compare rounds")
+        await wait_until(pilot, lambda: app.chat.compare.rows[0].live_rounds >= 3, what="first compare rounds")
         await pilot.press("escape")  # cancels, does not close
-        await wait_until(pilot, lambda: not app.compare.running, what="cancel")
+        await wait_until(pilot, lambda: not app.chat.compare.running, what="cancel")
         await wait_idle(pilot)
         assert isinstance(app.screen, CompareScreen)
-        assert app.compare.cancelled
-        assert all(r.status == "cancelled" for r in app.compare.rows)
+        assert app.chat.compare.cancelled
+        assert all(r.status == "cancelled" for r in app.chat.compare.rows)
         # the stopped rerun truncated the session's last answer: the original is put back
-        assert app.session_messages[-1]["content"] == ANSWERS[1]
+        assert app.chat.session_messages[-1]["content"] == ANSWERS[1]
         assert any("Kept the original answer" in n for n in notes(app))
         await pilot.press("escape")  # now closes
         await pilot.pause()
         assert app.screen is app.main_screen
         await send(pilot, "hello")  # still usable
-        assert app.current_trace.result.finish_reason == "eos"
+        assert app.chat.current_trace.result.finish_reason == "eos"
 
 
 @async_test
@@ -426,7 +426,7 @@ async def test_session_save_and_reopen(tmp_path):
         data = json.loads(path.read_text())
         assert [m["role"] for m in data["session"]["messages"]] == ["user", "assistant", "user", "assistant"]
         assert data["model"] == "fake/Qwen3-8B-demo"
-        assert app.session_name == "my-demo"
+        assert app.chat.session_name == "my-demo"
         await pilot.press("ctrl+n")
         await wait_idle(pilot)
         assert not answers(app)
@@ -443,7 +443,7 @@ async def test_session_save_and_reopen(tmp_path):
         data = json.loads(path.read_text())
         assert len(data["session"]["messages"]) == 6
         await send(pilot, "thanks")
-        assert app.last_prefill.reused_tokens > 0
+        assert app.chat.last_prefill.reused_tokens > 0
 
 
 @async_test
@@ -456,7 +456,7 @@ async def test_session_option_opens_or_creates(tmp_path):
         await wait_ready(pilot)
         await wait_idle(pilot)
         assert answers(app)[-1].raw == "Hello!"
-        assert app.session_name == "talk"
+        assert app.chat.session_name == "talk"
     app = make_app(session="fresh")
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
@@ -505,7 +505,7 @@ async def test_engine_errors_are_shown_and_app_stays_usable(tmp_path):
         log = (tmp_path / "data" / "error.log").read_text()
         assert "simulated crash" in log and "Traceback" in log
         await send(pilot, "hello")
-        assert app.current_trace.result.finish_reason == "eos"
+        assert app.chat.current_trace.result.finish_reason == "eos"
 
 
 @async_test
@@ -513,7 +513,7 @@ async def test_load_failure_is_shown():
     app = make_app(FakeBackend(load_error=ModelNotFoundError("model 'nope' not found")))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        assert app.load_state == "failed"
+        assert app.chat.load_state == "failed"
         assert any("Could not load the model: model 'nope' not found" in n for n in notes(app, "error"))
         await send(pilot, "hello")
         assert any("No model is loaded" in n for n in notes(app, "error"))
@@ -525,7 +525,7 @@ async def test_a_missing_package_says_what_to_install_and_offers_no_retry():
     app = make_app(FakeBackend(load_error=ModuleNotFoundError("No module named 'gguf'", name="gguf")))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        assert app.load_state == "failed" and not app.load_retryable
+        assert app.chat.load_state == "failed" and not app.chat.load_retryable
         errors = notes(app, "error")
         assert any("the Python package 'gguf' is missing: install it (pip install gguf)" in n for n in errors), errors
         assert not any("unexpected engine error" in n for n in errors)
@@ -537,7 +537,7 @@ async def test_a_missing_package_says_what_to_install_and_offers_no_retry():
 async def test_loading_progress_is_shown():
     app = make_app(FakeBackend(load_delay_s=1.0), device_budget=True)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.load_progress is not None and app.load_progress.fraction, what="progress")
+        await wait_until(pilot, lambda: app.chat.load_progress is not None and app.chat.load_progress.fraction, what="progress")
         await app.drain_now()
         loading = app.main_screen.query_one("#loading")
         assert loading.display
@@ -550,7 +550,7 @@ async def test_loading_progress_is_shown():
         await wait_ready(pilot)
         await wait_idle(pilot)
         assert not loading.display
-        assert app.current_trace.result.finish_reason == "eos"
+        assert app.chat.current_trace.result.finish_reason == "eos"
         assert "budget 4" in str(app.main_screen.query_one("#topbar").content)  # the fake's device: cpu
 
 
@@ -573,7 +573,7 @@ async def test_input_history_and_multiline():
         assert box.text == ""
         await pilot.press("a", "ctrl+j", "b")
         assert box.text == "a\nb"
-        assert not app.busy
+        assert not app.chat.busy
 
 
 @async_test
@@ -610,7 +610,7 @@ async def test_tree_pause_step_and_replay():
         await wait_ready(pilot)
         await send(pilot, "write python fib")
         tree = app.main_screen.query_one(TreePanel)
-        n = len(app.current_trace.rounds)
+        n = len(app.chat.current_trace.rounds)
         await pilot.press("f7")
         assert tree.mode == "paused" and tree.shown_index == n - 1
         await pilot.press("f8", "f8")
@@ -648,8 +648,8 @@ async def test_provenance_toggle():
         chat = app.main_screen.query_one("#chat")
         assert chat.has_class("-provenance")
         view = answers(app)[-1].query_one(".provenance")
-        assert str(view.content) == app.current_trace.text
-        kinds = {k for _, k in app.current_trace.segments}
+        assert str(view.content) == app.chat.current_trace.text
+        kinds = {k for _, k in app.chat.current_trace.segments}
         assert kinds == {"draft", "target"}
         await pilot.press("ctrl+backslash")
         assert not chat.has_class("-provenance")
@@ -663,12 +663,12 @@ async def test_export_svg_and_trace(tmp_path):
         await send(pilot, "hello")
         await pilot.press("f12")
         await pilot.pause()
-        svg, trace = app.last_export
+        svg, trace = app.sessions.last_export
         assert svg.exists() and svg.read_text().startswith("<svg")
         lines = [json.loads(line) for line in trace.read_text().splitlines()]
         assert lines[0]["type"] == "answer"
         rounds = [line for line in lines if line["type"] == "round"]
-        assert len(rounds) == len(app.current_trace.rounds)
+        assert len(rounds) == len(app.chat.current_trace.rounds)
         assert {"tree_texts", "accepted_nodes", "timings", "accept_length"} <= set(rounds[0])
         assert lines[-1]["type"] == "finish"
         assert str(svg.parent) == str(tmp_path / "data" / "exports")
@@ -686,7 +686,7 @@ async def test_resize_and_tiny_terminals():
             await pilot.pause()
         assert app.main_screen.query_one(StatsPanel).is_mounted
         await send(pilot, "again")
-        assert app.current_trace.result.finish_reason == "eos"
+        assert app.chat.current_trace.result.finish_reason == "eos"
 
 
 @async_test
@@ -697,10 +697,10 @@ async def test_new_chat_drops_everything():
         await send(pilot, "hello")
         await pilot.press("ctrl+n")
         await wait_idle(pilot)
-        assert not answers(app) and app.current_trace is None
-        assert app.session_messages == ()
+        assert not answers(app) and app.chat.current_trace is None
+        assert app.chat.session_messages == ()
         await send(pilot, "hello")
-        assert app.last_prefill.reused_tokens == 0
+        assert app.chat.last_prefill.reused_tokens == 0
 
 
 @async_test
@@ -731,7 +731,7 @@ async def test_help_on_the_compare_screen():
         assert "On the compare screen" in app.screen.query_one("Markdown").source
         await pilot.press("escape")
         await pilot.pause()
-        assert app.screen is app.compare_screen  # back where F1 was pressed
+        assert app.screen is app.view.compare_screen  # back where F1 was pressed
 
 
 @async_test
@@ -739,11 +739,11 @@ async def test_default_budget_follows_the_device_until_the_user_picks_one():
     app = make_app(device_budget=True)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        assert app.engine_info.device == "cpu"
-        assert app.settings.budget == 4 and app.settings.budget_auto  # CPU: 4 beats AR, 64 does not
+        assert app.chat.engine_info.device == "cpu"
+        assert app.chat.settings.budget == 4 and app.chat.settings.budget_auto  # CPU: 4 beats AR, 64 does not
         assert any("Budget 4: the default on a CPU" in n for n in notes(app))
         await pilot.press("f3")
-        assert app.settings.budget == 8 and not app.settings.budget_auto
+        assert app.chat.settings.budget == 8 and not app.chat.settings.budget_auto
     saved = load_settings()
     assert (saved.budget, saved.budget_auto) == (8, False)  # remembered as the user's choice
 
@@ -778,6 +778,6 @@ async def test_tree_redraws_at_most_about_15_times_a_second_and_keeps_every_roun
         start = _time.monotonic()
         await send(pilot, "/long go")
         elapsed = _time.monotonic() - start
-        trace = app.current_trace
+        trace = app.chat.current_trace
         assert len(trace.rounds) == trace.result.rounds > 100
         assert len(redraws) <= 15 * elapsed + 5, (len(redraws), elapsed)

@@ -24,9 +24,9 @@ async def test_moe_model_answers_with_trees_stats_and_compare():
     app = real_app(MODEL, max_new_tokens=8, compare_budgets=["AR", "16"])
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        assert app.engine_info.model_name == MODEL and app.engine_info.head_name.startswith("random")
+        assert app.chat.engine_info.model_name == MODEL and app.chat.engine_info.head_name.startswith("random")
         await ask(pilot, "Route this through the experts.")
-        trace = app.current_trace
+        trace = app.chat.current_trace
         result = trace.result
         assert result is not None and result.finish_reason in ("length", "eos"), trace.error
         assert trace.rounds and all(len(r.tree_texts) > 1 for r in trace.rounds)  # real trees
@@ -38,10 +38,10 @@ async def test_moe_model_answers_with_trees_stats_and_compare():
         await open_compare(pilot)
         await pilot.press("enter")
         await wait_until(
-            pilot, lambda: app.compare.job_id is not None and not app.compare.running, timeout=TIMEOUT, what="the comparison"
+            pilot, lambda: app.chat.compare.job_id is not None and not app.chat.compare.running, timeout=TIMEOUT, what="the comparison"
         )
         await idle(pilot)
-        rows = app.compare.rows
+        rows = app.chat.compare.rows
         assert [r.label for r in rows] == ["AR", "16"]
         assert all(r.status == "done" and r.result is not None for r in rows), [(r.label, r.status, r.error) for r in rows]
         assert {r.result.text for r in rows} == {result.text}  # greedy: the same answer at every budget

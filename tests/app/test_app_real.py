@@ -34,14 +34,14 @@ def real_app(model: str = MODEL, **settings) -> JetspecApp:
 
 async def ready(pilot) -> None:
     app = pilot.app
-    await wait_until(pilot, lambda: app.load_state != "loading", timeout=TIMEOUT, what="the model to load")
+    await wait_until(pilot, lambda: app.chat.load_state != "loading", timeout=TIMEOUT, what="the model to load")
     await wait_ready(pilot)
-    assert app.load_state == "ready", app.load_error
+    assert app.chat.load_state == "ready", app.chat.load_error
 
 
 async def idle(pilot) -> None:
     app = pilot.app
-    await wait_until(pilot, lambda: not app.busy and app.outbox.empty(), timeout=TIMEOUT, what="the engine")
+    await wait_until(pilot, lambda: not app.chat.busy and app.chat.outbox.empty(), timeout=TIMEOUT, what="the engine")
     await wait_idle(pilot)
 
 
@@ -59,10 +59,10 @@ async def test_real_engine_answers_with_trees_stats_and_kv_reuse():
     app = real_app()
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        info = app.engine_info
+        info = app.chat.engine_info
         assert info.model_name == MODEL and info.max_depth and info.head_name.startswith("random")
         await ask(pilot, "Write a Python function that reverses a list.")
-        trace = app.current_trace
+        trace = app.chat.current_trace
         result = trace.result
         assert result is not None and result.finish_reason in ("length", "eos"), trace.error
         assert trace.rounds and result.rounds == len(trace.rounds)
@@ -83,10 +83,10 @@ async def test_real_engine_answers_with_trees_stats_and_kv_reuse():
         assert "tok/s" in meta and "τ" in meta
         # the second turn reuses the first one's KV cache
         await ask(pilot, "Now in Rust.")
-        assert app.last_prefill is not None and app.last_prefill.reused_tokens > 0
+        assert app.chat.last_prefill is not None and app.chat.last_prefill.reused_tokens > 0
         assert "reused" in content(app, "#status") and "reused" in content(app, "#stats-lines")
-        assert app.current_trace.result.reused_tokens > 0
-        assert [m["role"] for m in app.session_messages] == ["user", "assistant"] * 2
+        assert app.chat.current_trace.result.reused_tokens > 0
+        assert [m["role"] for m in app.chat.session_messages] == ["user", "assistant"] * 2
 
 
 @async_test
@@ -95,9 +95,9 @@ async def test_real_engine_live_budget_change_and_escape():
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "Tell me a long story.", wait=False)
-        trace = app.current_trace
+        trace = app.chat.current_trace
         await wait_until(pilot, lambda: len(trace.rounds) >= 2, timeout=TIMEOUT, what="the first rounds")
-        app.set_budget(4)
+        app.speculation.set_budget(4)
         await wait_until(pilot, lambda: trace.spec_changes, timeout=TIMEOUT, what="the budget change")
         start = trace.spec_changes[-1][0]
         await wait_until(pilot, lambda: len(trace.rounds) >= start + 2, timeout=TIMEOUT, what="rounds at budget 4")
@@ -110,13 +110,13 @@ async def test_real_engine_live_budget_change_and_escape():
         assert min(sizes[:start]) > 4 and max(sizes[start:]) <= 4, sizes
         assert "→ budget 4" in str(list(app.main_screen.query(AssistantMessage))[-1].query_one(".role").content)
         msg = list(app.main_screen.query(AssistantMessage))[-1]
-        assert msg.raw == result.text == app.session_messages[-1]["content"]
+        assert msg.raw == result.text == app.chat.session_messages[-1]["content"]
         assert "stopped (Esc)" in str(msg.query_one(".meta").content)
         # still usable after the cancel, from the same (kept) conversation
-        app.settings.max_new_tokens = 6
+        app.chat.settings.max_new_tokens = 6
         await ask(pilot, "Shorter, please.")
-        assert app.current_trace.result.finish_reason in ("length", "eos")
-        assert app.current_trace.result.reused_tokens > 0
+        assert app.chat.current_trace.result.finish_reason in ("length", "eos")
+        assert app.chat.current_trace.result.reused_tokens > 0
 
 
 @async_test
@@ -125,19 +125,19 @@ async def test_real_engine_compare_budgets():
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await ask(pilot, "Count to five.")
-        first = app.current_trace.result.text
+        first = app.chat.current_trace.result.text
         screen = await open_compare(pilot)
         await pilot.press("enter")  # runs the default list: AR, 4, 16
         await wait_until(
-            pilot, lambda: app.compare.job_id is not None and not app.compare.running, timeout=TIMEOUT, what="the comparison"
+            pilot, lambda: app.chat.compare.job_id is not None and not app.chat.compare.running, timeout=TIMEOUT, what="the comparison"
         )
         await idle(pilot)
-        rows = app.compare.rows
+        rows = app.chat.compare.rows
         assert [r.label for r in rows] == ["AR", "4", "16"]
         assert all(r.status == "done" and r.result is not None for r in rows), [(r.label, r.status, r.error) for r in rows]
         assert len({r.result.text for r in rows}) == 1 and rows[0].result.text == first  # greedy: lossless
         assert screen.query_one("#compare-table").row_count == 3
-        assert app.baseline is not None and "comparison" in app.baseline.source
+        assert app.chat.baseline is not None and "comparison" in app.chat.baseline.source
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is app.main_screen

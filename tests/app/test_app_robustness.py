@@ -11,7 +11,8 @@ from app_support import async_test, isolate, make_app, open_compare, send, wait_
 
 from jetspec_chat.settings import Settings, error_log_path
 from jetspec_chat.ui import engine_worker as ew
-from jetspec_chat.ui.app import JetspecApp, LoadingPanel
+from jetspec_chat.ui.app import JetspecApp
+from jetspec_chat.ui.main_screen import LoadingPanel
 from jetspec_chat.ui.fake_engine import FakeBackend
 
 SIZE = (120, 40)
@@ -44,14 +45,14 @@ async def test_engine_reports_before_the_main_screen_is_composed():
     class EarlyReport(JetspecApp):
         async def on_mount(self) -> None:
             super().on_mount()
-            assert not self._main_ready()
-            self.outbox.put(ew.LoadProgress("early progress", 0.5))
-            await self._drain()  # was: NoMatches('#loading') / ('#loading-label')
+            assert not self.view.ready()
+            self.chat.outbox.put(ew.LoadProgress("early progress", 0.5))
+            await self.reports.drain()  # was: NoMatches('#loading') / ('#loading-label')
 
     app = EarlyReport(backend=FakeBackend(load_delay_s=0.2), settings=Settings())
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        assert app.load_state == "ready"
+        assert app.chat.load_state == "ready"
     assert not ui_errors()
 
 
@@ -101,11 +102,11 @@ async def test_new_chat_mid_answer_leaves_the_removed_message_alone():
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "/long go", wait=False)
-        await wait_until(pilot, lambda: len(app.current_trace.rounds) >= 3, what="rounds")
+        await wait_until(pilot, lambda: len(app.chat.current_trace.rounds) >= 3, what="rounds")
         await pilot.press("ctrl+n")
         await wait_idle(pilot)
         await send(pilot, "hello")
-        assert app.current_trace.result.finish_reason == "eos"
+        assert app.chat.current_trace.result.finish_reason == "eos"
     assert not ui_errors(), ui_errors()  # was: NoMatches('Collapsible') on the removed message
 
 
@@ -152,20 +153,20 @@ async def test_random_walk_through_every_screen_raises_nothing():
             roll, long, prompt, pause = rng.random(), rng.random() < 0.5, rng.choice(PROMPTS), rng.uniform(0.0, 0.05)
             theme, size, budget = rng.choice(themes), (rng.choice((50, 80, 100)), rng.choice((12, 24, 30))), rng.choice((1, 4, 16, 64, 256))
             keys = [rng.choice(KEYS) for _ in range(BATCH)]
-            if roll < 0.25 and app.screen is app.main_screen and not app.busy:
+            if roll < 0.25 and app.screen is app.main_screen and not app.chat.busy:
                 if not long:
                     await send(pilot, prompt, wait=False)
                 else:  # a long answer, stopped with Esc after a few rounds
                     await send(pilot, "/long " + prompt, wait=False)
                     await pilot.pause(pause)
-                    esc_mid_answer += app.chat_job is not None
+                    esc_mid_answer += app.chat.chat_job is not None
                     await press(pilot, "escape")
             elif roll < 0.29:
                 app.theme = theme
             elif roll < 0.30:
                 await pilot.resize_terminal(*size)
             elif roll < 0.35 and app.screen is app.main_screen:
-                app.set_budget(budget)
+                app.speculation.set_budget(budget)
             for key in keys:
                 await press(pilot, key)
                 visited.add(type(app.screen).__name__)

@@ -37,8 +37,8 @@ async def _answer_and_pick_round(pilot, round_index: int = 9) -> None:
     tree.position = round_index
     tree.mode = "paused"
     tree.redraw()
-    pilot.app._tree_position = round_index
-    pilot.app._update_stats()
+    pilot.app.view.tree_position = round_index
+    pilot.app.view.update_stats()
     await freeze(pilot)
 
 
@@ -70,10 +70,10 @@ def test_snapshot_compare_screen(snap_compare):
         await pilot.press("f6")
         await pilot.pause()
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.compare is not None and not app.compare.running, what="comparison")
+        await wait_until(pilot, lambda: app.chat.compare is not None and not app.chat.compare.running, what="comparison")
         await wait_idle(pilot)
-        app.compare_screen.refresh_state()
-        app.compare_screen.query_one("#compare-table").focus()
+        app.view.compare_screen.refresh_state()
+        app.view.compare_screen.query_one("#compare-table").focus()
         await freeze(pilot)
 
     app = make_app()
@@ -92,7 +92,7 @@ def test_snapshot_race_screen(snap_compare, theme):
         await pilot.pause()
         app.screen.query_one("#compare-budgets").value = "AR, 16, 64"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.compare is not None and not app.compare.running, what="comparison")
+        await wait_until(pilot, lambda: app.chat.compare is not None and not app.chat.compare.running, what="comparison")
         await wait_idle(pilot)
         await pilot.press("f8")
         await pilot.pause()

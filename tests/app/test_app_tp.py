@@ -23,25 +23,25 @@ async def test_tp2_engine_process_answers_and_cancels():
     settings = Settings(budget=4, budget_auto=False, max_new_tokens=8, theme="jetspec-dark", compare_budgets=["AR"])
     app = JetspecApp(model="random:tiny-qwen3", device="cpu", max_context=512, tp=2, settings=settings)
     async with app.run_test(size=(140, 44)) as pilot:
-        await wait_until(pilot, lambda: app.load_state != "loading", timeout=TIMEOUT, what="the model to load")
+        await wait_until(pilot, lambda: app.chat.load_state != "loading", timeout=TIMEOUT, what="the model to load")
         await wait_ready(pilot)
-        assert app.load_state == "ready", app.load_error
+        assert app.chat.load_state == "ready", app.chat.load_error
         await send(pilot, "Reverse a list.", wait=False)
-        await wait_until(pilot, lambda: not app.busy and app.outbox.empty(), timeout=TIMEOUT, what="the answer")
+        await wait_until(pilot, lambda: not app.chat.busy and app.chat.outbox.empty(), timeout=TIMEOUT, what="the answer")
         await wait_idle(pilot)
-        result = app.current_trace.result
+        result = app.chat.current_trace.result
         assert result is not None and result.finish_reason == "length" and result.new_tokens == 8
         # A long answer, cancelled after its first rounds: the next answer still runs on both ranks.
-        app.settings.max_new_tokens = 100000
+        app.chat.settings.max_new_tokens = 100000
         await send(pilot, "Tell me a long story.", wait=False)
-        trace = app.current_trace
+        trace = app.chat.current_trace
         await wait_until(pilot, lambda: len(trace.rounds) >= 2, timeout=TIMEOUT, what="the first rounds")
         await pilot.press("escape")
-        await wait_until(pilot, lambda: not app.busy and app.outbox.empty(), timeout=TIMEOUT, what="the cancel")
+        await wait_until(pilot, lambda: not app.chat.busy and app.chat.outbox.empty(), timeout=TIMEOUT, what="the cancel")
         await wait_idle(pilot)
         assert trace.result is not None and trace.result.finish_reason == "cancelled"
-        app.settings.max_new_tokens = 8
+        app.chat.settings.max_new_tokens = 8
         await send(pilot, "Again.", wait=False)
-        await wait_until(pilot, lambda: not app.busy and app.outbox.empty(), timeout=TIMEOUT, what="the last answer")
+        await wait_until(pilot, lambda: not app.chat.busy and app.chat.outbox.empty(), timeout=TIMEOUT, what="the last answer")
         await wait_idle(pilot)
-        assert app.current_trace.result is not None and app.current_trace.result.new_tokens == 8
+        assert app.chat.current_trace.result is not None and app.chat.current_trace.result.new_tokens == 8

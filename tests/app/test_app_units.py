@@ -28,7 +28,7 @@ from jetspec_chat.settings import (
 from jetspec_chat.ui import engine_worker as ew
 from jetspec_chat.ui.chat import last_code_block, split_thinking
 from jetspec_chat.ui.compare import BudgetListError, parse_budget_list
-from jetspec_chat.ui.fake_engine import ANSWERS, EOS_ID, ChatSession, FakeBackend, tokenize
+from jetspec_chat.ui.fake_engine import ANSWERS, EOS_ID, FakeBackend, FakeChatSession, tokenize
 from jetspec_chat.ui.frames import FrameBudget
 from jetspec_chat.ui.launch import add_arguments, app_argv
 from jetspec_chat.ui.themes import (
@@ -66,7 +66,7 @@ COLORS = SpecColors.from_variables({"background": "#000000", "foreground": "#fff
 def test_fake_engine_is_lossless_and_trees_are_well_formed(engine):
     texts = set()
     for spec in ({"enabled": False}, {"budget": 16}, {"budget": 256}, {"budget": 64, "tree_algo": "chain"}):
-        events = run(ChatSession(engine), "write python fib", **spec)
+        events = run(FakeChatSession(engine), "write python fib", **spec)
         assert isinstance(events[0], PrefillEvent) and isinstance(events[-1], FinishEvent)
         result = events[-1].result
         rounds = [e for e in events if isinstance(e, RoundEvent)]
@@ -87,7 +87,7 @@ def test_fake_engine_is_lossless_and_trees_are_well_formed(engine):
 
 
 def test_fake_engine_cancel_rerun_and_state(engine):
-    s = ChatSession(engine, system_prompt="be brief")
+    s = FakeChatSession(engine, system_prompt="be brief")
     cancel = threading.Event()
     events = []
     for ev in s.send("/long explain", GenerationParams(), cancel=cancel):
@@ -99,12 +99,12 @@ def test_fake_engine_cancel_rerun_and_state(engine):
     rerun = list(s.rerun_last(GenerationParams(spec=SpecParams(enabled=False), max_new_tokens=5)))
     assert rerun[-1].result.finish_reason == "length" and rerun[-1].result.new_tokens == 5
     assert [m["role"] for m in s.messages] == ["system", "user", "assistant"]
-    again = ChatSession.from_dict(engine, json.loads(json.dumps(s.to_dict())))
+    again = FakeChatSession.from_dict(engine, json.loads(json.dumps(s.to_dict())))
     assert again.messages == s.messages and again.system_prompt == "be brief"
     with pytest.raises(ContextOverflowError):
         s.send("/error overflow", GenerationParams())
     with pytest.raises(EngineError):
-        ChatSession(engine).rerun_last(GenerationParams())
+        FakeChatSession(engine).rerun_last(GenerationParams())
 
 
 def test_tokenize_roundtrip():
@@ -116,7 +116,7 @@ def test_tokenize_roundtrip():
 
 
 def _big_round(engine) -> RoundEvent:
-    events = run(ChatSession(engine), "hello there", budget=256, width=16)
+    events = run(FakeChatSession(engine), "hello there", budget=256, width=16)
     rounds = [e for e in events if isinstance(e, RoundEvent)]
     return max(rounds, key=lambda r: (len(r.tree_texts), len(r.accepted_nodes)))
 
@@ -151,7 +151,7 @@ def test_render_tree_is_legible(engine):
 def test_a_stop_token_bonus_reads_end_of_answer():
     """The engine appends the stop token that ends an answer to the last round's new_tokens
     (with no text): the tree says the answer ended there, not an empty bonus."""
-    events = list(ChatSession(FakeBackend().load_engine()).send("hello", GenerationParams()))
+    events = list(FakeChatSession(FakeBackend().load_engine()).send("hello", GenerationParams()))
     last, result = events[-2], events[-1].result
     assert last.new_tokens[-1] == last.bonus_token == result.stop_token
     assert "★ ■ end of answer" in render_tree(last, COLORS, stop_token=result.stop_token).plain
@@ -333,7 +333,7 @@ def test_engine_worker_send_cancel_and_errors():
     worker = ew.EngineWorker(FakeBackend(round_delay_s=0.005))
     worker.start()
     try:
-        worker.submit(ew.LoadCommand(ew.EngineSpec()))
+        worker.submit(ew.LoadCommand(ew.EngineSetup()))
         items = _collect(worker.outbox, lambda i: isinstance(i, ew.EngineReady))
         assert any(isinstance(i, ew.LoadProgress) for i in items)
         job = worker.submit(ew.SendCommand("/long go", GenerationParams()))
@@ -368,7 +368,7 @@ def test_engine_worker_live_spec_changes_apply_from_the_next_round():
     worker = ew.EngineWorker(FakeBackend(round_delay_s=0.005))
     worker.start()
     try:
-        worker.submit(ew.LoadCommand(ew.EngineSpec()))
+        worker.submit(ew.LoadCommand(ew.EngineSetup()))
         _collect(worker.outbox, lambda i: isinstance(i, ew.EngineReady))
         job = worker.submit(ew.SendCommand("/long go", GenerationParams(spec=SpecParams(budget=64))))
         _collect(worker.outbox, lambda i: isinstance(i, ew.GenerationEvent) and isinstance(i.event, RoundEvent))
@@ -393,7 +393,7 @@ def test_engine_worker_live_spec_changes_apply_from_the_next_round():
 
 
 def test_fake_engine_update_spec_changes_later_rounds(engine):
-    session = ChatSession(engine)
+    session = FakeChatSession(engine)
     rounds = []
     for ev in session.send("/long go", GenerationParams(spec=SpecParams(budget=64))):
         if isinstance(ev, RoundEvent):
@@ -412,7 +412,7 @@ def test_fake_engine_update_spec_changes_later_rounds(engine):
 
 def test_trace_live_changes_and_authoritative_result_text():
     engine = FakeBackend(stop_strings=("@" * 7,)).load_engine()  # never matched: the text lags 6 characters
-    session = ChatSession(engine)
+    session = FakeChatSession(engine)
     trace = AnswerTrace(0, "chat", GenerationParams(spec=SpecParams(budget=64)))
     cancel = threading.Event()
     streamed = ""
@@ -437,7 +437,7 @@ def test_engine_worker_load_failure_then_commands_fail_politely():
     worker = ew.EngineWorker(FakeBackend())
     worker.start()
     try:
-        worker.submit(ew.LoadCommand(ew.EngineSpec(model="missing-model")))
+        worker.submit(ew.LoadCommand(ew.EngineSetup(model="missing-model")))
         items = _collect(worker.outbox, lambda i: isinstance(i, ew.EngineLoadFailed))
         assert "not found" in items[-1].message and not items[-1].details
         worker.submit(ew.SendCommand("hi", GenerationParams()))
@@ -451,7 +451,7 @@ def test_engine_worker_load_failure_then_commands_fail_politely():
 
 
 def test_compute_stats_matches_the_result(engine):
-    events = run(ChatSession(engine), "write python fib", budget=64)
+    events = run(FakeChatSession(engine), "write python fib", budget=64)
     trace = AnswerTrace(job_id=1, kind="chat", params=GenerationParams())
     for ev in events:
         trace.add(ev)
@@ -506,22 +506,22 @@ def test_generation_params_clamps_depth():
     from jetspec_chat.ui.app import JetspecApp
 
     app = JetspecApp(backend=FakeBackend(), settings=Settings(depth=40))
-    app.engine_info = ew.EngineInfo("m", "h", "cpu", "float32", 15, 100, ("accum_logp",))
-    assert app.generation_params().spec.depth is None
-    app.engine_info = replace(app.engine_info, max_depth=None)
-    assert app.generation_params().spec.enabled is False
+    app.chat.engine_info = ew.EngineInfo("m", "h", "cpu", "float32", 15, 100, ("accum_logp",))
+    assert app.chat.generation_params().spec.depth is None
+    app.chat.engine_info = replace(app.chat.engine_info, max_depth=None)
+    assert app.chat.generation_params().spec.enabled is False
 
 
 def test_fake_engine_ends_answers_by_the_engines_rules():
     """Stop strings and max new tokens through engine/answer.py, as on the real engine."""
     engine = FakeBackend().load_engine()
-    result = list(ChatSession(engine).send("write python fib", GenerationParams(stop=("print(",))))[-1].result
+    result = list(FakeChatSession(engine).send("write python fib", GenerationParams(stop=("print(",))))[-1].result
     assert result.finish_reason == "stop" and result.text == ANSWERS[1][: ANSWERS[1].index("print(")]
-    events = list(ChatSession(engine).send("write python fib", GenerationParams(max_new_tokens=7)))
+    events = list(FakeChatSession(engine).send("write python fib", GenerationParams(max_new_tokens=7)))
     result = events[-1].result
     assert result.finish_reason == "length" and len(result.token_ids) == 7
     assert events[0].first_text + "".join(e.new_text for e in events[1:-1]) == result.text == "".join(tokenize(ANSWERS[1])[:7])
-    result = list(ChatSession(engine).send("write python fib", GenerationParams()))[-1].result
+    result = list(FakeChatSession(engine).send("write python fib", GenerationParams()))[-1].result
     assert result.finish_reason == "eos" and result.stop_token == EOS_ID and result.text == ANSWERS[1]
     assert sum(result.accept_lengths) == len(result.token_ids)  # the first token from the prefill, the stop token counted
 

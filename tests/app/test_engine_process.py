@@ -50,22 +50,22 @@ def test_describe_exit():
 async def test_fake_engine_in_a_child_process_answers_cancels_and_takes_live_changes():
     app = make_app(FakeBackend(round_delay_s=0.01), engine_process=True)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.load_state != "loading", timeout=TIMEOUT, what="the child to load")
+        await wait_until(pilot, lambda: app.chat.load_state != "loading", timeout=TIMEOUT, what="the child to load")
         await wait_ready(pilot)
-        assert app.worker.pid is not None and app.worker.alive
+        assert app.chat.worker.pid is not None and app.chat.worker.alive
         await send(pilot, "write python fib")
         assert list(app.main_screen.query(AssistantMessage))[-1].raw == ANSWERS[1]
         await send(pilot, "/long go", wait=False)
-        trace = app.current_trace
+        trace = app.chat.current_trace
         await wait_until(pilot, lambda: len(trace.rounds) >= 3, what="rounds")
-        app.set_budget(8)
+        app.speculation.set_budget(8)
         await wait_until(pilot, lambda: trace.spec_changes, what="the live change to reach the child")
         await pilot.press("escape")
         await wait_idle(pilot)
         assert trace.result.finish_reason == "cancelled"
         start = trace.spec_changes[-1][0]
         assert all(len(r.tree_texts) <= 8 for r in trace.rounds[start:])
-    assert not app.worker.alive  # shut down with the app
+    assert not app.chat.worker.alive  # shut down with the app
 
 
 def _notes(app, kind):
@@ -81,18 +81,18 @@ async def test_killed_engine_process_mid_answer_keeps_the_chat_and_restarts():
         max_context=1024,
         settings=Settings(budget=8, budget_auto=False, max_new_tokens=2000, theme="jetspec-dark"),
     )
-    assert app.engine_process  # the real engine runs in a child by default
+    assert app.chat.engine_process  # the real engine runs in a child by default
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.load_state != "loading", timeout=TIMEOUT, what="the model to load")
+        await wait_until(pilot, lambda: app.chat.load_state != "loading", timeout=TIMEOUT, what="the model to load")
         await wait_ready(pilot)
-        assert app.load_state == "ready", app.load_error
+        assert app.chat.load_state == "ready", app.chat.load_error
         await send(pilot, "Tell me a long story.", wait=False)
-        trace = app.current_trace
+        trace = app.chat.current_trace
         await wait_until(pilot, lambda: len(trace.rounds) >= 2, timeout=TIMEOUT, what="the first rounds")
         box = app.main_screen.query_one(ChatInput)
         box.text = "a message typed while the engine dies"
-        app.worker.kill()
-        await wait_until(pilot, lambda: app.engine_stopped is not None, timeout=TIMEOUT, what="the app to notice")
+        app.chat.worker.kill()
+        await wait_until(pilot, lambda: app.chat.engine_stopped is not None, timeout=TIMEOUT, what="the app to notice")
         await wait_idle(pilot)
         errors = _notes(app, "error")
         assert any("killed by SIGKILL" in n and "ctrl+e" in n for n in errors), errors
@@ -106,15 +106,15 @@ async def test_killed_engine_process_mid_answer_keeps_the_chat_and_restarts():
         assert box.text == "a message typed while the engine dies"
         # ctrl+e: a new process, the same conversation
         await pilot.press("ctrl+e")
-        await wait_until(pilot, lambda: app.load_state == "ready", timeout=TIMEOUT, what="the restarted engine")
+        await wait_until(pilot, lambda: app.chat.load_state == "ready", timeout=TIMEOUT, what="the restarted engine")
         await wait_idle(pilot)
-        assert app.engine_stopped is None and app.worker.alive
-        app.settings.max_new_tokens = 4
+        assert app.chat.engine_stopped is None and app.chat.worker.alive
+        app.chat.settings.max_new_tokens = 4
         await send(pilot, "Shorter, please.", wait=False)
-        await wait_until(pilot, lambda: not app.busy, timeout=TIMEOUT, what="the answer")
+        await wait_until(pilot, lambda: not app.chat.busy, timeout=TIMEOUT, what="the answer")
         await wait_idle(pilot)
-        assert app.current_trace.result.finish_reason in ("length", "eos"), app.current_trace.error
-        users = [m["content"] for m in app.session_messages if m["role"] == "user"]
+        assert app.chat.current_trace.result.finish_reason in ("length", "eos"), app.chat.current_trace.error
+        users = [m["content"] for m in app.chat.session_messages if m["role"] == "user"]
         assert users == ["Tell me a long story.", "Shorter, please."]
 
 
@@ -130,8 +130,8 @@ def test_worker_warms_the_budgets_before_they_are_timed():
     worker = ew.EngineWorker(None)
     worker.start()
     try:
-        spec = ew.EngineSpec("random:tiny-qwen3", device="cpu", max_context=512)
-        worker.submit(ew.LoadCommand(spec, budget=8, compare_budgets=(16,)))
+        setup = ew.EngineSetup("random:tiny-qwen3", device="cpu", max_context=512)
+        worker.submit(ew.LoadCommand(setup, budget=8, compare_budgets=(16,)))
         progress, ready = [], None
         deadline = _time.monotonic() + TIMEOUT
         while ready is None and _time.monotonic() < deadline:

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 from app_support import async_test, isolate, make_app, open_compare, send, wait_ready, wait_until
 
 from jetspec_chat.engine import GenerationParams, SamplingParams
-from jetspec_chat.ui.app import context_label
-from jetspec_chat.ui.compare_state import CompareState
+from jetspec_chat.ui.main_screen import context_label
+from jetspec_chat.ui.compare import CompareState
 from jetspec_chat.ui.dialogs import BUDGET_STEPS, HelpScreen
 from jetspec_chat.ui.fake_engine import FakeBackend
 from jetspec_chat.ui.jobs import Job
@@ -36,8 +36,8 @@ async def test_status_bar_context_full(tmp_path, monkeypatch):
     app = make_app(FakeBackend(max_context=200))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        app.context_tokens = 201
-        app.refresh_chrome()
+        app.chat.context_tokens = 201
+        app.view.refresh_chrome()
         status = text_of(app, "#status")
         assert "context full (200 / 200 tokens)" in status and "201" not in status
 
@@ -48,8 +48,8 @@ async def test_demo_header_says_scripted(tmp_path, monkeypatch):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     app = build_app(parser.parse_args(["--demo"]))
-    assert app.demo
-    app.worker.backend = FakeBackend()  # no load delay in the test
+    assert app.view.demo
+    app.chat.worker.backend = FakeBackend()  # no load delay in the test
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         top = text_of(app, "#topbar")
@@ -73,7 +73,7 @@ async def test_export_without_answers_says_there_is_no_trace(tmp_path, monkeypat
         await wait_ready(pilot)
         await pilot.press("f12")
         await pilot.pause()
-        svg, trace = app.last_export
+        svg, trace = app.sessions.last_export
         assert svg.exists() and trace is None
         assert not list(svg.parent.glob("*.trace.jsonl"))
         notes = [str(n.render()) for n in app.main_screen.query("NoteMessage")]
@@ -89,12 +89,12 @@ def answer(finish_reason: str, temperature: float = 0.0) -> AnswerTrace:
 def test_why_a_rerun_differs_names_the_cut_short_original():
     app = make_app()
     job = Job("compare")
-    app.traces = [answer("cancelled")]
-    assert "stopped with Esc" in app._why_texts_differ(job)
-    app.traces = [answer("length")]
-    assert "token limit" in app._why_texts_differ(job)
-    app.traces = [answer("eos", temperature=0.7)]
-    assert "temperature" in app._why_texts_differ(job)
+    app.chat.traces = [answer("cancelled")]
+    assert "stopped with Esc" in app.sessions.why_texts_differ(job)
+    app.chat.traces = [answer("length")]
+    assert "token limit" in app.sessions.why_texts_differ(job)
+    app.chat.traces = [answer("eos", temperature=0.7)]
+    assert "temperature" in app.sessions.why_texts_differ(job)
 
 
 def test_compare_bar_moves_inside_the_first_run():
@@ -115,7 +115,7 @@ async def test_loading_panel_shows_elapsed_time(tmp_path, monkeypatch):
     isolate(monkeypatch, tmp_path)
     app = make_app(FakeBackend(load_delay_s=3.0, load_steps=1))
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.load_progress is not None, what="a load phase")
+        await wait_until(pilot, lambda: app.chat.load_progress is not None, what="a load phase")
         label = app.main_screen.query_one("#loading-label")
         await wait_until(pilot, lambda: " · 1 s" in str(label.render()), timeout=5, what="elapsed seconds")
 
@@ -133,14 +133,14 @@ async def test_budget_keys_right_after_closing_help(tmp_path, monkeypatch):
             app.main_screen.query_one(where).focus()
             for close in ("escape", "f1", "q"):
                 for key, step in (("f2", -1), ("f3", 1)):
-                    before = app.settings.budget
+                    before = app.chat.settings.budget
                     await pilot.press("f1")
                     assert isinstance(app.screen, HelpScreen)
                     await pilot.press(close, key)  # no pause between closing and the key
                     await pilot.pause()
                     i = BUDGET_STEPS.index(before)
                     expected = BUDGET_STEPS[max(0, min(len(BUDGET_STEPS) - 1, i + step))]
-                    assert app.settings.budget == expected, (where, close, key)
+                    assert app.chat.settings.budget == expected, (where, close, key)
 
 
 @async_test

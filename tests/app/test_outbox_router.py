@@ -7,7 +7,7 @@ from app_support import make_app
 
 from jetspec_chat.engine.events import GenerationResult, PhaseTimings, RoundEvent
 from jetspec_chat.ui import engine_worker as ew
-from jetspec_chat.ui.compare_state import CompareState
+from jetspec_chat.ui.compare import CompareState
 from jetspec_chat.ui.jobs import OutboxRouter, outbox_item_types
 
 
@@ -27,7 +27,7 @@ def test_router_calls_the_handler_of_the_items_type_sync_or_async():
 
 def test_the_app_handles_every_outbox_item_type():
     app = make_app()
-    assert app._outbox_router().missing() == []
+    assert app.reports.router.missing() == []
     assert len(outbox_item_types()) >= 12
 
 

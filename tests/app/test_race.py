@@ -46,7 +46,7 @@ async def _compare_then_race(pilot, budgets: str = "AR, 16, 64") -> RaceScreen:
     screen = await open_compare(pilot)
     screen.query_one("#compare-budgets").value = budgets
     await pilot.press("enter")
-    await wait_until(pilot, lambda: app.compare is not None and not app.compare.running, what="comparison")
+    await wait_until(pilot, lambda: app.chat.compare is not None and not app.chat.compare.running, what="comparison")
     await wait_idle(pilot)
     await pilot.press("f8")
     await pilot.pause()
@@ -60,7 +60,7 @@ async def test_race_replays_each_run_at_its_recorded_pace():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         race = await _compare_then_race(pilot)
-        rows = app.compare.rows
+        rows = app.chat.compare.rows
         assert [run.label for run in race.recording.runs] == ["AR", "16", "64"]
         now = StepClock()
         race.clock = ReplayClock(now=now)
@@ -94,7 +94,7 @@ async def test_race_replays_each_run_at_its_recorded_pace():
         assert finished_at[2] < finished_at[0]
         await pilot.press("escape")
         await pilot.pause()
-        assert app.screen is app.compare_screen
+        assert app.screen is app.view.compare_screen
 
 
 @async_test
@@ -133,7 +133,7 @@ async def test_cast_reads_back_with_the_runs_answers():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         race = await _compare_then_race(pilot)
-        rows = app.compare.rows
+        rows = app.chat.compare.rows
     width, height = 120, 400  # tall enough that no lane scrolls
     lines = race_cast(race.recording, width=width, height=height, timestamp=1_700_000_000).splitlines()
     header = json.loads(lines[0])

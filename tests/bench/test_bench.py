@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from jetspec_chat.bench_cli import main
-from jetspec_chat.engine.bench import end_to_end, engine_only, gpu_idle, timing
+from jetspec_chat.bench import end_to_end, engine_only, gpu_idle, timing
 from jetspec_chat.engine.errors import ConfigError
 
 
@@ -181,7 +181,7 @@ def test_engine_only_table_prints_gpu_idle_block():
 
 
 def test_expected_distinct_experts_formula_and_simulation():
-    from jetspec_chat.engine.bench.moe_bytes import expected_distinct_experts
+    from jetspec_chat.bench.moe_bytes import expected_distinct_experts
 
     assert expected_distinct_experts(128, 8, 1) == pytest.approx(8.0)
     assert expected_distinct_experts(128, 8, 0) == 0.0
@@ -198,7 +198,7 @@ def test_expected_distinct_experts_formula_and_simulation():
 def test_expected_weight_bytes_of_a_moe_target():
     from engine_helpers import tiny_engine
 
-    from jetspec_chat.engine.bench.moe_bytes import expected_distinct_experts, expected_weight_bytes
+    from jetspec_chat.bench.moe_bytes import expected_distinct_experts, expected_weight_bytes
 
     target = tiny_engine("tiny-qwen3-moe").target
     cfg = target.cfg
@@ -221,10 +221,10 @@ def test_gpt_oss_20b_active_bytes_from_its_shapes():
     """gpt-oss-20b's real shapes on the meta device (no memory): the AR floor is attention (q/k/v/o
     with biases, sinks), the router, 4 of 32 experts with their biases, one embedding row and the
     lm_head, in bf16 (the MXFP4 experts are dequantized at load), counted from the config."""
-    from jetspec_chat.engine.bench.moe_bytes import expected_weight_bytes
+    from jetspec_chat.bench.moe_bytes import expected_weight_bytes
     from jetspec_chat.engine.model import TargetModel
     from jetspec_chat.engine.model_config import ModelConfig
-    from jetspec_chat.engine.models.model_specs import resolve_model
+    from jetspec_chat.engine.models.model_sources import resolve_model
 
     hf = resolve_model("random:openai/gpt-oss-20b").hf_config
     cfg = ModelConfig.from_hf(hf)

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from jetspec_chat import cli
-from jetspec_chat.cli import LoadProgress, main
+from jetspec_chat.cli import LoadProgressPrinter, main
 from jetspec_chat.engine.draft_head import DraftHeadConfig, build_head
 from jetspec_chat.engine.model_config import ModelConfig
-from jetspec_chat.engine.models import embedded, model_specs
-from jetspec_chat.engine.models.model_specs import resolve_model
+from jetspec_chat.engine.models import embedded, model_sources
+from jetspec_chat.engine.models.model_sources import resolve_model
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def nothing_left_in(cache):
 
 
 def tiny_head_dir(path):
-    target = ModelConfig.from_hf(json.loads((model_specs.Path(model_specs.__file__).parent / "configs" /
+    target = ModelConfig.from_hf(json.loads((model_sources.Path(model_sources.__file__).parent / "configs" /
                                              "tiny-qwen3.json").read_text()))
     head = build_head(DraftHeadConfig.for_target(target, num_layers=1, block_size=8), torch.device("cpu"),
                       torch.float32)
@@ -99,7 +99,7 @@ def fake_converted_cache(cache, alias="qwen2.5-coder-0.5b") -> embedded.Path:
     """A converted-model cache entry (marker and all) with the tiny qwen2 config and damaged weights."""
     dest = cache / "models" / alias
     dest.mkdir(parents=True)
-    config = json.loads((model_specs.Path(model_specs.__file__).parent / "configs" / "tiny-qwen2.json").read_text())
+    config = json.loads((model_sources.Path(model_sources.__file__).parent / "configs" / "tiny-qwen2.json").read_text())
     config.pop("jetspec_random_head")
     (dest / "config.json").write_text(json.dumps(config))
     (dest / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": ")  # cut mid-header
@@ -129,7 +129,7 @@ def test_the_app_shows_the_loaders_sentence(cache, tmp_path):
                             (str(truncated), "model.gguf is truncated or corrupt")):
         outbox = queue.SimpleQueue()
         worker = ew.EngineWorker(ew.real_backend(), outbox)
-        worker._load(ew.LoadCommand(ew.EngineSpec(model, "none", "cpu")))
+        worker._load(ew.LoadCommand(ew.EngineSetup(model, "none", "cpu")))
         items = []
         while not outbox.empty():
             items.append(outbox.get())
@@ -160,7 +160,7 @@ def test_ctrl_c_during_conversion_leaves_no_staging_dir(tmp_path, cache, monkeyp
         (out / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(model_specs, "convert_gguf", half_converted)
+    monkeypatch.setattr(model_sources, "convert_gguf", half_converted)
     assert one_line_error(capsys, ["generate", str(path), "--prompt", "x"], code=130) == "[interrupted]"
     assert nothing_left_in(cache)
 
@@ -253,13 +253,13 @@ def feed(progress):
 
 def test_progress_off_a_terminal_is_one_line_per_phase():
     stream = Stream(tty=False)
-    feed(LoadProgress(stream))
+    feed(LoadProgressPrinter(stream))
     assert stream.getvalue().splitlines() == ["[Assembling m]", "[Reading the m tokenizer]", "[ready in 0 s]"]
 
 
 def test_progress_on_a_terminal_updates_one_line_with_fraction_and_time():
     stream = Stream(tty=True)
-    feed(LoadProgress(stream))
+    feed(LoadProgressPrinter(stream))
     lines = stream.getvalue().split("\n")
     assert len([line for line in lines if line]) == 3  # one (rewritten) line per phase
     assert lines[0].endswith("[Assembling m] 100% 0 s") and "\r" in lines[0]
@@ -269,10 +269,10 @@ def test_progress_on_a_terminal_updates_one_line_with_fraction_and_time():
 
 def test_a_phase_without_a_fraction_turns_a_spinner():
     stream = Stream(tty=True)
-    progress = LoadProgress(stream)
+    progress = LoadProgressPrinter(stream)
     progress("Checking m", None)
     drawn = stream.getvalue()
-    assert drawn.rstrip()[-1] in LoadProgress.SPINNER and "%" not in drawn
+    assert drawn.rstrip()[-1] in LoadProgressPrinter.SPINNER and "%" not in drawn
     progress.close()
 
 

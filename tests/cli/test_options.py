@@ -1,18 +1,20 @@
-"""The generation options are declared once (jetspec_chat/options.py): the app, `generate` and
-`bench` agree on every default and range, and an out-of-range value is refused while parsing,
-before any model loads."""
+"""The generation options are declared once (jetspec_chat/options.py): the app, `generate`,
+`bench` and `train-head` agree on every default and range, and an out-of-range value is refused
+while parsing, before any model loads."""
 import argparse
 
 import pytest
 
-from jetspec_chat import bench_cli, cli
+from jetspec_chat import bench_cli, cli, train_cli
 from jetspec_chat.engine.errors import ConfigError
 from jetspec_chat.options import OPTIONS
 from jetspec_chat.settings import Settings
 from jetspec_chat.ui.launch import add_arguments as add_app_arguments
 
-SHARED = ("width", "depth", "tree_algo", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "draft_head",
-          "device", "dtype", "max_context", "budget")
+SHARED = tuple(OPTIONS)  # every declared option: the app and `generate` take them all (but top-k, not in the app)
+# train-head's flags of the same name that mean something else there, each declared apart
+TRAIN_OWN = {"dtype": "the frozen target's, no float16", "seed": "the training run's",
+             "max_new_tokens": "the data's answers, default 256"}
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
@@ -42,9 +44,29 @@ def test_every_entry_point_declares_the_shared_options_alike():
     assert {"width", "depth", "tree_algo", "max_new_tokens", "temperature", "top_p", "top_k", "seed"} <= set(bench)
 
 
+def test_train_head_declares_the_shared_options_alike_or_says_what_it_means():
+    p = argparse.ArgumentParser()
+    train_cli.add_arguments(p)
+    acts = actions(p)
+    assert {"device", "temperature", *TRAIN_OWN} <= set(acts)
+    for dest, option in OPTIONS.items():
+        if dest not in acts or dest in TRAIN_OWN:
+            continue
+        a = acts[dest]
+        assert (a.type, a.choices, a.help, a.default) == (option.type, option.choices, option.help, option.default), dest
+    assert acts["max_new_tokens"].type is OPTIONS["max_new_tokens"].type  # its own default, the declared range
+    assert set(acts["dtype"].choices) < set(OPTIONS["dtype"].choices)
+    assert acts["eval_width"].type is OPTIONS["width"].type
+
+
 def test_the_apps_settings_default_to_the_declared_defaults():
     s = Settings()
-    for dest in ("width", "tree_algo", "temperature", "top_p", "max_new_tokens"):
+    shared = [dest for dest in OPTIONS if hasattr(s, dest)]
+    assert {"width", "depth", "tree_algo", "temperature", "top_p", "seed", "max_new_tokens", "budget"} <= set(shared)
+    for dest in shared:
+        if dest == "budget":  # None: the device picks it; Settings holds a number and says it is automatic
+            assert OPTIONS[dest].default is None and s.budget_auto
+            continue
         assert getattr(s, dest) == OPTIONS[dest].default, dest
 
 

@@ -77,7 +77,7 @@ def test_the_apps_load_path_works_without_triton(tmp_path, head):
 
         outbox = queue.SimpleQueue()
         worker = ew.EngineWorker(ew.real_backend(), outbox)
-        worker._load(ew.LoadCommand(ew.EngineSpec("random:tiny-qwen3", "{head}", "cpu")))
+        worker._load(ew.LoadCommand(ew.EngineSetup("random:tiny-qwen3", "{head}", "cpu")))
         items = []
         while not outbox.empty():
             items.append(outbox.get())

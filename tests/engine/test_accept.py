@@ -10,7 +10,7 @@ from jetspec_chat.engine.sampling import processed_probs
 from jetspec_chat.engine.graphs import TREE_BUCKETS, bucket_for
 from jetspec_chat.engine.kv_cache import PagedKVCache
 from jetspec_chat.engine.params import SamplingParams
-from jetspec_chat.engine.tree import TREE_ALGOS, Tree, ancestor_mask, root_only
+from jetspec_chat.engine.tree import TREE_BUILDERS, Tree, ancestor_mask, root_only
 
 
 def make_tree(tokens, parents):
@@ -90,7 +90,7 @@ def random_tree(rng: random.Random, algo: str):
         return make_tree(tokens, parents)
     depth = rng.randint(1, 8)
     logp = torch.log_softmax(torch.randn(depth, VOCAB, generator=torch.Generator().manual_seed(rng.randrange(1 << 30))) * 3, -1)
-    return TREE_ALGOS[algo](torch.tensor(rng.randrange(VOCAB)), logp, rng.choice([2, 5, 16, 33, 64]), rng.randint(1, 6))
+    return TREE_BUILDERS[algo](torch.tensor(rng.randrange(VOCAB)), logp, rng.choice([2, 5, 16, 33, 64]), rng.randint(1, 6))
 
 
 def follow_choices(rng: random.Random, tree) -> torch.Tensor:

@@ -165,7 +165,7 @@ def test_a_graphed_sampling_round_draws_its_uniforms_replays_and_copies(engine, 
 def test_graphed_batch_decoding_equals_eager_and_greedy(dtype):
     """The data stage's decoder: each step one graph replay, the same tokens as its eager steps
     (bitwise the same kernels), and in fp32 the same answers as transformers greedy."""
-    from jetspec_chat.engine.training.batch_decode import BatchDecoder
+    from jetspec_chat.training.batch_decode import BatchDecoder
     from jetspec_chat.engine.models.oracle import reference_greedy
 
     eng = load_engine("random:tiny-qwen3", "none", device="cuda", dtype=dtype, max_context=512)
@@ -188,7 +188,7 @@ def test_graphed_batch_decoding_equals_eager_and_greedy(dtype):
 def test_graphed_batch_sampling_runs_inside_the_graph():
     """--self-prompts samples in the captured decode step (Gumbel noise from the default CUDA
     generator): it must capture, and a near-zero temperature must give the greedy answers."""
-    from jetspec_chat.engine.training.batch_decode import BatchDecoder
+    from jetspec_chat.training.batch_decode import BatchDecoder
 
     eng = load_engine("random:tiny-qwen3", "none", device="cuda", dtype="float32", max_context=512)
     gen = torch.Generator().manual_seed(7)

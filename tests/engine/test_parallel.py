@@ -19,7 +19,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 def test_gpt_oss_is_refused_over_several_ranks():
     from jetspec_chat.engine.model_config import ModelConfig
-    from jetspec_chat.engine.models.model_specs import resolve_model
+    from jetspec_chat.engine.models.model_sources import resolve_model
     from jetspec_chat.engine.parallel import check_splits
 
     cfg = ModelConfig.from_hf(resolve_model("random:tiny-gpt-oss").hf_config)
@@ -55,7 +55,7 @@ def _forward_logits(model, tokens: torch.Tensor) -> torch.Tensor:
 
 def _load(name: str):
     from jetspec_chat.engine.models.loader import load_target
-    from jetspec_chat.engine.models.model_specs import resolve_model
+    from jetspec_chat.engine.models.model_sources import resolve_model
 
     return load_target(resolve_model(name), torch.device("cpu"), torch.float32)
 
@@ -72,7 +72,7 @@ def test_a_rank_loads_only_its_part(name, tmp_path):
 
     from jetspec_chat.engine.layers import hf_parameters
     from jetspec_chat.engine.models.loader import load_target
-    from jetspec_chat.engine.models.model_specs import resolve_model
+    from jetspec_chat.engine.models.model_sources import resolve_model
     from jetspec_chat.engine.parallel import Shard, shard_target
 
     source = resolve_model(name)

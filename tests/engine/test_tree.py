@@ -4,7 +4,7 @@ import itertools
 import pytest
 import torch
 
-from jetspec_chat.engine.tree import TREE_ALGOS, ancestor_mask, build_accum_logp, static_tree_size
+from jetspec_chat.engine.tree import TREE_BUILDERS, ancestor_mask, build_accum_logp, static_tree_size
 from jetspec_chat.kernels import accum_tree_ref
 
 
@@ -162,7 +162,7 @@ def test_ancestor_mask_matches_parent_walk():
 
 def test_chain_is_top1_per_depth():
     logp = random_logp(5, 30, 1)
-    tree = TREE_ALGOS["chain"](torch.tensor(3), logp, 64, 8)
+    tree = TREE_BUILDERS["chain"](torch.tensor(3), logp, 64, 8)
     assert tree.size == 6
     assert tree.tokens[1:].tolist() == logp.argmax(-1).tolist()
     assert tree.parents.tolist() == [-1, 0, 1, 2, 3, 4]
@@ -173,8 +173,8 @@ def test_adaptive_spends_fewer_nodes_where_the_draft_is_confident():
     logp[:, 0] = 0.0  # fully confident at every depth
     logp[2, 1] = -0.7  # one plausible alternative at depth 3
     logp = torch.log_softmax(logp, -1)
-    tree = TREE_ALGOS["adaptive"](torch.tensor(1), logp, 64, 8)
-    full = TREE_ALGOS["accum_logp"](torch.tensor(1), logp, 64, 8)
+    tree = TREE_BUILDERS["adaptive"](torch.tensor(1), logp, 64, 8)
+    full = TREE_BUILDERS["accum_logp"](torch.tensor(1), logp, 64, 8)
     assert full.size == 64
     assert tree.size == 1 + 1 + 1 + 2 + 2  # chain with one branch at depth 3 continuing to depth 4
     assert torch.isfinite(tree.scores).all()
@@ -189,7 +189,7 @@ def test_budget_larger_than_the_tree_can_be():
 
 def test_every_named_algorithm_has_a_builder():
     """params.TREE_ALGOS (torch-free, what the UI offers and validate checks) names exactly the
-    builders tree.TREE_ALGOS has."""
+    builders tree.TREE_BUILDERS has."""
     from jetspec_chat.engine import params
 
-    assert tuple(TREE_ALGOS) == params.TREE_ALGOS
+    assert tuple(TREE_BUILDERS) == params.TREE_ALGOS

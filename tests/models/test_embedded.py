@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jetspec_chat.engine.models import embedded
-from jetspec_chat.engine.models.model_specs import load_tokenizer, resolve_model
+from jetspec_chat.engine.models.model_sources import load_tokenizer, resolve_model
 
 ALIAS = "qwen2.5-coder-0.5b"
 

@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 from jetspec_chat.engine.layers import hf_parameters
 from jetspec_chat.engine.model import build_target
 from jetspec_chat.engine.model_config import ModelConfig
-from jetspec_chat.engine.models.model_specs import resolve_model
+from jetspec_chat.engine.models.model_sources import resolve_model
 from jetspec_chat.engine.mxfp4 import dequantize_mxfp4
 
 mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")

@@ -1,4 +1,4 @@
-"""The data stage's batched decoder (engine/training/batch_decode.py) answers exactly as single-stream
+"""The data stage's batched decoder (jetspec_chat/training/batch_decode.py) answers exactly as single-stream
 greedy decoding does: transformers' `generate` on the same weights is the oracle. CPU, fp32,
 tiny random targets (q/k norm, qkv bias, plain Llama), prompts of different lengths (left
 padding), batches with unused rows, stop tokens."""
@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from jetspec_chat.engine.training.batch_decode import BatchDecoder
+from jetspec_chat.training.batch_decode import BatchDecoder
 from jetspec_chat.engine.models.loader import load_engine
 from jetspec_chat.engine.models.oracle import reference_greedy
 

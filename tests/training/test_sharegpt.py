@@ -9,8 +9,8 @@ import pytest
 
 from jetspec_chat.engine.errors import ConfigError
 from jetspec_chat.engine.eval_sets import EVAL_SETS
-from jetspec_chat.engine.training import prompts as P
-from jetspec_chat.engine.training import sharegpt as S
+from jetspec_chat.training import prompts as P
+from jetspec_chat.training import sharegpt as S
 
 
 def turn(who: str, text: str) -> dict:

@@ -11,19 +11,19 @@ import pytest
 import torch
 
 from jetspec_chat.engine.eval_sets import EVAL_SETS
-from jetspec_chat.engine.training import prompts as P
+from jetspec_chat.training import prompts as P
 from jetspec_chat.engine.draft_head import DraftHead, DraftKVCache, load_head_dir
 from jetspec_chat.engine.errors import ConfigError
-from jetspec_chat.engine.training.config import TrainConfig
-from jetspec_chat.engine.training.data import generate_data, load_sequences, prepare_prompts
-from jetspec_chat.engine.training.evaluate import Evaluator
-from jetspec_chat.engine.training.export import export_head
-from jetspec_chat.engine.training.forward import block_attention_mask, block_ids, context_len, head_forward
-from jetspec_chat.engine.training.loop import Sampler, Trainer, train, training_step_loss
-from jetspec_chat.engine.training.loss import Sequence, anchor_range, distill_loss, make_batch, sample_anchors
-from jetspec_chat.engine.training.run import run_training
-from jetspec_chat.engine.training.target import target_features
-from jetspec_chat.engine.training.workspace import Workspace
+from jetspec_chat.training.config import TrainConfig
+from jetspec_chat.training.data import generate_data, load_sequences, prepare_prompts
+from jetspec_chat.training.evaluate import Evaluator
+from jetspec_chat.training.export import export_head
+from jetspec_chat.training.forward import block_attention_mask, block_ids, context_len, head_forward
+from jetspec_chat.training.loop import Sampler, Trainer, train, training_step_loss
+from jetspec_chat.training.loss import Sequence, anchor_range, distill_loss, make_batch, sample_anchors
+from jetspec_chat.training.run import run_training
+from jetspec_chat.training.target import target_features
+from jetspec_chat.training.workspace import Workspace
 from jetspec_chat.train_cli import main as train_head_main
 
 TINY = "random:tiny-qwen3"
@@ -296,7 +296,7 @@ def test_replay_equals_the_real_decoder_round_by_round(short_run, budget, width)
     """replay.py on the engine's own greedy answer gives the engine's accept lengths, round by round."""
     from jetspec_chat.engine.events import FinishEvent
     from jetspec_chat.engine.params import GenerationParams, SpecParams
-    from jetspec_chat.engine.training.replay import TreeSetting, draft_all, replay
+    from jetspec_chat.training.replay import TreeSetting, draft_all, replay
     from jetspec_chat.engine.session import ChatSession
 
     ws = workspace()
@@ -342,7 +342,7 @@ def test_export_then_load_gives_identical_logits(tmp_path):
 
 def test_target_init_copies_the_last_layers_into_the_fused_projections():
     from jetspec_chat.engine.layers import hf_parameters
-    from jetspec_chat.engine.training.export import init_head
+    from jetspec_chat.training.export import init_head
 
     head = random_head(layers=2)
     hf = workspace().hf
@@ -357,7 +357,7 @@ def test_target_init_copies_the_last_layers_into_the_fused_projections():
 
 
 def test_init_from_a_trained_head_directory_continues_it(tmp_path):
-    from jetspec_chat.engine.training.export import init_head
+    from jetspec_chat.training.export import init_head
 
     trained = random_head(layers=1, seed=11)
     export_head(trained, tmp_path / "h", torch.float32)
@@ -383,7 +383,7 @@ def test_init_grows_a_smaller_head_without_changing_its_drafts(tmp_path):
     """--init with a head of fewer layers and a narrower MLP: the grown head drafts what the
     trained one drafts (new layers and MLP columns add exact zeros), yet its new weights get
     gradients through the zero projections, and a bigger head cannot be shrunk."""
-    from jetspec_chat.engine.training.export import init_head
+    from jetspec_chat.training.export import init_head
 
     ws = workspace()
     shape = lambda layers, width: DraftHead(ws.head_config(tiny_cfg(Path("unused"), draft_layers=layers,
@@ -461,7 +461,7 @@ def test_load_sequences_leaves_out_the_excluded_prompts(data_dir):
 
 
 def test_skip_batches_continues_the_data_order_where_the_earlier_run_stopped(data_dir, tmp_path, monkeypatch):
-    from jetspec_chat.engine.training import loop
+    from jetspec_chat.training import loop
 
     ws = workspace()
     seqs = load_sequences(data_dir, 2048)[:24]
@@ -592,7 +592,7 @@ def test_clean_proposal_keeps_the_request_only():
 
 
 def test_collect_proposals_dedupes_and_skips_excluded_and_dev_prompts():
-    from jetspec_chat.engine.training.data import collect_proposals
+    from jetspec_chat.training.data import collect_proposals
 
     texts = ["How do tides work on other planets?", "How do tides work on other planets?", "no",
              "What is a good first programming language?", "Explain the rules of chess briefly, please."]
@@ -654,7 +654,7 @@ def test_sharegpt_contexts_go_through_the_data_stage_as_message_lists(tmp_path, 
     import contextlib
     import io
 
-    from jetspec_chat.engine.training import sharegpt as S
+    from jetspec_chat.training import sharegpt as S
 
     convs = [{"id": f"c{i}", "conversations": [
         {"from": "human", "value": f"Tell me about {a}."}, {"from": "gpt", "value": f"{a} are nice."},
@@ -683,8 +683,8 @@ def test_prompts_stage_makes_sharegpt_contexts_without_the_target(tmp_path, monk
     import contextlib
     import io
 
-    from jetspec_chat.engine.training import run as R
-    from jetspec_chat.engine.training import sharegpt as S
+    from jetspec_chat.training import run as R
+    from jetspec_chat.training import sharegpt as S
 
     convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i} about {w}?"},
                                               {"from": "gpt", "value": "An answer."}]} for i, w in enumerate(WORDS)]
@@ -704,8 +704,8 @@ def test_mixed_prompt_source_takes_half_chats_half_builtin(tmp_path, monkeypatch
     import contextlib
     import io
 
-    from jetspec_chat.engine.training import run as R
-    from jetspec_chat.engine.training import sharegpt as S
+    from jetspec_chat.training import run as R
+    from jetspec_chat.training import sharegpt as S
 
     convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i} about {w}?"},
                                               {"from": "gpt", "value": "An answer."}]} for i, w in enumerate(WORDS)]
@@ -735,8 +735,8 @@ def test_mixed_source_proposals_are_made_by_the_data_stage_and_answered_first(tm
     import contextlib
     import io
 
-    from jetspec_chat.engine.training import data as D
-    from jetspec_chat.engine.training import sharegpt as S
+    from jetspec_chat.training import data as D
+    from jetspec_chat.training import sharegpt as S
 
     convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i} about {w}?"},
                                               {"from": "gpt", "value": "An answer."}]} for i, w in enumerate(WORDS)]
@@ -762,9 +762,9 @@ def test_a_new_proposal_seed_asks_again_and_keeps_the_other_prompts(tmp_path, mo
     import contextlib
     import io
 
-    from jetspec_chat.engine.training import data as D
-    from jetspec_chat.engine.training import prompts as P
-    from jetspec_chat.engine.training import sharegpt as S
+    from jetspec_chat.training import data as D
+    from jetspec_chat.training import prompts as P
+    from jetspec_chat.training import sharegpt as S
 
     convs = [{"id": str(i), "conversations": [{"from": "human", "value": f"Question {i} about {w}?"},
                                               {"from": "gpt", "value": "An answer."}]} for i, w in enumerate(WORDS)]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from jetspec_chat.engine.training.prompts import builtin_prompts, is_dev
-from jetspec_chat.engine.training.sharegpt import open_sharegpt, read_conversations, to_messages
+from jetspec_chat.training.prompts import builtin_prompts, is_dev
+from jetspec_chat.training.sharegpt import open_sharegpt, read_conversations, to_messages
 
 
 def main() -> None:
