@@ -115,14 +115,15 @@ def _row_parallel(weight: torch.Tensor, world: int) -> RowParallelLinear:
 def check_splits(cfg, world: int) -> None:
     """Raise ValueError naming the first dimension that does not split over `world` ranks, or
     the first part of the architecture that has no split yet."""
-    if world > 1 and cfg.moe_kind == "gpt_oss":  # shard_target splits neither its sinks, biases nor experts' layout
-        raise ValueError("gpt-oss is not split over several ranks yet; run it with --tp 1")
-    if cfg.gemma4 is not None:
-        raise ValueError("Gemma 4 has no tensor-parallel split yet")
-    if cfg.hybrid is not None:
-        raise ValueError("its linear-attention layers have no tensor-parallel split yet")
-    if cfg.attention_sinks or cfg.o_proj_bias or cfg.moe_kind != "qwen3":
-        raise ValueError("its attention sinks, o_proj bias or MoE kind have no tensor-parallel split yet")
+    if world > 1:  # one rank splits nothing, so every architecture runs at --tp 1
+        if cfg.moe_kind == "gpt_oss":  # shard_target splits neither its sinks, biases nor experts' layout
+            raise ValueError("gpt-oss is not split over several ranks yet; run it with --tp 1")
+        if cfg.gemma4 is not None:
+            raise ValueError("Gemma 4 has no tensor-parallel split yet")
+        if cfg.hybrid is not None:
+            raise ValueError("its linear-attention layers have no tensor-parallel split yet")
+        if cfg.attention_sinks or cfg.o_proj_bias or cfg.moe_kind != "qwen3":
+            raise ValueError("its attention sinks, o_proj bias or MoE kind have no tensor-parallel split yet")
     _share(cfg.num_kv_heads, world, "the KV heads")
     _share(cfg.num_heads, world, "the attention heads")
     if any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers)):
