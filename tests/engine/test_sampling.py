@@ -19,14 +19,19 @@ K_TOKENS = 3
 
 
 def exact_distribution(name, prompt, sampling=SAMPLING):
-    """Probability of every possible first-K_TOKENS answer under plain AR sampling."""
+    """Probability of every possible first-K_TOKENS answer under plain AR sampling; an answer
+    that samples a stop token ends there (the stop token is its last)."""
     model = hf_model(name)
+    stops = tiny_engine(name).stop_token_ids
     probs = {}
     frontier = [((), 1.0)]
     with torch.inference_mode():
         for _ in range(K_TOKENS):
             nxt = []
             for seq, p in frontier:
+                if seq and seq[-1] in stops:
+                    nxt.append((seq, p))
+                    continue
                 logits = model(torch.tensor([prompt + list(seq)])).logits[0, -1:].float()
                 q = processed_probs(logits, sampling)[0]
                 for tok in torch.nonzero(q).flatten().tolist():
@@ -43,6 +48,7 @@ def exact_distribution(name, prompt, sampling=SAMPLING):
     ("tiny-qwen3", 16, 0.3, SAMPLING.temperature, SAMPLING.top_p, True),
     ("tiny-llama", 4, 0.6, SAMPLING.temperature, SAMPLING.top_p, False),
     ("tiny-gemma4", 16, 0.3, 0.1, 1.0, False),
+    ("tiny-qwen3.5", 16, 0.3, SAMPLING.temperature, SAMPLING.top_p, False),  # the recurrent tree verify
 ])
 def test_speculative_sampling_matches_the_target_distribution(name, budget, error_rate, temperature, top_p, graphs):
     """graphs: the CUDA-graph code path (sampling inside the verify graph, emulated on the CPU),
@@ -60,7 +66,7 @@ def test_speculative_sampling_matches_the_target_distribution(name, budget, erro
             engine.reset()
             _, res = run(engine, prompt, max_new_tokens=K_TOKENS, budget=budget, width=3,
                          temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed)
-            counts[tuple(res.token_ids[:K_TOKENS])] += 1
+            counts[tuple(res.decoded_ids[:K_TOKENS])] += 1  # a stop token ends the answer, as above
             accepted_deep += any(n > 1 for n in res.accept_lengths)
     # The draft must actually have been accepted for the test to say anything.
     assert accepted_deep > n // 4
