@@ -630,3 +630,29 @@ def test_hybrid_real_shapes_and_heads():
     # A multimodal checkpoint config (model_type qwen3_5 with a text_config) reads as its text model.
     wrapped = ModelConfig.from_hf({"model_type": "qwen3_5", "text_config": resolve_model("random:Qwen/Qwen3.8-27B").hf_config})
     assert wrapped == dense
+
+
+def test_hub_gemma4_loads_its_published_head_format(tmp_path):
+    """`jetspec-chat google/gemma-4-26B-A4B-it` resolves JetSpec/jetspec-gemma4-26B-A4B0-it and loads
+    it from the hub cache in the published layout, with the sliding layers' RoPE (a head's block
+    attends like a sliding layer of its target), every published tensor landing in the head."""
+    from safetensors import safe_open
+
+    from jetspec_chat.engine.layers import hf_parameters
+    from jetspec_chat.engine.model_config import ModelConfig
+    from jetspec_chat.engine.models.loader import load_draft_head
+
+    text = tiny_config("tiny-gemma4")
+    multimodal = {"model_type": "gemma4", "text_config": {k: v for k, v in text.items() if k != "model_type"}}
+    fake_hub_repo(tmp_path / "hf", "google/gemma-4-26B-A4B-it", multimodal)
+    head_dir = published_head_repo(tmp_path / "hf", "JetSpec/jetspec-gemma4-26B-A4B0-it",
+                                   dict(text, rope_parameters=text["rope_parameters"]["sliding_attention"]))
+    src = resolve_model("google/gemma-4-26B-A4B-it")
+    head, name = load_draft_head(None, src, ModelConfig.from_hf(src.hf_config), torch.device("cpu"), torch.float32)
+    assert name == "JetSpec/jetspec-gemma4-26B-A4B0-it"
+    assert head.cfg.target_layer_ids == (1, 2) and head.cfg.causal and head.cfg.rope_theta == 10000.0
+    got = dict(hf_parameters(head))
+    with safe_open(str(head_dir / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == set(got)
+        for key in f.keys():
+            assert torch.equal(got[key], f.get_tensor(key).float()), key
