@@ -50,13 +50,22 @@ class PagedKVCache(TrackedLength):
         dtype: torch.dtype,
         block_size: int = BLOCK_SIZE,
     ):
+        self._allocate([(num_kv_heads, head_dim)] * num_layers, capacity, device, dtype, block_size)
+
+    def _allocate(self, layer_shapes: list[tuple[int, int]], capacity: int, device: torch.device,
+                  dtype: torch.dtype, block_size: int) -> None:
+        """One pool per distinct (kv heads, head_dim) of the layers, each one allocation
+        [its layers, 2 (k/v), blocks, block, kv heads, head dim]; a uniform model has one."""
         self.block_size = block_size
         self.capacity = -(-capacity // block_size) * block_size  # whole blocks
         num_blocks = self.capacity // block_size
-        # One allocation for all layers: [layers, 2 (k/v), blocks, block, kv heads, head dim].
-        self.pool = torch.empty(
-            num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, device=device, dtype=dtype
-        )
+        shapes = sorted(set(layer_shapes))
+        self.pools = [
+            torch.empty(layer_shapes.count(s), 2, num_blocks, block_size, *s, device=device, dtype=dtype)
+            for s in shapes
+        ]
+        # Layer i -> (its pool, its index there).
+        self._where = [(shapes.index(s), layer_shapes[:i].count(s)) for i, s in enumerate(layer_shapes)]
         # The table maps logical -> physical blocks for all layers. A single stream has nothing
         # to share blocks with, and CUDA graphs need a fixed table: every block is mapped up
         # front, in order, which is no table at all (None): the attention then computes each
@@ -67,11 +76,23 @@ class PagedKVCache(TrackedLength):
         self._length = 0
 
     @property
+    def pool(self) -> torch.Tensor:
+        """The one pool of a cache whose layers share their K/V shape."""
+        (pool,) = self.pools
+        return pool
+
+    @pool.setter
+    def pool(self, pool: torch.Tensor) -> None:
+        (_,) = self.pools
+        self.pools = [pool]
+
+    @property
     def nbytes(self) -> int:
-        return self.pool.numel() * self.pool.element_size()
+        return sum(p.numel() * p.element_size() for p in self.pools)
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.pool[i, 0], self.pool[i, 1]
+        pool, j = self._where[i]
+        return self.pools[pool][j, 0], self.pools[pool][j, 1]
 
     def slots_of(self, positions: torch.Tensor) -> torch.Tensor:
         """Physical slots of logical positions (device ops only: safe inside CUDA graphs)."""
@@ -88,8 +109,10 @@ class PagedKVCache(TrackedLength):
 
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy K/V rows of logical positions src to dst in every layer (the accepted-path commit)."""
-        flat = self.pool.view(self.pool.shape[0], 2, -1, *self.pool.shape[4:])
-        flat[:, :, self.slots_of(dst)] = flat[:, :, self.slots_of(src)]  # gather first, then scatter
+        src, dst = self.slots_of(src), self.slots_of(dst)
+        for pool in self.pools:
+            flat = pool.view(pool.shape[0], 2, -1, *pool.shape[4:])
+            flat[:, :, dst] = flat[:, :, src]  # gather first, then scatter
 
 
 class MixedKVCache(PagedKVCache):
@@ -105,30 +128,4 @@ class MixedKVCache(PagedKVCache):
         dtype: torch.dtype,
         block_size: int = BLOCK_SIZE,
     ):
-        self.block_size = block_size
-        self.capacity = -(-capacity // block_size) * block_size
-        num_blocks = self.capacity // block_size
-        shapes = sorted(set(layer_shapes))
-        self.pools = [
-            torch.empty(layer_shapes.count(s), 2, num_blocks, block_size, *s, device=device, dtype=dtype)
-            for s in shapes
-        ]
-        # Layer i -> (its pool, its index there).
-        self._where = [(shapes.index(s), layer_shapes[:i].count(s)) for i, s in enumerate(layer_shapes)]
-        self.block_table = None
-        self.device_length = torch.zeros((), dtype=torch.long, device=device)
-        self._length = 0
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.pools)
-
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        pool, j = self._where[i]
-        return self.pools[pool][j, 0], self.pools[pool][j, 1]
-
-    def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        src, dst = self.slots_of(src), self.slots_of(dst)
-        for pool in self.pools:
-            flat = pool.view(pool.shape[0], 2, -1, *pool.shape[4:])
-            flat[:, :, dst] = flat[:, :, src]
+        self._allocate(layer_shapes, capacity, device, dtype, block_size)

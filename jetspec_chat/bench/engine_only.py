@@ -245,7 +245,7 @@ def _prepare_engine(engine, capacity: int, seed: int) -> None:
     engine.reset()
     engine.allocate()
     gen = torch.Generator(device=engine.torch_device).manual_seed(seed)
-    for pool in getattr(engine.kv, "pools", None) or [engine.kv.pool]:  # MixedKVCache: a pool per K/V shape
+    for pool in engine.kv.pools:  # a pool per K/V shape of the layers (Gemma 4 has two)
         pool.normal_(0.0, 1.0, generator=gen)
     if engine.draft_kv is not None:
         engine.draft_kv.k.normal_(0.0, 1.0, generator=gen)
