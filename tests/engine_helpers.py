@@ -16,6 +16,19 @@ from jetspec_chat.kernels import paged_tree_attention_ref
 from jetspec_chat.engine.models.oracle import transformers_model
 
 
+# The tree grid the lossless tests run: chains, wide and deep trees, every algorithm.
+TREE_GRID = [  # (budget, width, depth, algo)
+    (1, 1, None, "accum_logp"),
+    (2, 2, None, "accum_logp"),
+    (16, 4, None, "accum_logp"),
+    (64, 8, None, "accum_logp"),
+    (16, 3, 2, "accum_logp"),
+    (64, 1, None, "chain"),
+    (16, 4, None, "adaptive"),
+    (64, 8, 5, "adaptive"),
+]
+
+
 @functools.cache
 def _cached_engine(name: str, head: str | None, max_context: int):
     return load_engine(f"random:{name}", head, device="cpu", dtype="float32", max_context=max_context)

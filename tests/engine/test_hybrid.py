@@ -4,24 +4,13 @@ decoding over the tree grid, and state reuse across turns."""
 import pytest
 import torch
 
-from engine_helpers import OracleDraft, hf_greedy, hf_model, random_prompt, run, tiny_engine
+from engine_helpers import TREE_GRID, OracleDraft, hf_greedy, hf_model, random_prompt, run, tiny_engine
 from jetspec_chat.engine.model import ForwardBatch
 from jetspec_chat.engine.tree import ancestor_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODELS = ["tiny-qwen3.5", "tiny-qwen3.5-moe"]
-# The tree grid of test_lossless.py: chains, wide and deep trees, every algorithm.
-CONFIGS = [  # (budget, width, depth, algo)
-    (1, 1, None, "accum_logp"),
-    (2, 2, None, "accum_logp"),
-    (16, 4, None, "accum_logp"),
-    (64, 8, None, "accum_logp"),
-    (16, 3, 2, "accum_logp"),
-    (64, 1, None, "chain"),
-    (16, 4, None, "adaptive"),
-    (64, 8, 5, "adaptive"),
-]
 # A tree with branching at several depths (children listed after their parents, not depth-first).
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 5, 5, 6, 9, 10]
 TOKENS = [7, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
@@ -138,7 +127,7 @@ def test_greedy_speculative_equals_transformers(name):
     for seed in range(2):
         prompt = random_prompt(seed, 5 + 7 * seed)
         ref = hf_greedy(name, prompt, 20)
-        for budget, width, depth, algo in CONFIGS:
+        for budget, width, depth, algo in TREE_GRID:
             engine.reset()
             _, res = run(engine, prompt, max_new_tokens=20, budget=budget, width=width, depth=depth, tree_algo=algo)
             assert res.decoded_ids == ref, (seed, budget, width, depth, algo)
@@ -151,7 +140,7 @@ def test_long_accepted_paths_stay_lossless(name):
     prompt = random_prompt(100, 9)
     ref = hf_greedy(name, prompt, 32)
     taus = []
-    for budget, width, depth, algo in CONFIGS:
+    for budget, width, depth, algo in TREE_GRID:
         engine.reset()
         with OracleDraft(engine, hf_model(name), error_rate=0.3, seed=0):
             _, res = run(engine, prompt, max_new_tokens=32, budget=budget, width=width, depth=depth, tree_algo=algo)

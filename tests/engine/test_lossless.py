@@ -1,23 +1,13 @@
 """Greedy speculative decoding equals transformers' greedy decoding, token for token."""
 import pytest
 
-from engine_helpers import OracleDraft, hf_greedy, hf_model, random_prompt, run, tiny_engine
+from engine_helpers import TREE_GRID, OracleDraft, hf_greedy, hf_model, random_prompt, run, tiny_engine
 
 # Tiny models: one intra-op thread (a MoE layer is ~10 small GEMMs per forward; on a busy 2-core
 # runner extra threads made the MoE model's tests 10x slower).
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODELS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma4"]
-CONFIGS = [  # (budget, width, depth, algo)
-    (1, 1, None, "accum_logp"),
-    (2, 2, None, "accum_logp"),
-    (16, 4, None, "accum_logp"),
-    (64, 8, None, "accum_logp"),
-    (16, 3, 2, "accum_logp"),
-    (64, 1, None, "chain"),
-    (16, 4, None, "adaptive"),
-    (64, 8, 5, "adaptive"),
-]
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -26,7 +16,7 @@ def test_random_head_greedy_equals_transformers(name):
     for seed in range(4):
         prompt = random_prompt(seed, 5 + 7 * seed)
         ref = hf_greedy(name, prompt, 24)
-        for budget, width, depth, algo in CONFIGS:
+        for budget, width, depth, algo in TREE_GRID:
             engine.reset()
             _, res = run(engine, prompt, max_new_tokens=24, budget=budget, width=width, depth=depth, tree_algo=algo)
             assert res.decoded_ids == ref, (seed, budget, width, depth, algo)
@@ -41,7 +31,7 @@ def test_long_accepted_paths_stay_lossless(name, error_rate):
     for seed in range(2):
         prompt = random_prompt(100 + seed, 9 + seed)
         ref = hf_greedy(name, prompt, 40)
-        for budget, width, depth, algo in CONFIGS:
+        for budget, width, depth, algo in TREE_GRID:
             engine.reset()
             with OracleDraft(engine, hf_model(name), error_rate=error_rate, seed=seed):
                 _, res = run(engine, prompt, max_new_tokens=40, budget=budget, width=width, depth=depth, tree_algo=algo)
