@@ -64,6 +64,16 @@ if triton is not None:
         return w.to(tl.float64)
 
     @triton.jit
+    def _kept_weights(x, m, hi, r, tie_rank, USE_LIBDEVICE: tl.constexpr):
+        """A block's weights of the kept set (keys above `hi`, and the first `r` by index of the
+        ties at `hi`, `tie_rank` of them already passed), zero elsewhere; and the new tie_rank.
+        Both inverse-CDF passes use it, so they walk the same kept set."""
+        key = _order_key(x)
+        tie = (key == hi).to(tl.int64)
+        kept = (key > hi) | ((tie != 0) & (tie_rank + tl.cumsum(tie, 0) - 1 < r))
+        return tl.where(kept, _weight(x, m, USE_LIBDEVICE), 0.0), tie_rank + tl.sum(tie, 0)
+
+    @triton.jit
     def _nucleus_sample_kernel(
         X, U, TOP_P, NEED, TOKENS, KEPT,  # [N, V] fp32, [N] fp64, 0-d fp64, [N] int8, [N] int64, [N] int32
         V, stride,
@@ -125,11 +135,7 @@ if triton is not None:
             last = lowest * 0
             for s in range(0, V, BLOCK):
                 x = tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf)
-                key = _order_key(x)
-                tie = (key == hi).to(tl.int64)
-                kept = (key > hi) | ((tie != 0) & (tie_rank + tl.cumsum(tie, 0) - 1 < r))
-                tie_rank += tl.sum(tie, 0)
-                w = tl.where(kept, _weight(x, m, USE_LIBDEVICE), 0.0)
+                w, tie_rank = _kept_weights(x, m, hi, r, tie_rank, USE_LIBDEVICE)
                 cum = total + tl.cumsum(w, 0)
                 total = tl.sum(tl.where(offs == BLOCK - 1, cum, 0.0), 0)
                 last = tl.maximum(last, tl.max(tl.where(w > 0.0, s + offs, 0), 0).to(tl.int64))
@@ -139,11 +145,7 @@ if triton is not None:
             tie_rank = lowest * 0
             for s in range(0, V, BLOCK):
                 x = tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf)
-                key = _order_key(x)
-                tie = (key == hi).to(tl.int64)
-                kept = (key > hi) | ((tie != 0) & (tie_rank + tl.cumsum(tie, 0) - 1 < r))
-                tie_rank += tl.sum(tie, 0)
-                w = tl.where(kept, _weight(x, m, USE_LIBDEVICE), 0.0)
+                w, tie_rank = _kept_weights(x, m, hi, r, tie_rank, USE_LIBDEVICE)
                 cum = run + tl.cumsum(w, 0)
                 run = tl.sum(tl.where(offs == BLOCK - 1, cum, 0.0), 0)
                 count += tl.sum((cum <= target).to(tl.int64), 0)
