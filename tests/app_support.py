@@ -11,6 +11,7 @@ from jetspec_chat.ui.app import JetspecApp
 from jetspec_chat.ui.chat import ChatInput
 from jetspec_chat.ui.compare import CompareScreen
 from jetspec_chat.ui.fake_engine import FakeBackend
+from jetspec_chat.ui.race_screen import RaceScreen
 
 
 def async_test(fn):
@@ -86,6 +87,24 @@ async def open_compare(pilot) -> CompareScreen:
     screen = pilot.app.screen
     assert isinstance(screen, CompareScreen)
     return screen
+
+
+async def compare_then_race(pilot, budgets: str = "AR, 16, 64") -> RaceScreen:
+    """From a fresh app: a prompt, F6 with `budgets`, the comparison to its end, then F8: the
+    race screen on top."""
+    app = pilot.app
+    await wait_ready(pilot)
+    await send(pilot, "write python fib")
+    screen = await open_compare(pilot)
+    screen.query_one("#compare-budgets").value = budgets
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: app.chat.compare is not None and not app.chat.compare.running, what="comparison")
+    await wait_idle(pilot)
+    await pilot.press("f8")
+    await pilot.pause()
+    race = app.screen
+    assert isinstance(race, RaceScreen)
+    return race
 
 
 async def freeze(pilot) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from app_support import (
+    compare_then_race,
     freeze,
     isolate,
     make_app,
@@ -19,7 +20,6 @@ from app_support import (
 
 from jetspec_chat.settings import Settings
 from jetspec_chat.ui.race import ReplayClock
-from jetspec_chat.ui.race_screen import RaceScreen
 from jetspec_chat.ui.tree_view import TreePanel
 
 MAIN_SIZE = (140, 44)
@@ -85,19 +85,7 @@ def test_snapshot_race_screen(snap_compare, theme):
     """Mid-race on a frozen clock: AR still typing, budget 64 further along, trees per lane."""
 
     async def run_before(pilot):
-        app = pilot.app
-        await wait_ready(pilot)
-        await send(pilot, "write python fib")
-        await pilot.press("f6")
-        await pilot.pause()
-        app.screen.query_one("#compare-budgets").value = "AR, 16, 64"
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: app.chat.compare is not None and not app.chat.compare.running, what="comparison")
-        await wait_idle(pilot)
-        await pilot.press("f8")
-        await pilot.pause()
-        race = app.screen
-        assert isinstance(race, RaceScreen)
+        race = await compare_then_race(pilot, "AR, 16, 64")
         race.clock = ReplayClock(now=lambda: 0.0)
         race.clock.seek(0.45 * race.recording.duration_s)
         race.clock.toggle_pause()

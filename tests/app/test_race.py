@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from app_support import async_test, isolate, make_app, open_compare, send, wait_idle, wait_ready, wait_until
+from app_support import async_test, compare_then_race, isolate, make_app, open_compare, send, wait_idle, wait_ready, wait_until
 
 from jetspec_chat.ui.race import (
     CAST_HEADER_LINES,
@@ -39,27 +39,11 @@ class StepClock:
         return self.t
 
 
-async def _compare_then_race(pilot, budgets: str = "AR, 16, 64") -> RaceScreen:
-    app = pilot.app
-    await wait_ready(pilot)
-    await send(pilot, "write python fib")
-    screen = await open_compare(pilot)
-    screen.query_one("#compare-budgets").value = budgets
-    await pilot.press("enter")
-    await wait_until(pilot, lambda: app.chat.compare is not None and not app.chat.compare.running, what="comparison")
-    await wait_idle(pilot)
-    await pilot.press("f8")
-    await pilot.pause()
-    race = app.screen
-    assert isinstance(race, RaceScreen)
-    return race
-
-
 @async_test
 async def test_race_replays_each_run_at_its_recorded_pace():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        race = await _compare_then_race(pilot)
+        race = await compare_then_race(pilot)
         rows = app.chat.compare.rows
         assert [run.label for run in race.recording.runs] == ["AR", "16", "64"]
         now = StepClock()
@@ -101,7 +85,7 @@ async def test_race_replays_each_run_at_its_recorded_pace():
 async def test_race_controls_pause_slow_motion_restart_and_cast_export(tmp_path):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        race = await _compare_then_race(pilot, "AR, 64")
+        race = await compare_then_race(pilot, "AR, 64")
         now = StepClock()
         race.clock = ReplayClock(now=now)
         now.t += 0.5
@@ -132,7 +116,7 @@ async def test_race_controls_pause_slow_motion_restart_and_cast_export(tmp_path)
 async def test_cast_reads_back_with_the_runs_answers():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        race = await _compare_then_race(pilot)
+        race = await compare_then_race(pilot)
         rows = app.chat.compare.rows
     width, height = 120, 400  # tall enough that no lane scrolls
     lines = race_cast(race.recording, width=width, height=height, timestamp=1_700_000_000).splitlines()
