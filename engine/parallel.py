@@ -6,8 +6,8 @@ and the whole draft head; inside each layer it holds 1/N of the attention heads 
 MLP's intermediate columns (rows of `gate_up_proj`, columns of `down_proj`; for a MoE layer the
 same 1/N of every expert's columns, the router whole). The two row-parallel products per layer
 (o_proj, down_proj / the MoE experts) leave each rank a partial sum of the layer's output; the
-ranks exchange them with an all-gather and every rank adds the N partials in rank order in fp32
-(`gather_partials`; the add is fused into the next residual add + norm). That sum is the same bits on every rank (so every rank computes the
+ranks exchange them (every rank gets all N partials, `gather_partials`) and every rank adds the
+N partials in rank order in fp32 (the add is fused into the next residual add + norm). That sum is the same bits on every rank (so every rank computes the
 same hidden states, draft and accepted tokens without further messages) and the same bits for a
 row whether it runs alone (an AR step) or among many (a verify tree): speculative decoding stays
 token-identical to AR under TP in bf16 as well. An all-reduce gives neither guarantee (NCCL
@@ -17,10 +17,19 @@ MoE by columns, not by experts: with top-8 of 128 experts a single token's exper
 on N expert-owners (the slowest rank sets every layer's pace), whereas a column split gives each
 rank exactly 1/N of the work of every token, keeps the router and routing whole and identical on
 every rank, and needs no token exchange (all-to-all) at all.
+
+The exchange: on CUDA through symmetric memory where every pair of GPUs can reach each other
+(`SymmetricExchange`: each rank copies its partial into its own buffer, a device-side barrier,
+then one gather of the N ranks' buffers by unicast peer loads; 3 launches, no NCCL, no host
+sync, capturable in a CUDA graph), else (the CPU with gloo, no peer access, a batch larger than
+the buffer, JETSPEC_TP_EXCHANGE=nccl) one NCCL/gloo all-gather. Both hand the consumer the same
+[N, T, H] values, so the choice never changes a bit of the output.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -46,12 +55,97 @@ class Ranks:
     control: object | None = None
 
 
-def gather_partials(partial: torch.Tensor, world: int) -> Partials:
+# "nccl": every exchange is the NCCL all-gather (the symmetric-memory exchange stays closed).
+EXCHANGE_ENV = "JETSPEC_TP_EXCHANGE"
+
+
+class SymmetricExchange:
+    """Every rank's partial [T, H] (T <= rows) to every rank through symmetric memory, unicast
+    only (NVLink multicast stays off). Each rank holds SLOTS buffers [rows, H]; an exchange
+    copies the local partial into its slot of this rank's buffer, meets the other ranks at a
+    device-side barrier (signal pads: release/acquire at system scope, no host sync, capturable
+    in a CUDA graph), then gathers slot `slot` of all N ranks' buffers, in rank order, into one
+    local [N, T, H] tensor (one kernel of peer loads).
+
+    Two slots make one barrier per exchange enough: a rank writes a slot again only after the
+    next exchange's barrier, which every other rank enters only after its gather from that slot.
+    That holds while consecutive exchanges use different slots: the attention's o_proj uses slot
+    0 and the MLP / MoE block slot 1, and every forward runs the layers in order (o, mlp, o, ...)."""
+
+    SLOTS = 2
+
+    def __init__(self, rows: int, hidden: int, dtype: torch.dtype, device: torch.device, group_name: str):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.rows, self.hidden, self.dtype = rows, hidden, dtype
+        self.buffer = symm_mem.empty(self.SLOTS, rows, hidden, dtype=dtype, device=device)
+        self.handle = symm_mem.rendezvous(self.buffer, group_name)
+        self.rank, self.world = self.handle.rank, self.handle.world_size
+        self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
+
+    def fits(self, partial: torch.Tensor) -> bool:
+        return (partial.dim() == 2 and partial.shape[0] <= self.rows and partial.shape[1] == self.hidden
+                and partial.dtype == self.dtype and partial.device == self.buffer.device)
+
+    def gather(self, partial: torch.Tensor, slot: int) -> Partials:
+        """Every rank's `partial`, as `Partials` [N, T, H] (rank r's at [r]); every rank calls it
+        with the same shape and slot."""
+        t = partial.shape[0]
+        self.buffer[slot, :t].copy_(partial)
+        self.handle.barrier(channel=0)
+        parts = torch.stack(self._peer_views(slot, t))
+        return Partials(parts, None, partial.dtype)
+
+    def _peer_views(self, slot: int, t: int) -> list[torch.Tensor]:
+        views = self._views.get((slot, t))
+        if views is None:
+            offset = slot * self.rows * self.hidden
+            views = [self.handle.get_buffer(r, (t, self.hidden), self.dtype, offset) for r in range(self.world)]
+            self._views[(slot, t)] = views
+        return views
+
+
+def open_exchange(model: TargetModel, ranks: Ranks, rows: int, dtype: torch.dtype) -> SymmetricExchange | None:
+    """Every rank at once, after the load: a SymmetricExchange for batches of up to `rows` rows,
+    given to every row-parallel module of `model`; or None (every rank keeps the NCCL all-gather)
+    where it cannot open on every rank (the CPU, a GPU pair without peer access, a torch without
+    symmetric memory, EXCHANGE_ENV=nccl). The ranks agree on the outcome over the control group."""
+    device = model.model.embed_tokens.weight.device
+    if ranks.world == 1 or device.type != "cuda" or os.environ.get(EXCHANGE_ENV) == "nccl":
+        return None
+    peers = all(torch.cuda.can_device_access_peer(device.index, d) for d in range(ranks.world) if d != device.index)
+    if not _all_ranks(peers, ranks):
+        return None
+    try:
+        exchange = SymmetricExchange(rows, model.cfg.hidden_size, dtype, device, dist.group.WORLD.group_name)
+    except Exception as err:  # noqa: BLE001 - any failure to open leaves the NCCL path, which always works
+        print(f"note: tensor-parallel rank {ranks.rank} exchanges through NCCL ({type(err).__name__}: {err})",
+              file=sys.stderr, flush=True)
+        exchange = None
+    if not _all_ranks(exchange is not None, ranks):
+        return None
+    for module in model.modules():
+        if isinstance(module, (RowParallelLinear, RowParallelMoe)):
+            module.exchange = exchange
+    return exchange
+
+
+def _all_ranks(ok: bool, ranks: Ranks) -> bool:
+    flag = torch.tensor([int(ok)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=ranks.control)
+    return bool(flag.item())
+
+
+def gather_partials(partial: torch.Tensor, world: int, exchange: SymmetricExchange | None = None,
+                    slot: int = 0) -> Partials:
     """Every rank's `partial` [T, H], as one `Partials` [N, T, H] (rank r's at [r]): its value is
     their sum added in rank order onto a zero fp32 total, rounded once to partial's dtype, the
     same on every rank. Elementwise, so a row's sum does not depend on the other rows. The
-    consumer (add_rms_norm) adds the parts as it loads them: one all-gather and no extra launch.
-    One all-gather into one buffer: capturable in a CUDA graph with NCCL."""
+    consumer (add_rms_norm) adds the parts as it loads them: no extra launch for the sum.
+    Through `exchange` (its `slot`) where it fits, else one all-gather into one buffer; both
+    are capturable in a CUDA graph."""
+    if exchange is not None and exchange.fits(partial):
+        return exchange.gather(partial, slot)
     partial = partial.contiguous()
     parts = partial.new_empty((world * partial.shape[0], *partial.shape[1:]))
     _all_gather_single(parts, partial)
@@ -63,23 +157,27 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 class RowParallelLinear(Linear):
-    """A Linear holding 1/N of the input columns: the local product, then `gather_partials`."""
+    """A Linear holding 1/N of the input columns: the local product, then `gather_partials`
+    (through `exchange` where one is open, in its slot `slot`: 0 for o_proj, 1 for down_proj)."""
 
     world: int
+    slot: int
+    exchange: SymmetricExchange | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_partials(x).sum()
 
     def forward_partials(self, x: torch.Tensor) -> Partials:
-        return gather_partials(linear(x, self.weight, self.bias), self.world)
+        return gather_partials(linear(x, self.weight, self.bias), self.world, self.exchange, self.slot)
 
 
 class RowParallelMoe(SparseMoeBlock):
     """A SparseMoeBlock whose experts hold 1/N of their columns: the local block, then
     `gather_partials`. A shard's block becomes one by a class change (`as_row_parallel`), which
-    keeps its parameters' names (the checkpoint's)."""
+    keeps its parameters' names (the checkpoint's). Its exchanges use slot 1, as down_proj's."""
 
     world: int
+    exchange: SymmetricExchange | None = None
 
     @classmethod
     def as_row_parallel(cls, block: SparseMoeBlock, world: int) -> RowParallelMoe:
@@ -91,7 +189,7 @@ class RowParallelMoe(SparseMoeBlock):
         return self.forward_partials(x).sum()
 
     def forward_partials(self, x: torch.Tensor) -> Partials:
-        return gather_partials(super().forward(x), self.world)
+        return gather_partials(super().forward(x), self.world, self.exchange, slot=1)
 
 
 def _share(n: int, world: int, what: str) -> int:
@@ -104,11 +202,11 @@ def _param(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t.contiguous().clone(), requires_grad=False)
 
 
-def _row_parallel(weight: torch.Tensor, world: int) -> RowParallelLinear:
+def _row_parallel(weight: torch.Tensor, world: int, slot: int) -> RowParallelLinear:
     with torch.device("meta"):
         m = RowParallelLinear(weight.shape[1], weight.shape[0], bias=False)
     m.weight = _param(weight)
-    m.world = world
+    m.world, m.slot = world, slot
     return m
 
 
@@ -185,7 +283,7 @@ def shard_target(model: TargetModel, rank: int, world: int) -> None:
             qkv.parts = {"q_proj": nh * hd, "k_proj": nkv * hd, "v_proj": nkv * hd}
             qkv.out_features = qkv.weight.shape[0]
             attn.n_heads, attn.n_kv = nh, nkv
-            attn.o_proj = _row_parallel(attn.o_proj.weight[:, q_rows.to(attn.o_proj.weight.device)], world)
+            attn.o_proj = _row_parallel(attn.o_proj.weight[:, q_rows.to(attn.o_proj.weight.device)], world, slot=0)
             if cfg.is_moe_layer(i):
                 experts = layer.mlp.experts
                 n = cfg.moe_intermediate_size // world
@@ -203,7 +301,7 @@ def shard_target(model: TargetModel, rank: int, world: int) -> None:
                 mlp.gate_up_proj.weight = _param(torch.cat([gate[cols], up[cols]]))
                 mlp.gate_up_proj.parts = {"gate_proj": n, "up_proj": n}
                 mlp.gate_up_proj.out_features = 2 * n
-                mlp.down_proj = _row_parallel(mlp.down_proj.weight[:, cols], world)
+                mlp.down_proj = _row_parallel(mlp.down_proj.weight[:, cols], world, slot=1)
     model.cfg = dataclasses.replace(
         cfg, num_heads=nh, num_kv_heads=nkv,
         intermediate_size=cfg.intermediate_size // world if any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers))

@@ -5,7 +5,7 @@ shard-on-load; random weights draw the same numbers) and holds a full SpecEngine
 `TPEngine` stands in for its SpecEngine and sends each call that runs the model (generate,
 reset, set_max_context, allocate) to the workers before running it itself; a worker runs the
 same call on its own engine (`_follow`). Inside an answer the ranks meet at every row-parallel
-product (the all-gather) and once per round boundary, where rank 0 hands over the round's
+product (the exchange of partial sums) and once per round boundary, where rank 0 hands over the round's
 generation parameters (a live spec change) and whether the answer was cancelled
 (`SpecEngine.round_sync`). Everything else (tree, acceptance, stops) is computed identically on
 every rank from identical hidden states.
@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from .errors import WORKER_DIED_EXIT_CODE, ConfigError, EngineError
 from .events import FinishEvent
-from .parallel import RANK_ENV, Ranks, Shard, check_splits, init_ranks, rank_device
+from .parallel import RANK_ENV, Ranks, Shard, check_splits, init_ranks, open_exchange, rank_device
 
 LOAD_FAILED_EXIT_CODE = 4  # a worker whose load raised an EngineError (rank 0 reports its own)
 CLOSE_WAIT_S = 30.0  # how long close() waits for the workers to exit before it stops them
@@ -67,6 +67,10 @@ def _load_rank(load: LoadArgs, ranks: Ranks, progress=None):
     engine = load_engine(load.model, load.draft_head, device=str(device), dtype=load.dtype,
                          max_context=load.max_context, progress=progress, depth=load.depth,
                          shard=Shard(ranks.rank, ranks.world))
+    from .engine import PREFILL_CHUNK
+
+    # Up to a prefill chunk's rows (every verify tree and AR step): larger batches use NCCL.
+    open_exchange(engine.target, ranks, PREFILL_CHUNK, engine.torch_dtype)
     engine.round_sync = RoundSync(ranks)
     return engine
 

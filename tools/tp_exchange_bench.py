@@ -6,9 +6,12 @@ Run with one process per GPU:
 
 A forward of the Qwen3-8B shape makes 72 exchanges (2 a layer) of [rows, 4096] bf16. This
 captures 72 back-to-back exchanges in one CUDA graph (as the engine's graphs hold them) and
-prints the microseconds per exchange for 1 and 128 rows: the NCCL all-gather the engine uses
-(`parallel.gather_partials`), and for comparison torch's symmetric-memory one-shot all-reduce
-where this torch has it (a latency reference only: its summation order is not the engine's).
+prints the microseconds per exchange for 1 and 128 rows: the engine's symmetric-memory exchange
+(`parallel.SymmetricExchange`, slots alternating as in a forward), the NCCL all-gather it falls
+back to (`parallel.gather_partials` without an exchange), and for comparison torch's
+symmetric-memory one-shot all-reduce where this torch has it (a latency reference only: its
+summation order is not the engine's). It first checks that both of the engine's exchanges hand
+every rank the same [N, rows, 4096] bits (prints "identical: True").
 """
 from __future__ import annotations
 
@@ -51,7 +54,25 @@ def main() -> None:
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
+    from jetspec_chat.engine.parallel import SymmetricExchange, gather_partials
+
     results = {}
+    exchange = SymmetricExchange(128, HIDDEN, torch.bfloat16, device, dist.group.WORLD.group_name)
+    same = True
+    for rows in (1, 7, 128):
+        for slot in (0, 1, 0):
+            x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16) * (rank + 1)
+            ours, nccl = exchange.gather(x, slot).groups.clone(), gather_partials(x, world).groups
+            same = same and torch.equal(ours, nccl)
+    results["identical"] = f"{same} (ours vs the NCCL all-gather, 1/7/128 rows)"
+    for rows in (1, 128):
+        x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
+
+        def ours():
+            for i in range(EXCHANGES):
+                exchange.gather(x, i % 2)
+
+        results[f"ours (symmetric memory, unicast), {rows} rows"] = graphed_us(ours)
     for rows in (1, 128):
         x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
         out = torch.empty(world * rows, HIDDEN, device=device, dtype=torch.bfloat16)

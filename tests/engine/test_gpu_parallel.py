@@ -1,6 +1,8 @@
-"""Tensor parallelism on CUDA (NCCL, CUDA-graphed verify and draft with the all-gather inside):
-runs only where at least 2 GPUs are. Each case runs `generate --tp 2` in its own process."""
+"""Tensor parallelism on CUDA (CUDA-graphed verify and draft with the exchange inside: symmetric
+memory, or NCCL's all-gather): runs only where at least 2 GPUs are. Each case runs in its own
+process(es)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -11,10 +13,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.devi
                                 reason="needs 2 CUDA GPUs")
 
 
-def _generate(model: str, *extra: str) -> dict:
+def _generate(model: str, *extra: str, env: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "jetspec_chat", "generate", model, "--tp", "2", "--device", "cuda", "--json",
            "--raw", "--prompt", "Write a function that reverses a list, then explain it.", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "did not exit" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]  # a clean close
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -26,6 +28,13 @@ def test_tp2_fp32_is_lossless_against_transformers(model):
     assert out["lossless"], out
 
 
+def test_tp2_bf16_speculation_equals_bf16_ar_through_nccl():
+    """The same through the NCCL all-gather alone (the exchange where symmetric memory is off)."""
+    out = _generate("random:tiny-qwen3-moe", "--dtype", "bfloat16", "--budget", "64", "--max-new-tokens", "64",
+                    "--check-lossless=ar", env={**os.environ, "JETSPEC_TP_EXCHANGE": "nccl"})
+    assert out["lossless"], out
+
+
 @pytest.mark.parametrize("model", ["random:tiny-qwen3", "random:tiny-qwen3-moe"])
 @pytest.mark.parametrize("budget", [2, 16, 64])
 def test_tp2_bf16_speculation_equals_bf16_ar(model, budget):
@@ -33,3 +42,59 @@ def test_tp2_bf16_speculation_equals_bf16_ar(model, budget):
     out = _generate(model, "--dtype", "bfloat16", "--budget", str(budget), "--max-new-tokens", "64",
                     "--check-lossless=ar")
     assert out["lossless"], out
+
+
+def _exchange_rank(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from jetspec_chat.engine.parallel import SymmetricExchange, gather_partials, init_ranks
+
+    device = torch.device("cuda", rank)
+    init_ranks(rank, 2, port, device)
+    exchange = SymmetricExchange(64, 256, torch.bfloat16, device, dist.group.WORLD.group_name)
+    gen = torch.Generator(device=device).manual_seed(rank)
+    same = []
+    for rows in (1, 5, 64):
+        for slot in (0, 1, 0, 1):
+            x = torch.randn(rows, 256, device=device, dtype=torch.bfloat16, generator=gen)
+            same.append(torch.equal(exchange.gather(x, slot).groups.clone(), gather_partials(x, 2).groups))
+    # Graphed as in a forward (slots alternating), replayed on new inputs.
+    x = torch.zeros(3, 256, device=device, dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        exchange.gather(x, 0)
+        exchange.gather(x, 1)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        first = exchange.gather(x, 0).groups
+        second = exchange.gather(x + 1, 1).groups
+    for _ in range(3):
+        x.copy_(torch.randn(3, 256, device=device, dtype=torch.bfloat16, generator=gen))
+        graph.replay()
+        same.append(torch.equal(first, gather_partials(x, 2).groups))
+        same.append(torch.equal(second, gather_partials(x + 1, 2).groups))
+    torch.cuda.synchronize()
+    if rank == 0:
+        torch.save(same, out)
+    del graph
+    dist.destroy_process_group()
+
+
+def test_symmetric_exchange_equals_the_all_gather(tmp_path):
+    """The symmetric-memory exchange hands every rank the same [N, T, H] bits as the NCCL
+    all-gather, eagerly and replayed from a CUDA graph (new inputs each replay)."""
+    from jetspec_chat.engine.tp_launcher import _free_port
+
+    out = str(tmp_path / "same.pt")
+    port = _free_port()
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_exchange_rank, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    same = torch.load(out)
+    assert len(same) == 18 and all(same), same

@@ -92,6 +92,39 @@ def test_a_rank_loads_only_its_part(name, tmp_path):
         assert sum(p.numel() for p in random_part.parameters()) < sum(p.numel() for p in whole.parameters())
 
 
+class _RecordingExchange:
+    """Stands in for a SymmetricExchange of one rank: records each exchange's slot."""
+
+    def __init__(self):
+        self.slots = []
+
+    def fits(self, partial):
+        return True
+
+    def gather(self, partial, slot):
+        self.slots.append(slot)
+        return Partials(partial[None].contiguous(), None, partial.dtype)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_consecutive_exchanges_alternate_slots(name):
+    # The symmetric exchange's two buffers are safe with one barrier each only if no two
+    # consecutive exchanges use the same slot: o_proj takes slot 0, the MLP / MoE block slot 1,
+    # across layers and across forwards. One rank (world 1) runs the exchange path for real.
+    from jetspec_chat.engine.parallel import RowParallelLinear, RowParallelMoe, shard_target
+
+    model = _load(name)
+    want = _forward_logits(model, TOKENS)
+    shard_target(model, 0, 1)
+    exchange = _RecordingExchange()
+    for module in model.modules():
+        if isinstance(module, (RowParallelLinear, RowParallelMoe)):
+            module.exchange = exchange
+    for _ in range(2):
+        assert torch.equal(_forward_logits(model, TOKENS), want)
+    assert exchange.slots == [0, 1] * (2 * model.cfg.num_layers)
+
+
 def build_shard_like(model):
     """An empty copy of a rank's model (same shapes), to load a checkpoint into."""
     import copy
