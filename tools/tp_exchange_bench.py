@@ -73,6 +73,12 @@ def main() -> None:
                 exchange.gather(x, i % 2)
 
         results[f"ours (symmetric memory, unicast), {rows} rows"] = graphed_us(ours)
+
+    def barrier_only():
+        for _ in range(EXCHANGES):
+            exchange.handle.barrier(channel=0)
+
+    results["  of which its barrier alone"] = graphed_us(barrier_only)
     for rows in (1, 128):
         x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
         out = torch.empty(world * rows, HIDDEN, device=device, dtype=torch.bfloat16)
