@@ -15,8 +15,10 @@ transformers' gemma4 modeling code:
 - embeddings scaled by sqrt(hidden) (rounded to the model dtype, as transformers does; the
   draft head gets the scaled module too), tied to the output; final logits soft-capped:
   tanh(logits / c) * c.
-Everything runs through kernels/ dispatchers or plain-torch references: on the CPU that is all
-of it; on CUDA the loader refuses Gemma 4 (its MoE has no GPU kernel yet).
+Everything runs through kernels/ dispatchers (Triton on CUDA, batch-invariant, so bf16
+speculative = bf16 AR: the linears, norms, q/k norm + RoPE, the tree attention with its window
+and head_dim 512, the MoE's router and experts in kernels/moe.py) or per-element torch code (the
+dense MLP's gelu-tanh, the soft-cap, the embedding scale, the layer scalar).
 """
 from __future__ import annotations
 
@@ -25,10 +27,10 @@ from torch import nn
 
 from ..kernels import (
     gelu_tanh_mul_ref,
-    moe_block_gemma4_ref,
+    moe_block_gemma4,
     paged_tree_attention,
     qk_norm_rope,
-    rms_normalize_ref,
+    rms_norm,
     write_kv,
 )
 from .kv_cache import BLOCK_SIZE, MixedKVCache
@@ -38,6 +40,21 @@ from .model_config import ModelConfig
 
 # Checkpoint prefixes of the multimodal release that are not the text model.
 _NOT_TEXT = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
+
+
+class UnitRMSNorm(nn.Module):
+    """RMSNorm without a weight (Gemma 4's v_norm): rms_norm with a unit weight, which multiplies
+    exactly, so the bits are reference.rms_normalize_ref's, through the batch-invariant kernel on
+    CUDA (torch's own row reduction changes its order with the row count there). The unit weight
+    is a buffer, not in the checkpoint; build_gemma4_target fills it."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.register_buffer("unit", torch.ones(dim), persistent=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.unit, self.eps)
 
 
 class Gemma4Attention(nn.Module):
@@ -60,6 +77,7 @@ class Gemma4Attention(nn.Module):
         self.o_proj = Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.v_norm = UnitRMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -70,7 +88,7 @@ class Gemma4Attention(nn.Module):
         q = parts[0].view(t, self.n_heads, self.head_dim)
         k = parts[1].view(t, self.n_kv, self.head_dim)
         v = k if self.k_eq_v else parts[2].view(t, self.n_kv, self.head_dim)
-        v = rms_normalize_ref(v, self.eps)
+        v = self.v_norm(v)
         q, k = qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cos, sin, self.eps)
         write_kv(k_pool, v_pool, slots, k, v)
         o = paged_tree_attention(q, k_pool, v_pool, block_table, batch.prefix_len, batch.tree_mask, 1.0,
@@ -131,7 +149,7 @@ class Gemma4DecoderLayer(nn.Module):
         m = self.mlp(self.pre_feedforward_layernorm(h))
         if self.moe:
             r = self.router
-            experts = moe_block_gemma4_ref(self.pre_feedforward_layernorm_2(h), h, r.scale, r.proj.weight,
+            experts = moe_block_gemma4(self.pre_feedforward_layernorm_2(h), h, r.scale, r.proj.weight,
                                            r.per_expert_scale, self.experts.gate_up_proj, self.experts.down_proj,
                                            self.top_k, self.eps)
             m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(experts)
@@ -241,6 +259,9 @@ def build_gemma4_target(cfg: ModelConfig, device: torch.device, dtype: torch.dty
     with torch.device("meta"):
         model = Gemma4TargetModel(cfg).to(dtype)
     model = model.to_empty(device=device)
+    for norm in model.modules():
+        if isinstance(norm, UnitRMSNorm):
+            norm.unit.fill_(1.0)
     model.rotary = Rotary(cfg.head_dim, cfg.rope_theta).to(device)
     model.global_rotary = _global_rotary(cfg).to(device)
     return model.eval().requires_grad_(False)

@@ -21,7 +21,15 @@ from .gated_delta import (
     tree_walk,
 )
 from .matmul import Partials, linear_partials_triton, linear_ref, linear_triton
-from .moe import moe_block, moe_block_gpt_oss, moe_block_gpt_oss_triton, moe_block_triton, moe_route_triton
+from .moe import (
+    moe_block,
+    moe_block_gemma4,
+    moe_block_gemma4_triton,
+    moe_block_gpt_oss,
+    moe_block_gpt_oss_triton,
+    moe_block_triton,
+    moe_route_triton,
+)
 from .reference import (
     accum_tree_ref,
     add_rms_norm_ref,
@@ -94,7 +102,9 @@ __all__ = [
     "moe_block_gpt_oss_triton",
     "clamped_swiglu_ref",
     "gelu_tanh_mul_ref",
+    "moe_block_gemma4",
     "moe_block_gemma4_ref",
+    "moe_block_gemma4_triton",
     "moe_route_gemma4_ref",
     "rms_normalize_ref",
     "moe_block_gpt_oss_ref",

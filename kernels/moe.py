@@ -69,10 +69,19 @@ gpt-oss (`moe_block_gpt_oss_triton`, oracle reference.py::moe_block_gpt_oss_ref,
 GptOssTopKRouter / GptOssExperts) runs the same launches with constexpr options, each per element
 or per token, so the invariance above holds unchanged: the router bias added to the fp32 logits
 before their rounding (HAS_BIAS), the top-k logits then the fp32 softmax over those k
-(TOPK_SOFTMAX); gate/up biases and the clamped SwiGLU in the gate/up epilogue (GPT_OSS), every
+(TOPK_SOFTMAX); gate/up biases and the clamped SwiGLU in the gate/up epilogue (ACT = SWIGLU), every
 step rounded to x's dtype as transformers computes it; the down bias added to the rounded down
 result before the routing weight (HAS_BIAS). The GEMMs read the weights through their strides,
 so gpt-oss's [E, H, 2I] interleaved gate/up and [E, I, H] down are used as stored.
+
+Gemma 4 (`moe_block_gemma4_triton`, oracle reference.py::moe_block_gemma4_ref, transformers'
+Gemma4TextRouter / Gemma4TextExperts) likewise: its router reads the residual stream, not the
+experts' input: RMS-normalized times its `scale` (fused.py's batch-invariant rms_norm, one row a
+program) times H^-0.5, then router_partials as above; Qwen3's softmax routing renormalised, each
+weight times its expert's per_expert_scale in fp32 (EXPERT_SCALE; the weights stay fp32 as
+transformers keeps them, the down epilogue multiplies by them unrounded); gelu-tanh times up in
+the gate/up epilogue (ACT = GELU_TANH, rounded as torch's gelu in x's dtype). Qwen3's weight
+layout, so the GEMMs are Qwen3's. Every option is per element or per token: invariant as above.
 """
 from __future__ import annotations
 
@@ -81,16 +90,19 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .fused import rms_norm
 from .launch import interpreting, launch_args, wait_for_previous
 from .matmul import linear_partials, linear_triton
-from .reference import moe_block_gpt_oss_ref, moe_block_ref
+from .reference import moe_block_gemma4_ref, moe_block_gpt_oss_ref, moe_block_ref
 
 try:  # triton is optional: CPU-only installs use the torch reference.
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - exercised only without triton
     triton = None
     tl = None
+    libdevice = None
 
 BLOCK_M = 16  # rows per expert block, for every row count (module docstring: batch invariance)
 PLACE_TOKENS = 16  # tokens a grouping program places
@@ -106,6 +118,7 @@ PLACE_BLOCKS = 16
 # spilled). The float sums (softmax, renormalisation) follow the layout, so one value for all T.
 ROUTE_WARPS = 1
 COMBINE_BLOCK = 1024  # hidden columns per combine program
+SILU, SWIGLU, GELU_TANH = 0, 1, 2  # the gate/up epilogue's activation (_gate_up_kernel's ACT)
 
 
 @dataclass(frozen=True)
@@ -186,22 +199,24 @@ if triton is not None:
 
     @triton.jit
     def _route_kernel(
-        LOGITS, BIAS, IDS, W, PICKS, n_tokens, n_experts, stride_l,
+        LOGITS, BIAS, SCALE, IDS, W, PICKS, n_tokens, n_experts, stride_l,
         TOP_K: tl.constexpr, NORM: tl.constexpr, GROUPS: tl.constexpr, BLOCK_E: tl.constexpr,
         BLOCK_TOP: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, TOPK_SOFTMAX: tl.constexpr,
-        PDL: tl.constexpr,
+        EXPERT_SCALE: tl.constexpr, DT: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (T,): token t = program_id. fp32 softmax over the experts, top-k by repeated argmax
         (lowest id on ties), renormalised; stores ids (int32) and weights (W's dtype).
         TOPK_SOFTMAX (gpt-oss): the top-k of the logits themselves, then the fp32 softmax over
-        those k only (NORM unused). GROUP: also the token's picks as an int8 row PICKS[t, :BLOCK_E],
+        those k only (NORM unused). EXPERT_SCALE (Gemma 4): each kept weight times its expert's
+        SCALE[e] in fp32 after the renormalisation. DT: the logits' dtype (x's); W may be wider
+        (Gemma 4 keeps its weights in fp32, as transformers does). GROUP: also the token's picks as an int8 row PICKS[t, :BLOCK_E],
         slot + 1 per picked expert, else 0, for _place_kernel. Every program routes one token on
         the same [BLOCK_E] layout at every T, so a token's bits never depend on the call."""
         wait_for_previous(PDL)
         t = tl.program_id(0)
         e = tl.arange(0, BLOCK_E)
         e_ok = e < n_experts
-        logits = _token_logits(LOGITS, BIAS, t, e, e_ok, n_tokens, stride_l, W.dtype.element_ty, GROUPS, HAS_BIAS)
+        logits = _token_logits(LOGITS, BIAS, t, e, e_ok, n_tokens, stride_l, DT, GROUPS, HAS_BIAS)
         slots = tl.arange(0, BLOCK_TOP)
         ok = slots < TOP_K
         top_w = tl.zeros([BLOCK_TOP], dtype=tl.float32)
@@ -243,6 +258,8 @@ if triton is not None:
                 p = tl.where(picked, -1.0, p)
             if NORM:
                 top_w = top_w / tl.sum(top_w, 0)
+            if EXPERT_SCALE:
+                top_w = top_w * tl.load(SCALE + top_i, mask=ok, other=0.0).to(tl.float32)
         out = t * TOP_K + slots
         tl.store(IDS + out, top_i, mask=ok)
         tl.store(W + out, top_w.to(W.dtype.element_ty), mask=ok)
@@ -336,17 +353,33 @@ if triton is not None:
         return ((u + 1.0).to(dt).to(tl.float32) * glu).to(dt)
 
     @triton.jit
+    def _gelu_tanh_mul(g, u, dt: tl.constexpr, LIBDEVICE: tl.constexpr):
+        """Gemma 4's activation on the rounded gate and up (fp32 holding dt values), as torch
+        computes gelu(gate, approximate="tanh") in dt (fp32 arithmetic, rounded once), then the
+        product with up rounded to dt. LIBDEVICE: CUDA's tanhf (torch's); the interpreter has
+        none, so tanh there is 1 - 2 / (exp(2z) + 1) (fp32, a few ulp from it)."""
+        z = 0.7978845608028654 * (g + 0.044715 * (g * g * g))
+        if LIBDEVICE:
+            th = libdevice.tanh(z)
+        else:  # |z| > 20: tanh is +-1 in fp32; the bound keeps exp finite (NaN passes through)
+            zc = tl.where(z > 20.0, 20.0, tl.where(z < -20.0, -20.0, z))
+            th = 1.0 - 2.0 / (tl.exp(2.0 * zc) + 1.0)
+        gelu = (0.5 * g * (1.0 + th)).to(dt).to(tl.float32)
+        return (gelu * u).to(dt)
+
+    @triton.jit
     def _gate_up_kernel(
         X, WGU, BGU, INTER, IDS, BLOCK_EXPERT, BLOCK_ROWS, ROW_ASSIGN, hidden, inter_size,
         stride_x, stride_we, stride_wn, stride_wk, up_offset, stride_i, alpha, limit,
         TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-        TOKEN: tl.constexpr, GPT_OSS: tl.constexpr, PDL: tl.constexpr,
+        TOKEN: tl.constexpr, ACT: tl.constexpr, LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
     ):
-        """grid (blocks, I / BLOCK_N): INTER[row] = silu(x[token] @ gate.T) * (x[token] @ up.T).
+        """grid (blocks, I / BLOCK_N): INTER[row] = act(x[token] @ gate.T, x[token] @ up.T), the
+        activation ACT: SILU (Qwen3: silu(gate) * up), SWIGLU (gpt-oss) or GELU_TANH (Gemma 4).
         Gate column n of expert e is at WGU + e*stride_we + n*stride_wn + k*stride_wk, its up
         column up_offset further (Qwen3: [E, 2I, H] rows; gpt-oss: [E, H, 2I] interleaved).
-        GPT_OSS: the biases BGU [E, 2I] (interleaved, contiguous) added to the rounded gate and
-        up, then _clamped_swiglu instead of silu * up.
+        SWIGLU: the biases BGU [E, 2I] (interleaved, contiguous) added to the rounded gate and
+        up, then _clamped_swiglu. GELU_TANH: _gelu_tanh_mul.
         TOKEN (the per-token path, no grouping): grid (T * k, I / BLOCK_N), program_id(0) is the
         assignment t*k + slot, one row (row 0 of the tile), its expert IDS[t*k + slot], written to
         INTER row t*k + slot: the grouped tile's bits (module docstring)."""
@@ -389,11 +422,13 @@ if triton is not None:
             dt = INTER.dtype.element_ty
             g = acc_g.to(dt).to(tl.float32)
             u = acc_u.to(dt).to(tl.float32)
-            if GPT_OSS:
+            if ACT == 1:  # SWIGLU
                 b = BGU + e * (2 * inter_size) + 2 * n
                 g = (g + tl.load(b, mask=n_ok, other=0.0).to(tl.float32)[None, :]).to(dt).to(tl.float32)
                 u = (u + tl.load(b + 1, mask=n_ok, other=0.0).to(tl.float32)[None, :]).to(dt).to(tl.float32)
                 out = _clamped_swiglu(g, u, alpha, limit, dt)
+            elif ACT == 2:  # GELU_TANH
+                out = _gelu_tanh_mul(g, u, dt, LIBDEVICE)
             else:
                 s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
                 out = (s * u).to(dt)
@@ -528,13 +563,16 @@ def router_partials(x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tenso
 
 
 def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dtype: torch.dtype, *,
-                     group: bool = True, bias: torch.Tensor | None = None, topk_softmax: bool = False) -> MoeRouting:
+                     group: bool = True, bias: torch.Tensor | None = None, topk_softmax: bool = False,
+                     expert_scale: torch.Tensor | None = None) -> MoeRouting:
     """Router logits -> MoeRouting: the top-k experts and weights (in dtype) of every token and, with
     group, the rows grouped by expert. logits: [T, E], or router_partials' [G, T, E] fp32 K-group
     sums (added in group order, rounded to dtype: the logits linear_triton gives). bias [E]: added
     to the fp32 logits before that rounding (gpt-oss's router). topk_softmax: gpt-oss's routing
     (the top-k logits, softmax over those k; norm_topk_prob unused) instead of Qwen3's (softmax
-    over all experts, the top-k probabilities, renormalised if norm_topk_prob). One launch (a
+    over all experts, the top-k probabilities, renormalised if norm_topk_prob). expert_scale [E]
+    (Gemma 4): each weight times its expert's scale after that, and the weights kept in fp32
+    (dtype then only rounds the logits). One launch (a
     program per token), and a second (_place_kernel) to group."""
     _check_triton()
     groups = logits.shape[0] if logits.dim() == 3 else 0
@@ -544,13 +582,14 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dty
         logits = logits.contiguous()  # with groups: group g's rows start at g * T * E (_token_logits)
     dev = logits.device
     ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)
-    weights = torch.empty(t, top_k, dtype=dtype, device=dev)
+    weights = torch.empty(t, top_k, dtype=dtype if expert_scale is None else torch.float32, device=dev)
     block_e, block_top = triton.next_power_of_2(num_experts), triton.next_power_of_2(top_k)
     picks = torch.empty(t if group else 1, block_e, dtype=torch.int8, device=dev)
     _route_kernel[(t,)](
-        logits, logits if bias is None else bias, ids, weights, picks, t, num_experts, logits.stride(-2), TOP_K=top_k,
-        NORM=norm_topk_prob, GROUPS=groups, BLOCK_E=block_e, BLOCK_TOP=block_top, GROUP=group,
-        HAS_BIAS=bias is not None, TOPK_SOFTMAX=topk_softmax, num_warps=ROUTE_WARPS, **launch_args(dev, t),
+        logits, logits if bias is None else bias, logits if expert_scale is None else expert_scale, ids, weights, picks,
+        t, num_experts, logits.stride(-2), TOP_K=top_k, NORM=norm_topk_prob, GROUPS=groups, BLOCK_E=block_e,
+        BLOCK_TOP=block_top, GROUP=group, HAS_BIAS=bias is not None, TOPK_SOFTMAX=topk_softmax,
+        EXPERT_SCALE=expert_scale is not None, DT=_TL_DTYPES[dtype], num_warps=ROUTE_WARPS, **launch_args(dev, t),
     )
     if not group:
         return MoeRouting(weights, ids)
@@ -568,6 +607,9 @@ def moe_route_triton(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dty
     return MoeRouting(weights, ids, block_expert, block_rows, row_assign)
 
 
+_TL_DTYPES = {} if triton is None else {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
 def uses_token_path(t: int, top_k: int, down: torch.Tensor, tile: MoeTile = TILE) -> bool:
     """Whether T tokens take _down_combine_kernel (speed only: the bits are the grouped path's).
     It needs the k slots in one 16-row tile and 32-bit offsets over the whole down weight."""
@@ -579,7 +621,8 @@ class _Experts:
     """One MoE family's expert weights as the GEMM kernels walk them: gate column n / K index k
     of expert e at gate_up + e*gu_we + n*gu_wn + k*gu_wk, its up column up_offset further; down's
     hidden column n / K index k at down + e*d_we + n*d_wn + k*d_wk. swiglu: gpt-oss's (alpha,
-    limit) with the biases gate_up_bias [E, 2I] and down_bias [E, H], or None (Qwen3's SiLU)."""
+    limit) with the biases gate_up_bias [E, 2I] and down_bias [E, H], or None. act: the
+    gate/up epilogue's activation (SILU, SWIGLU with swiglu set, GELU_TANH)."""
 
     gate_up: torch.Tensor
     down: torch.Tensor
@@ -589,6 +632,15 @@ class _Experts:
     gate_up_bias: torch.Tensor | None = None
     down_bias: torch.Tensor | None = None
     swiglu: tuple[float, float] | None = None
+    act: int = SILU
+
+
+def _rows_experts(gate_up: torch.Tensor, down: torch.Tensor, act: int) -> _Experts:
+    """Qwen3's and Gemma 4's layout: gate_up [E, 2I, H] (gate rows, then up rows), down [E, H, I]."""
+    inter = gate_up.shape[1] // 2
+    return _Experts(gate_up, down, inter, (gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
+                                           inter * gate_up.stride(1)),
+                    (down.stride(0), down.stride(1), down.stride(2)), act=act)
 
 
 def moe_block_triton(
@@ -604,11 +656,7 @@ def moe_block_triton(
     """The sparse MoE block (same contract as reference.moe_block_ref) on x [T, H]: Qwen3 MoE's
     gate_up [E, 2I, H] (gate rows, then up rows), down [E, H, I]. tile: for benchmarks and tests;
     the engine always runs TILE."""
-    inter = gate_up.shape[1] // 2
-    experts = _Experts(gate_up, down, inter, (gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
-                                              inter * gate_up.stride(1)),
-                       (down.stride(0), down.stride(1), down.stride(2)))
-    return _moe_triton(x, router_weight, None, experts, top_k, norm_topk_prob, False, tile)
+    return _moe_triton(x, router_weight, None, _rows_experts(gate_up, down, SILU), top_k, norm_topk_prob, False, tile)
 
 
 def moe_block_gpt_oss_triton(
@@ -634,13 +682,47 @@ def moe_block_gpt_oss_triton(
     experts = _Experts(gate_up, down, inter, (gate_up.stride(0), 2 * gate_up.stride(2), gate_up.stride(1),
                                               gate_up.stride(2)),
                        (down.stride(0), down.stride(2), down.stride(1)),
-                       gate_up_bias.contiguous(), down_bias.contiguous(), (float(alpha), float(limit)))
+                       gate_up_bias.contiguous(), down_bias.contiguous(), (float(alpha), float(limit)), SWIGLU)
     return _moe_triton(x, router_weight, router_bias.contiguous(), experts, top_k, False, True, tile)
 
 
+def gemma4_router_input(residual: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """What Gemma 4's router projects: the residual stream [T, H] RMS-normalized (no weight),
+    times `scale` [H], times H^-0.5, each step rounded to residual's dtype as in
+    reference.moe_route_gemma4_ref. The norm is kernels/fused.py's rms_norm with `scale` as its
+    weight (normalize in fp32, round, times the weight, round: the reference's first two steps
+    in one batch-invariant launch on CUDA); the last multiply is elementwise."""
+    return rms_norm(residual, scale, eps) * residual.shape[-1] ** -0.5
+
+
+def moe_block_gemma4_triton(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    scale: torch.Tensor,
+    proj: torch.Tensor,
+    per_expert_scale: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    eps: float,
+    *,
+    tile: MoeTile = TILE,
+) -> torch.Tensor:
+    """Gemma 4's sparse experts (same contract as reference.moe_block_gemma4_ref) on x [T, H],
+    routed on `residual` [T, H]: the same kernels as moe_block_triton with Gemma 4's options: the
+    router reads gemma4_router_input, softmax over all experts, top-k renormalised, each weight
+    times its per_expert_scale (weights kept in fp32, as transformers keeps them); gate_up
+    [E, 2I, H], down [E, H, I] as Qwen3's, gelu-tanh instead of SiLU."""
+    router_x = gemma4_router_input(residual, scale, eps)
+    return _moe_triton(x, proj, None, _rows_experts(gate_up, down, GELU_TANH), top_k, True, False, tile,
+                       router_x=router_x, expert_scale=per_expert_scale.contiguous())
+
+
 def _moe_triton(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor | None, experts: _Experts,
-                top_k: int, norm_topk_prob: bool, topk_softmax: bool, tile: MoeTile) -> torch.Tensor:
-    """The launches of both MoE families (module docstring); the family's options are constexprs."""
+                top_k: int, norm_topk_prob: bool, topk_softmax: bool, tile: MoeTile, *,
+                router_x: torch.Tensor | None = None, expert_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The launches of every MoE family (module docstring); the family's options are constexprs.
+    router_x: what the router reads, if not x (Gemma 4); expert_scale: per-expert weight scales."""
     _check_triton()
     t, hidden = x.shape
     gate_up, down, inter_size = experts.gate_up, experts.down, experts.inter_size
@@ -654,8 +736,9 @@ def _moe_triton(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch
     if max(spans) >= 2**31:
         raise ValueError(f"{t} tokens are too many for one MoE call (32-bit offsets): split the chunk")
     token_path = uses_token_path(t, top_k, down, tile)
-    routing = moe_route_triton(router_partials(x, router_weight), top_k, norm_topk_prob, x.dtype, group=not token_path,
-                               bias=router_bias, topk_softmax=topk_softmax)
+    routing = moe_route_triton(router_partials(x if router_x is None else router_x, router_weight), top_k,
+                               norm_topk_prob, x.dtype, group=not token_path, bias=router_bias,
+                               topk_softmax=topk_softmax, expert_scale=expert_scale)
     # Products in full fp32 (no TF32) for fp32 inputs. Under the interpreter bf16/fp16 operands are
     # upcast first: its low-precision tl.dot returns garbage (triton 3.9), and bf16 x bf16 products
     # are exact in fp32 anyway, so the result is the tensor-core one.
@@ -668,7 +751,7 @@ def _moe_triton(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch
     out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     gate_up_args = (hidden, inter_size, x.stride(0), *experts.gu_strides)
     gate_up_shape = dict(TOP_K=top_k, BLOCK_M=BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k, UPCAST=upcast,
-                         GPT_OSS=gpt_oss)
+                         ACT=experts.act, LIBDEVICE=x.is_cuda and not interpreting())
     if token_path:  # an intermediate row per assignment, straight from the routing: no grouping
         ids = routing.ids
         inter = torch.empty(n_assign, inter_size, dtype=x.dtype, device=x.device)
@@ -736,6 +819,25 @@ def moe_block_gpt_oss(
     return moe_block_gpt_oss_ref(*args)
 
 
-__all__ = ["BLOCK_M", "MoeRouting", "MoeTile", "PLACE_TOKENS", "TILE", "max_blocks", "moe_block", "moe_block_gpt_oss",
+def moe_block_gemma4(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    scale: torch.Tensor,
+    proj: torch.Tensor,
+    per_expert_scale: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    eps: float,
+) -> torch.Tensor:
+    """Gemma 4's sparse experts: the fused Triton path on CUDA tensors, the torch reference elsewhere."""
+    args = (x, residual, scale, proj, per_expert_scale, gate_up, down, top_k, eps)
+    if x.is_cuda and triton is not None and not x.requires_grad:
+        return moe_block_gemma4_triton(*args)
+    return moe_block_gemma4_ref(*args)
+
+
+__all__ = ["BLOCK_M", "MoeRouting", "MoeTile", "PLACE_TOKENS", "TILE", "gemma4_router_input", "max_blocks", "moe_block",
+           "moe_block_gemma4", "moe_block_gemma4_triton", "moe_block_gpt_oss",
            "moe_block_gpt_oss_triton", "moe_block_triton",
            "moe_route_triton", "router_logits", "router_partials", "uses_token_path"]

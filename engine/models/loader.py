@@ -75,11 +75,6 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype, s
     from safetensors import SafetensorError
 
     cfg = ModelConfig.from_hf(source.hf_config)
-    if cfg.gemma4 is not None and device.type != "cpu":
-        # Its MoE runs the plain-torch reference (and the tree attention kernel, right at
-        # head_dim 512 under the Triton interpreter, has not been timed on a GPU there).
-        raise ModelNotFoundError(f"{source.name} (Gemma 4) runs on the CPU only so far: its MoE has no GPU kernel "
-                                 f"yet; use --device cpu.")
     try:
         if shard is None:
             build = build_target

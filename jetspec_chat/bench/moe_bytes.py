@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..engine.gemma4 import Gemma4Experts
 from ..engine.layers import GptOssExperts, MoEExperts
 
-EXPERT_STACKS = (MoEExperts, GptOssExperts)  # one MoE layer's experts, stacked on dim 0
+EXPERT_STACKS = (MoEExperts, GptOssExperts, Gemma4Experts)  # one MoE layer's experts, stacked on dim 0
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, rows: int) -> float:

@@ -271,3 +271,22 @@ def test_engine_only_on_a_hybrid_model_counts_the_recurrent_state(tmp_path, caps
     bw = m["copy_bandwidth_gb_s"] * 1e9
     assert c["ar_bound_ms"] == pytest.approx((m["weight_bytes_per_ar_step"] + 2 * c["state_bytes"]) / bw * 1e3)
     assert "recurrent state" in table
+
+
+def test_expected_weight_bytes_of_gemma4_counts_its_routed_experts_only():
+    """Gemma 4: the dense MLP beside the MoE is read whole, the 128-expert stacks by their routed
+    experts, the tied embedding whole (the lm_head reads it)."""
+    from engine_helpers import tiny_engine
+
+    from jetspec_chat.bench.moe_bytes import expected_weight_bytes
+
+    target = tiny_engine("tiny-gemma4").target
+    cfg = target.cfg
+    size = lambda t: t.numel() * t.element_size()
+    stacks = [layer.experts for layer in target.model.layers if layer.moe]
+    assert len(stacks) == cfg.num_layers
+    all_experts = sum(size(s.gate_up_proj) + size(s.down_proj) for s in stacks)
+    one_expert = all_experts // (len(stacks) * cfg.num_experts)
+    rest = sum(size(p) for p in target.parameters()) - all_experts  # the tied embedding included once
+    want = rest + len(stacks) * cfg.num_experts_per_tok * one_expert
+    assert expected_weight_bytes(target, 1) == pytest.approx(want)

@@ -34,7 +34,8 @@ def test_graphed_fp32_is_lossless(engine, budget, width, algo):
 BF16_PROMPTS = [PROMPT, [3, 1, 4, 1, 5, 9, 2, 6] * 9, list(range(40, 240, 3)), [7] * 70]
 
 
-@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen2", "tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss"])
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen2", "tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss",
+                                   "tiny-gemma4"])
 def test_bf16_speculation_equals_bf16_ar(model):
     """Batch-invariant kernels: in bf16 (random weights: logits full of near-ties), every greedy
     speculative answer equals the same engine's greedy AR answer token for token, across budgets,
@@ -211,6 +212,20 @@ def test_gpt_oss_fp32_on_cuda_is_lossless():
     """gpt-oss (sliding windows of 8 keys, attention sinks, YaRN, its biased MoE through the fused
     Triton kernels, CUDA-graphed): fp32 speculative equals transformers, prompts past the window."""
     fp32 = load_engine("random:tiny-gpt-oss", None, device="cuda", dtype="float32", max_context=2048)
+    for prompt in (PROMPT, BF16_PROMPTS[1]):
+        for budget, width, algo in [(1, 1, "accum_logp"), (16, 4, "accum_logp"), (64, 8, "adaptive"), (16, 1, "chain")]:
+            fp32.reset()
+            params = GenerationParams(max_new_tokens=48, spec=SpecParams(budget=budget, width=width, tree_algo=algo))
+            result = list(fp32.generate(prompt, params))[-1].result
+            verdict = check_lossless(fp32, prompt, result, 48)
+            assert verdict["lossless"], (len(prompt), budget, algo, verdict)
+
+
+def test_gemma4_fp32_on_cuda_is_lossless():
+    """Gemma 4 (sliding windows of 8 keys, global layers with their own head_dim and K = V, the
+    soft-cap, its MoE through the fused Triton kernels beside the dense MLP, CUDA-graphed): fp32
+    speculative equals transformers, prompts past the window."""
+    fp32 = load_engine("random:tiny-gemma4", None, device="cuda", dtype="float32", max_context=2048)
     for prompt in (PROMPT, BF16_PROMPTS[1]):
         for budget, width, algo in [(1, 1, "accum_logp"), (16, 4, "accum_logp"), (64, 8, "adaptive"), (16, 1, "chain")]:
             fp32.reset()

@@ -128,7 +128,7 @@ def kernels():
                   | groups | ints(("hidden", "inter_size", "stride_x", "stride_we", "stride_wn"), i32)
                   | {"stride_wk": "constexpr", "up_offset": i32, "stride_i": i32, "alpha": "fp32", "limit": "fp32"},
                   dict(stride_wk=1, TOP_K=8, BLOCK_M=moe.BLOCK_M, BLOCK_N=tile.gate_up_n, BLOCK_K=tile.block_k,
-                       UPCAST=False, TOKEN=True, GPT_OSS=False),
+                       UPCAST=False, TOKEN=True, ACT=moe.SILU, LIBDEVICE=True),
                   tile.num_warps, tile.num_stages)
 
 

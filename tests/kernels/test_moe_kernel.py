@@ -239,7 +239,8 @@ def test_tile_shapes():
 
 def test_sm90_expert_gemms_run_mma_sync():
     """Offline sm_90 compiles (no GPU) of the expert GEMMs (gate/up grouped and per token, the two
-    downs) at TILE and at a wide per-token tile, and of the routing kernel: the GEMMs all on
+    downs) at TILE and at a wide per-token tile, with gpt-oss's and Gemma 4's options at TILE
+    too, and of the routing kernels: the GEMMs all on
     mma.sync m16n8k16 (bf16 in, fp32 accumulate; never wgmma, which may round differently), no
     local-memory spills, shared memory within an SM's 227 KB. (Equal bits on
     the device are the GPU tests' to show; this pins what the compiler emits.)"""
@@ -247,9 +248,10 @@ def test_sm90_expert_gemms_run_mma_sync():
     wide = dataclasses.replace(TILE, token_n=64, token_warps=8, token_stages=2)
     args = [",".join(str(v) for v in (t.gate_up_n, t.down_n, t.block_k, t.num_warps, t.num_stages, t.token_n, t.token_warps,
                                       t.token_stages)) for t in (TILE, wide)]
-    out = run_compile_script("sm90_moe_compile.py", args + ["gpt-oss"])  # and gpt-oss-20b's options at TILE
+    out = run_compile_script("sm90_moe_compile.py", args + ["gpt-oss", "gemma4"])  # and their options at TILE
     gemms = ["gate_up", "gate_up_token", "down", "down_combine"]
-    assert [o["kernel"] for o in out] == gemms * 2 + [g + "_gpt_oss" for g in gemms] + ["route_gpt_oss", "route"]
+    assert [o["kernel"] for o in out] == (gemms * 2 + [g + "_gpt_oss" for g in gemms] + ["route_gpt_oss"]
+                                          + [g + "_gemma4" for g in gemms] + ["route_gemma4", "route"])
     routes = [o for o in out if o["kernel"].startswith("route")]
     for o in out:
         if o not in routes:
