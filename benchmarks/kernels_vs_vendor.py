@@ -6,9 +6,10 @@ Qwen3-30B-A3B (the dense linears; its experts run in kernels/moe.py) for M in {1
   tma*   kernels.matmul.linear_tma variants (kernels/matmul_tma.py: persistent grid, TMA-fed), same arithmetic
          (with --tma)
   ws*    kernels.matmul.linear_ws variants (kernels/matmul_ws.py: persistent, warp-specialized
-         producer/consumer, in Gluon), same arithmetic: ws the default (split over K groups where
-         the engine's launch splits; 64-row programs up to 64 rows, else 128), wsF always fused,
-         wsN 128-wide tiles (256 where the config's are 128), ws2 two programs an SM
+         producer/consumer, in Gluon), same arithmetic: ws the default (split over K groups and
+         rows per program where the engine's launch has them: use_split, block_m_for), wsS
+         always split (weights with K groups), wsF always fused, wsW fused in 128-row programs
+         past 64 rows, wsN twice as wide tiles (at most 256), ws2 two programs an SM
   engine linear_triton as the engine calls it (the TMA form where matmul.use_tma picks it)
   cublas torch.matmul (its algorithm depends on M: not batch-invariant)
   bound  max(weight + activation + output bytes / copy bandwidth, 2MNK / matmul rate), both
@@ -48,11 +49,13 @@ TMA_VARIANTS = {
 WIDE_VARIANTS = {
     "w256": dict(programs_per_sm=1, num_stages=3),
 }
-WS_VARIANTS = {
-    "ws": lambda config: dict(),
-    "wsF": lambda config: dict(split=False),
-    "wsN": lambda config: dict(block_n=2 * config.block_n),
-    "ws2": lambda config: dict(programs_per_sm=2),
+WS_VARIANTS = {  # name -> linear_ws keywords, from (config, M)
+    "ws": lambda config, m: dict(),
+    "wsS": lambda config, m: dict(split=True),
+    "wsF": lambda config, m: dict(split=False),
+    "wsW": lambda config, m: dict(split=False, block_m=128 if m > 64 else 64),
+    "wsN": lambda config, m: dict(block_n=min(256, 2 * config.block_n)),
+    "ws2": lambda config, m: dict(programs_per_sm=2),
 }
 CALLS = 16  # calls per graph replay
 L2_BYTES = 50e6
@@ -135,7 +138,7 @@ def main() -> None:
                 wide_bits = True
                 for v in [*tma_v, *ws_v]:
                     if v in ws_v:
-                        fn, kw = linear_ws, ws_v[v](config)
+                        fn, kw = linear_ws, ws_v[v](config, m)
                     elif v in WIDE_VARIANTS:
                         fn, kw = linear_tma, dict(WIDE_VARIANTS[v], config=dataclasses.replace(config, block_n=256))
                     else:

@@ -468,7 +468,7 @@ def linear_ws(
     (matmul_ws.py), bitwise `linear_triton(x, weight, bias, config=config)`: the same K blocks
     and groups. split: over K groups as `use_split` picks by default, the groups then summed by
     `_sum_groups_kernel` (or, with partials=True, handed back as `Partials`). block_m (64 or
-    128; default 64 up to 64 rows), block_n (default config.block_n; any multiple of 8 up to
+    128; default `block_m_for`'s), block_n (default config.block_n; any multiple of 8 up to
     256 gives the same bits on Hopper), stages, programs_per_sm: speed only."""
     assert ws_available(x.device), "linear_ws needs an sm_90 CUDA device and Triton with Gluon"
     x, weight, bias = _operands(x, weight, bias)
@@ -478,7 +478,8 @@ def linear_ws(
     config = config or choose_config(n, k)
     groups = config.num_groups(k)
     split = use_split(m, n, k, config) if split is None else (split and groups > 1)
-    block_m = block_m or (BLOCK_M if m <= BLOCK_M else WIDE_BLOCK_M)
+    block_m = block_m or block_m_for(m, groups, split)
+    assert block_m in (BLOCK_M, WIDE_BLOCK_M), f"block_m {block_m}"
     block_n = block_n or config.block_n
     stages = stages or ws_stages(block_m, block_n, config.block_k, programs_per_sm)
     if out is None and not (split and partials):

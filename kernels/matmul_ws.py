@@ -123,8 +123,8 @@ if gluon is not None:
 
     @gluon.jit
     def _ws_mma(x_bufs, w_bufs, ready, empty, B, Y, P, M, N, stride_ym, group_blocks, k_blocks, items, programs,
-                SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, num_warps: gl.constexpr):
+                SPLIT: gl.constexpr, ONE_GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
         """Consume the slots in the loader's order; one wgmma in flight; the epilogue per item."""
         # One warpgroup per 64 rows, each running m64nNk16 wgmma steps with N = BLOCK_N.
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -135,7 +135,8 @@ if gluon is not None:
         for item in range(gl.program_id(0), items, programs):
             pid_m, pid_n, kb_start, kb_end = _item_coords(item, m_tiles, n_tiles, group_blocks, k_blocks, SPLIT)
             acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
-            total = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
+            if not ONE_GROUP:
+                total = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
             pending = 0  # 1 while the previous slot is still read by the wgmma in flight
             for kb in range(kb_start, kb_end):
                 s = i % STAGES
@@ -147,13 +148,22 @@ if gluon is not None:
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
                 mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=pending != 0)
                 pending = 1
-                if ((kb - kb_start + 1) % group_blocks == 0) | (kb + 1 == kb_end):
-                    # The group's last block: its sum is complete; fold it in, free the slot.
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                    mbarrier.arrive(empty.index(s))
-                    pending = 0
-                    total += acc
+                if not ONE_GROUP:
+                    if ((kb - kb_start + 1) % group_blocks == 0) | (kb + 1 == kb_end):
+                        # A group's last block: its sum is complete; fold it in, free the slot.
+                        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                        mbarrier.arrive(empty.index(s))
+                        pending = 0
+                        total += acc
                 i += 1
+            if ONE_GROUP:
+                # The item's one group sum: wait for its last wgmma, free its slot.
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=pending != 0)
+                if SPLIT:
+                    total = acc  # stored as is, as _linear_kernel's split launch stores it
+                else:
+                    total = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout) + acc  # its zero total
             rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
             cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
             mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -169,8 +179,9 @@ if gluon is not None:
 
     @gluon.jit(do_not_specialize=["M"])
     def _linear_ws_kernel(x_desc, w_desc, B, Y, P, M, N, stride_ym, group_blocks, k_blocks, items, programs,
-                          SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          BLOCK_K: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                          SPLIT: gl.constexpr, ONE_GROUP: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+                          BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                          num_warps: gl.constexpr):
         """grid (programs,): program p runs work items p, p + programs, ... (module docstring)."""
         x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
@@ -181,7 +192,7 @@ if gluon is not None:
             mbarrier.init(empty.index(s), count=1)
         gl.warp_specialize([
             (_ws_mma, (x_bufs, w_bufs, ready, empty, B, Y, P, M, N, stride_ym, group_blocks, k_blocks, items,
-                       programs, SPLIT, HAS_BIAS, BLOCK_M, BLOCK_N, STAGES, num_warps)),
+                       programs, SPLIT, ONE_GROUP, HAS_BIAS, BLOCK_M, BLOCK_N, STAGES, num_warps)),
             (_ws_loader, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, M, N, group_blocks, k_blocks, items,
                           programs, SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)),
         ], [1], [24])  # the loader holds scalars only: the fewest registers a warp can have
@@ -197,6 +208,8 @@ def launch_ws(
     matmul.py's BLOCK_K and K groups (matmul.linear_ws chooses them)."""
     m, k = x.shape
     n = weight.shape[0]
+    assert stages >= 2, "the slot ring needs two slots: one read by the wgmma in flight, one being filled"
+    assert block_m in (64, 128) and block_n % 8 == 0 and block_n <= 256, (block_m, block_n)
     split = partials is not None
     dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k], gl.NVMMASharedLayout.get_default_for([block_m, block_k], dtype))
@@ -212,7 +225,7 @@ def launch_ws(
     _linear_ws_kernel[(programs,)](
         x_desc, w_desc, b, y, p, m, n, y.stride(0), group_blocks, k_blocks,
         items, programs,
-        SPLIT=split, HAS_BIAS=bias is not None and not split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        SPLIT=split, ONE_GROUP=split or groups == 1, HAS_BIAS=bias is not None and not split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         STAGES=stages, num_warps=num_warps, maxnreg=max_registers(num_warps, programs_per_sm), enable_fp_fusion=False,
     )
 

@@ -3,7 +3,7 @@ its wgmma instructions, whether it loads through the bulk tensor copy engine, wh
 warp partitions (setmaxnreg), and its registers, local memory and shared memory. Run as a script
 (test_matmul_ws.py does, in a subprocess: the compiler needs the real jit, not the interpreter's).
 
-    python tests/kernels/sm90_ws_compile.py BLOCK_M,BLOCK_N,BLOCK_K,STAGES,SPLIT ...
+    python tests/kernels/sm90_ws_compile.py BLOCK_M,BLOCK_N,BLOCK_K,STAGES,SPLIT,ONE_GROUP ...
 
 prints one JSON object per variant, one a line.
 """
@@ -23,10 +23,10 @@ from sm90 import resource_usage  # noqa: E402
 from jetspec_chat.kernels import matmul_ws  # noqa: E402
 
 INTS = ("M", "N", "stride_ym", "group_blocks", "k_blocks", "items", "programs")
-FLAGS = ("SPLIT", "HAS_BIAS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
+FLAGS = ("SPLIT", "ONE_GROUP", "HAS_BIAS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "num_warps")
 
 
-def compile_variant(block_m: int, block_n: int, block_k: int, stages: int, split: bool) -> dict:
+def compile_variant(block_m: int, block_n: int, block_k: int, stages: int, split: bool, one_group: bool) -> dict:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -37,7 +37,7 @@ def compile_variant(block_m: int, block_n: int, block_k: int, stages: int, split
     num_warps = 4 * block_m // 64
     sig = {"x_desc": desc(block_m), "w_desc": desc(block_n), "B": "*bf16", "Y": "*bf16", "P": "*fp32"}
     sig |= {name: "i32" for name in INTS} | {name: "constexpr" for name in FLAGS}
-    consts = dict(SPLIT=split, HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
+    consts = dict(SPLIT=split, ONE_GROUP=one_group, HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
                   num_warps=num_warps)
     src = GluonASTSource(fn=matmul_ws._linear_ws_kernel, signature=sig, constexprs=consts)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -45,11 +45,12 @@ def compile_variant(block_m: int, block_n: int, block_k: int, stages: int, split
                                          enable_fp_fusion=False))
     ptx = kernel.asm["ptx"]
     wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)", ptx)))
-    return dict(block_m=block_m, block_n=block_n, block_k=block_k, stages=stages, split=split, wgmma=wgmma,
+    return dict(block_m=block_m, block_n=block_n, block_k=block_k, stages=stages, split=split, one_group=one_group,
+                wgmma=wgmma,
                 tma="cp.async.bulk.tensor" in ptx, partitions="setmaxnreg" in ptx, **resource_usage(kernel))
 
 
 if __name__ == "__main__":
     for arg in sys.argv[1:]:
-        bm, bn, bk, stages, split = (int(v) for v in arg.split(","))
-        print(json.dumps(compile_variant(bm, bn, bk, stages, bool(split))))
+        bm, bn, bk, stages, split, one = (int(v) for v in arg.split(","))
+        print(json.dumps(compile_variant(bm, bn, bk, stages, bool(split), bool(one))))
