@@ -29,8 +29,10 @@ REAL_SHAPES = {
 
 def test_sm90_ws_kernel_compiles_to_partitions_and_the_linears_wgmma():
     """Offline sm_90 compiles of the split and fused (one K group or several) forms with 64- and
-    128-row programs and 64-, 128- and 256-wide tiles: m64nBLOCK_Nk16 wgmma (the instruction `_linear_kernel` runs per
-    output element), TMA loads, warp partitions (register reallocation), no spills."""
+    128-row programs and 64-, 128- and 256-wide tiles: m64nBLOCK_Nk16 wgmma, the very
+    instructions `_linear_kernel` compiles to for the same tile and launch (forms, shared-memory
+    operands, scale and transpose flags, count), TMA loads, warp partitions (register
+    reallocation), no spills."""
     pytest.importorskip("triton.experimental.gluon")
     pytest.importorskip("triton.backends.nvidia")
     variants = [(64, 64, 1, 1), (64, 64, 0, 0), (128, 64, 0, 0), (128, 128, 0, 1), (128, 128, 1, 1), (128, 256, 0, 1)]
@@ -39,7 +41,7 @@ def test_sm90_ws_kernel_compiles_to_partitions_and_the_linears_wgmma():
     assert len(out) == len(args)
     for got in out:
         assert len(got["wgmma"]) == 1 and f"m64n{got['block_n']}k16" in got["wgmma"][0], got
-        assert got["tma"] and got["partitions"] and got["local"] == 0, got
+        assert got["same_wgmma"] and got["tma"] and got["partitions"] and got["local"] == 0, got
         assert got["shared"] <= 227 * 1024, got
 
 
