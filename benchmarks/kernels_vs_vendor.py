@@ -9,7 +9,7 @@ Qwen3-30B-A3B (the dense linears; its experts run in kernels/moe.py) for M in {1
          producer/consumer, in Gluon), same arithmetic: ws the default (split over K groups and
          rows per program where the engine's launch has them: use_split, block_m_for), wsS
          always split (weights with K groups), wsF always fused, wsW fused in 128-row programs
-         past 64 rows, wsN twice as wide tiles (at most 256), ws2 two programs an SM
+         past 64 rows, wsN twice as wide tiles (at most 256), ws2 two 64-row programs an SM
   engine linear_triton as the engine calls it (the TMA form where matmul.use_tma picks it)
   cublas torch.matmul (its algorithm depends on M: not batch-invariant)
   bound  max(weight + activation + output bytes / copy bandwidth, 2MNK / matmul rate), both
@@ -55,7 +55,7 @@ WS_VARIANTS = {  # name -> linear_ws keywords, from (config, M)
     "wsF": lambda config, m: dict(split=False),
     "wsW": lambda config, m: dict(split=False, block_m=128 if m > 64 else 64),
     "wsN": lambda config, m: dict(block_n=min(256, 2 * config.block_n)),
-    "ws2": lambda config, m: dict(programs_per_sm=2),
+    "ws2": lambda config, m: dict(programs_per_sm=2, block_m=64),
 }
 CALLS = 16  # calls per graph replay
 L2_BYTES = 50e6

@@ -210,6 +210,8 @@ def launch_ws(
     n = weight.shape[0]
     assert stages >= 2, "the slot ring needs two slots: one read by the wgmma in flight, one being filled"
     assert block_m in (64, 128) and block_n % 8 == 0 and block_n <= 256, (block_m, block_n)
+    # A 128-row program (12 warps) in half the register file does not assemble (ptxas, sm_90).
+    assert programs_per_sm == 1 or block_m == 64, "several programs an SM: 64-row programs only"
     split = partials is not None
     dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k], gl.NVMMASharedLayout.get_default_for([block_m, block_k], dtype))
