@@ -100,3 +100,49 @@ def test_gpu_ws_switch_keeps_the_engine_m_invariant_and_exact(monkeypatch, name)
     exact = matmul.linear_ref(x, w).float()
     cublas = torch.nn.functional.linear(x, w).float()
     assert (full.float() - exact).norm() <= 1.05 * (cublas - exact).norm()
+
+
+def test_switch_routes_every_launch_through_the_ws_kernel(monkeypatch):
+    """Host side, on the CPU (the kernel replaced by a recorder): with USE_WS on and an sm_90
+    device assumed, linear_triton launches the warp-specialized kernel with the linear's
+    K groups and launch choice (split over the 8B o_proj's 5 groups at M = 1, then the group
+    sums; fused at M = 256 in 64-row programs), and linear_partials_triton hands the split
+    launch's group sums back unsummed."""
+    pytest.importorskip("triton.experimental.gluon")
+    launches = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.name, grid, args, kw))
+
+    monkeypatch.setattr(matmul_ws, "_linear_ws_kernel", Recorder("ws"))
+    monkeypatch.setattr(matmul, "_sum_groups_kernel", Recorder("sum"))
+    monkeypatch.setattr(matmul, "_linear_kernel", Recorder("pointer"))
+    monkeypatch.setattr(matmul, "ws_available", lambda device: True)
+    monkeypatch.setattr(matmul, "USE_WS", True)
+    n, k = REAL_SHAPES["8b_o"]
+    w = torch.zeros(n, k, dtype=torch.bfloat16)
+    config = matmul.choose_config(n, k)
+    assert config.num_groups(k) == 5
+
+    linear_triton(torch.zeros(1, k, dtype=torch.bfloat16), w)
+    (name, grid, args, kw), (sum_name, _, _, sum_kw) = launches
+    assert name == "ws" and sum_name == "sum" and sum_kw["GROUPS"] == 5
+    assert kw["SPLIT"] and kw["ONE_GROUP"] and kw["BLOCK_M"] == 64 and kw["num_warps"] == 4
+    m_arg, group_blocks, k_blocks, items, programs = args[5], args[8], args[9], args[10], args[11]
+    assert (m_arg, group_blocks, k_blocks) == (1, config.group_blocks(k), k // 64)
+    assert items == 5 * n // 64 and programs == grid[0] == 132
+
+    launches.clear()
+    linear_triton(torch.zeros(256, k, dtype=torch.bfloat16), w)
+    [(name, grid, args, kw)] = launches
+    assert name == "ws" and not kw["SPLIT"] and not kw["ONE_GROUP"] and kw["BLOCK_M"] == 64
+    assert args[10] == 4 * n // 64
+
+    launches.clear()
+    got = linear_partials_triton(torch.zeros(1, k, dtype=torch.bfloat16), w)
+    assert isinstance(got, matmul.Partials) and got.groups.shape == (5, 1, n)
+    assert [entry[0] for entry in launches] == ["ws"]
