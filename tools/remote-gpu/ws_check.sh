@@ -18,7 +18,7 @@ for verb in "${@:-tests sweep}"; do
   for v in $verb; do
     case "$v" in
       tests)
-        timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_matmul_ws.py 2>&1 \
+        timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_matmul_ws.py 2>&1 \
           | tee "$OUT/ws_tests.txt" | tail -15 ;;
       sweep)
         timeout 300 python3 benchmarks/kernels_vs_vendor.py --models 8b,1.5b,30b 2>&1 \
