@@ -4,16 +4,23 @@ GEMM (x [M, K] @ W[N, K].T, bf16) at every linear shape of Qwen2.5-1.5B, Qwen3-8
 Qwen3-30B-A3B (the dense linears; its experts run in kernels/moe.py) for M in {1, 16, 64, 128, 256}:
   base   kernels.matmul.linear_triton(tma=False): the pointer-fed kernel (split or fused launch)
   tma*   kernels.matmul.linear_tma variants (kernels/matmul_tma.py: persistent grid, TMA-fed), same arithmetic
+         (with --tma)
+  ws*    kernels.matmul.linear_ws variants (kernels/matmul_ws.py: persistent, warp-specialized
+         producer/consumer, in Gluon), same arithmetic: ws the default (split over K groups and
+         rows per program where the engine's launch has them: use_split, block_m_for), wsS
+         always split (weights with K groups), wsF always fused, wsW fused in 128-row programs
+         past 64 rows, wsN twice as wide tiles (at most 256), ws2 two 64-row programs an SM
   engine linear_triton as the engine calls it (the TMA form where matmul.use_tma picks it)
   cublas torch.matmul (its algorithm depends on M: not batch-invariant)
   bound  max(weight + activation + output bytes / copy bandwidth, 2MNK / matmul rate), both
          measured here first (a large device copy; an 8192^3 bf16 torch.matmul)
   bits   'ok' when every variant's output equals base's bitwise and base's rows at M equal its
          rows computed alone (M = 1, the AR step) for the first, middle and last row.
+  ws/cub, ws/bnd  the fastest ws variant against cuBLAS and against the bound.
 Times: median over CUDA-graph replays of 16 back-to-back calls, rotating over enough weight
 copies to exceed the L2, in µs per call.
 
-  python3 benchmarks/kernels_vs_vendor.py [--models 1.5b,8b,30b] [--rows 1,16,64,128,256]
+  python3 benchmarks/kernels_vs_vendor.py [--models 1.5b,8b,30b] [--rows 1,16,64,128,256] [--tma] [--no-ws]
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ import statistics
 
 import torch
 
-from jetspec_chat.kernels.matmul import choose_config, linear_tma, linear_triton
+from jetspec_chat.kernels import matmul_ws
+from jetspec_chat.kernels.matmul import choose_config, linear_tma, linear_triton, linear_ws
 
 SHAPES = {  # (name, N, K)
     "1.5b": [("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960),
@@ -40,6 +48,14 @@ TMA_VARIANTS = {
 # that changes a single bit is what the 'wideN' column reports (vs base); not used by the engine.
 WIDE_VARIANTS = {
     "w256": dict(programs_per_sm=1, num_stages=3),
+}
+WS_VARIANTS = {  # name -> linear_ws keywords, from (config, M)
+    "ws": lambda config, m: dict(),
+    "wsS": lambda config, m: dict(split=True),
+    "wsF": lambda config, m: dict(split=False),
+    "wsW": lambda config, m: dict(split=False, block_m=128 if m > 64 else 64),
+    "wsN": lambda config, m: dict(block_n=min(256, 2 * config.block_n)),
+    "ws2": lambda config, m: dict(programs_per_sm=2, block_m=64),
 }
 CALLS = 16  # calls per graph replay
 L2_BYTES = 50e6
@@ -89,13 +105,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="1.5b,8b,30b")
     ap.add_argument("--rows", default="1,16,64,128,256")
+    ap.add_argument("--tma", action="store_true", help="also the TMA-fed kernel's variants")
+    ap.add_argument("--no-ws", action="store_true", help="leave out the warp-specialized kernel")
     args = ap.parse_args()
     torch.manual_seed(0)
     bw, rate = ceilings()
     print(f"device {torch.cuda.get_device_name()}  read {bw / 1e12:.2f} TB/s  bf16 matmul {rate / 1e12:.0f} TFLOP/s")
+    tma_v = {**TMA_VARIANTS, **WIDE_VARIANTS} if args.tma else {}
+    ws_v = {} if args.no_ws or not matmul_ws.available(torch.device("cuda")) else WS_VARIANTS
     head = f"{'model':5} {'linear':8} {'N':>6} {'K':>5} {'M':>4} {'bound':>7} {'cublas':>7} {'base':>7} {'engine':>7}"
-    head += "".join(f" {v:>7}" for v in TMA_VARIANTS) + "".join(f" {v:>7}" for v in WIDE_VARIANTS)
-    head += f" {'best/base':>9} {'base/bnd':>8} {'cub/bnd':>7} {'bits':>5} {'wideN':>5}"
+    head += "".join(f" {v:>7}" for v in [*tma_v, *ws_v])
+    head += f" {'base/bnd':>8} {'cub/bnd':>7} {'ws/bnd':>6} {'ws/cub':>6} {'ws/eng':>6} {'bits':>5} {'wideN':>5}"
     rows_out = [head]
     print(head, flush=True)
     for model in args.models.split(","):
@@ -103,6 +123,7 @@ def main() -> None:
             wbytes = 2 * n * k
             copies = max(1, min(32, int(3 * L2_BYTES // wbytes) + 1))
             weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            config = choose_config(n, k)
             for m in [int(r) for r in args.rows.split(",")]:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
@@ -114,32 +135,34 @@ def main() -> None:
                 t_engine = graph_time_us(lambda i: linear_triton(x, weights[i], out=outs[i]), copies)
                 t_cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T, out=outs[i]), copies)
                 times = {}
-                for v, kw in TMA_VARIANTS.items():
-                    try:
-                        y = linear_tma(x, weights[0], **kw)
-                        torch.cuda.synchronize()
-                        bits &= torch.equal(y, base_y)
-                        times[v] = graph_time_us(lambda i, kw=kw: linear_tma(x, weights[i], out=outs[i], **kw), copies)
-                    except Exception as e:  # a variant that does not compile here: reported, not fatal
-                        print(f"  {v} failed at {name} M={m}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-                        times[v] = float("nan")
-                wide = dataclasses.replace(choose_config(n, k), block_n=256)
                 wide_bits = True
-                for v, kw in WIDE_VARIANTS.items():
+                for v in [*tma_v, *ws_v]:
+                    if v in ws_v:
+                        fn, kw = linear_ws, ws_v[v](config, m)
+                    elif v in WIDE_VARIANTS:
+                        fn, kw = linear_tma, dict(WIDE_VARIANTS[v], config=dataclasses.replace(config, block_n=256))
+                    else:
+                        fn, kw = linear_tma, TMA_VARIANTS[v]
                     try:
-                        y = linear_tma(x, weights[0], config=wide, **kw)
+                        y = fn(x, weights[0], **kw)
                         torch.cuda.synchronize()
-                        wide_bits &= torch.equal(y, base_y)
-                        times[v] = graph_time_us(lambda i, kw=kw: linear_tma(x, weights[i], out=outs[i], config=wide, **kw), copies)
-                    except Exception as e:
-                        print(f"  {v} failed at {name} M={m}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                        same = torch.equal(y, base_y)
+                        if v in WIDE_VARIANTS:
+                            wide_bits &= same
+                        else:
+                            bits &= same
+                        if not same:
+                            print(f"  {v} differs from base at {name} M={m}", flush=True)
+                        times[v] = graph_time_us(lambda i, fn=fn, kw=kw: fn(x, weights[i], out=outs[i], **kw), copies)
+                    except Exception as e:  # a variant that does not compile here: reported, not fatal
+                        print(f"  {v} failed at {name} M={m}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                         times[v] = float("nan")
                 bound = max((wbytes + 2 * m * k + 2 * m * n) / bw, 2 * m * n * k / rate) * 1e6
-                best = min((times[v] for v in TMA_VARIANTS if times[v] == times[v]), default=float("nan"))
+                best = min((times[v] for v in ws_v if times[v] == times[v]), default=float("nan"))
                 line = f"{model:5} {name:8} {n:6} {k:5} {m:4} {bound:7.1f} {t_cublas:7.1f} {t_base:7.1f} {t_engine:7.1f}"
-                line += "".join(f" {times[v]:7.1f}" for v in [*TMA_VARIANTS, *WIDE_VARIANTS])
-                line += f" {best / t_base:9.2f} {t_base / bound:8.2f} {t_cublas / bound:7.2f} {'ok' if bits else 'DIFF':>5}"
-                line += f" {'same' if wide_bits else 'DIFF':>5}"
+                line += "".join(f" {times[v]:7.1f}" for v in [*tma_v, *ws_v])
+                line += f" {t_base / bound:8.2f} {t_cublas / bound:7.2f} {best / bound:6.2f} {best / t_cublas:6.2f}"
+                line += f" {best / t_engine:6.2f} {'ok' if bits else 'DIFF':>5} {'same' if wide_bits else 'DIFF':>5}"
                 rows_out.append(line)
                 print(line, flush=True)
             del weights

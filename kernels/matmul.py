@@ -48,6 +48,9 @@ import torch
 from .launch import interpreting, launch_args, wait_for_previous
 from .matmul_tma import available as tma_available
 from .matmul_tma import launch_tma
+from .matmul_ws import available as ws_available
+from .matmul_ws import fits as ws_fits
+from .matmul_ws import launch_ws
 
 try:  # triton is optional: CPU-only installs use F.linear.
     import triton
@@ -80,6 +83,12 @@ SPLIT_MAX_PARTIAL_RATIO = 1.5
 # benchmarks/kernels_vs_vendor.py: it won only where tiles are plentiful (the lm_heads at M = 128
 # and 256: 8B 677 -> 603 us at M = 256, 30B-A3B 370 -> 287) and lost at the per-layer linears.
 TMA_MIN_TILES = 8 * SMS
+# The warp-specialized Gluon form (matmul_ws.py: the same arithmetic, the same bits) for every
+# launch on an sm_90 GPU. Off: measured against this file's kernels and cuBLAS by
+# benchmarks/kernels_vs_vendor.py (docs/kernels.md), not yet chosen by the engine.
+USE_WS = False
+WS_SHARED_BYTES = 192 * 1024  # the stage ring of one warp-specialized program (`ws_stages`)
+WS_MAX_STAGES = 8
 
 
 @dataclass(frozen=True)
@@ -229,6 +238,17 @@ def use_tma(m: int, n: int, k: int, config: LinearConfig, block_m: int | None, d
     return _cdiv(m, block_m) * _cdiv(n, config.block_n) >= TMA_MIN_TILES
 
 
+def ws_stages(block_m: int, block_n: int, block_k: int, programs_per_sm: int = 1) -> int:
+    """Slots in a warp-specialized program's ring: as many x + weight tiles as WS_SHARED_BYTES
+    (shared by `programs_per_sm` programs) holds, 2 to WS_MAX_STAGES. Speed only."""
+    stage = 2 * block_k * (block_m + block_n)
+    return max(2, min(WS_MAX_STAGES, WS_SHARED_BYTES // programs_per_sm // stage))
+
+
+def _ws_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return USE_WS and ws_available(x.device) and ws_fits(x) and ws_fits(weight)
+
+
 # ----------------------------------------------------------------------------- triton kernels
 
 if triton is not None:
@@ -369,6 +389,8 @@ def linear_partials_triton(
     split = use_split(m, n, k, config) if split is None else (split and config.num_groups(k) > 1)
     if not split or m == 0:
         return linear_triton(x, weight, bias, config=config, split=False, block_m=block_m)
+    if _ws_applies(x, weight):
+        return linear_ws(x, weight, bias, config=config, split=True, block_m=block_m, partials=True)
     partials = torch.empty(config.num_groups(k), m, n, device=x.device, dtype=torch.float32)
     # A split program never touches Y: x stands in (x's dtype, as the output would be).
     _launch_gemm(x, weight, bias, x, partials, config=config, split=True, block_m=block_m)
@@ -428,6 +450,59 @@ def linear_tma(
     return out
 
 
+def linear_ws(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    config: LinearConfig | None = None,
+    split: bool | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    stages: int | None = None,
+    programs_per_sm: int = 1,
+    partials: bool = False,
+) -> torch.Tensor | Partials:
+    """x [M, K] @ weight[N, K].T (+ bias) -> [M, N] through the warp-specialized kernel
+    (matmul_ws.py), bitwise `linear_triton(x, weight, bias, config=config)`: the same K blocks
+    and groups. split: over K groups as `use_split` picks by default, the groups then summed by
+    `_sum_groups_kernel` (or, with partials=True, handed back as `Partials`). block_m (64 or
+    128; default `block_m_for`'s), block_n (default config.block_n; any multiple of 8 up to
+    256 gives the same bits on Hopper), stages, programs_per_sm: speed only."""
+    assert ws_available(x.device), "linear_ws needs an sm_90 CUDA device and Triton with Gluon"
+    x, weight, bias = _operands(x, weight, bias)
+    assert ws_fits(x) and ws_fits(weight), "linear_ws: x and weight need 16-byte aligned rows"
+    m, k = x.shape
+    n = weight.shape[0]
+    config = config or choose_config(n, k)
+    groups = config.num_groups(k)
+    split = use_split(m, n, k, config) if split is None else (split and groups > 1)
+    block_m = block_m or block_m_for(m, groups, split)
+    assert block_m in (BLOCK_M, WIDE_BLOCK_M), f"block_m {block_m}"
+    block_n = block_n or config.block_n
+    stages = stages or ws_stages(block_m, block_n, config.block_k, programs_per_sm)
+    if out is None and not (split and partials):
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if m == 0 or n == 0:
+        return out
+    kw = dict(block_m=block_m, block_n=block_n, block_k=config.block_k, group_blocks=config.group_blocks(k),
+              groups=groups, stages=stages, programs_per_sm=programs_per_sm)
+    if not split:
+        launch_ws(x, weight, bias, out, None, **kw)
+        return out
+    p = torch.empty(groups, m, n, device=x.device, dtype=torch.float32)
+    launch_ws(x, weight, None, None, p, **kw)
+    if partials:
+        return Partials(p, bias, x.dtype)
+    b = bias if bias is not None else out  # unused without HAS_BIAS
+    _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
+        p, b, out, m, n, out.stride(0),
+        GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False, PDL=False,
+    )
+    return out
+
+
 def _operands(x, weight, bias):
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -453,6 +528,9 @@ def _launch(x, weight, bias, out, *, config, split, block_m, tma=None) -> None:
     config = config or choose_config(n, k)
     groups = config.num_groups(k)
     split = use_split(m, n, k, config) if split is None else (split and groups > 1)
+    if _ws_applies(x, weight):
+        linear_ws(x, weight, bias, out, config=config, split=split, block_m=block_m)
+        return
     if tma is None:
         tma = not split and use_tma(m, n, k, config, block_m, x.device)
     if tma and not split:
@@ -503,6 +581,7 @@ __all__ = [
     "linear_partials_triton",
     "linear_ref",
     "linear_tma",
+    "linear_ws",
     "linear_triton",
     "rule_config",
     "use_tma",
