@@ -23,18 +23,15 @@ import os
 import queue
 import sys
 import threading
-import time
 import traceback
 from typing import Any
 
 from jetspec_chat.engine.errors import WORKER_DIED_EXIT_CODE
-from jetspec_chat.engine.events import RoundEvent
 from jetspec_chat.engine.params import SpecParams
 
 from . import engine_worker as ew
 
 MAX_ITEMS_PER_MESSAGE = 256  # outbox items pickled together into one pipe message
-FORWARD_PERIOD_S = 0.004  # a streaming answer's rounds are forwarded at most this often (250/s)
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -215,11 +212,6 @@ def _quiet_output() -> None:
 def _forward(outbox: queue.SimpleQueue, events: Any) -> None:
     while True:
         item = outbox.get()
-        # Let a streaming answer's next rounds gather before taking the GIL to pickle: one
-        # wake-up per FORWARD_PERIOD_S instead of one per round, so the engine's thread meets
-        # this one at the GIL less often (an AR round of the 1.5B is ~1.6 ms on an H200).
-        if isinstance(item, ew.GenerationEvent) and isinstance(item.event, RoundEvent):
-            time.sleep(FORWARD_PERIOD_S)
         batch = [item]
         while len(batch) < MAX_ITEMS_PER_MESSAGE:
             try:
