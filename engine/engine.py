@@ -8,6 +8,9 @@ writes its bonus token there, so the next round's draft reads it without a host-
 The draft context mirrors the KV cache: draft_kv.length == kv.length between rounds (the
 prefill appends its chunks' features eagerly; each round's verify step appends the accepted
 rows and advances both lengths on the device, and the host follows from the round's one copy).
+During a round's event the next round may already be running on the device (the round ahead,
+`_generate`): then the device's lengths and anchor are that round's, and the host catches up at
+its copy.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from typing import Iterator
 
 import torch
 
-from .accept import target_choices, unpack_round
+from .accept import PackedRound, target_choices, unpack_round
 from .answer import Answer, LiveSpec
 from .detokenize import TokenTexts
 from .draft_head import DraftHead, DraftKVCache
@@ -43,6 +46,18 @@ class RoundOutput:
     path: list[int]  # accepted nodes from the root
     new_tokens: list[int]  # accepted draft tokens then the bonus
     timings: dict[str, float]
+
+
+CONTEXT_FULL = "the context is full ({} tokens); raise --max-context"
+
+
+@dataclass
+class _Launched:
+    """A round enqueued by Engine._launch and not yet collected."""
+
+    packed: PackedRound
+    size: int  # tree nodes
+    clock: "_PhaseClock"
 
 
 class _PhaseClock:
@@ -110,6 +125,9 @@ class SpecEngine:
         self._live_spec = LiveSpec()  # set by update_spec, taken at a round boundary
         # Tensor parallel (tp_launcher): (params, cancelled) -> rank 0's, at every round boundary.
         self.round_sync = None
+        # While a RoundEvent is out: whether the next round is already launched (a live tree
+        # change made now applies one round later; the app's worker says which round).
+        self.round_ahead = False
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -242,6 +260,28 @@ class SpecEngine:
         writes the tree into the verify bucket), the verify graph (which commits, appends the
         draft context and advances the lengths on the device), the copy; nothing in between
         (sampling: the draw of the round's uniforms before the verify replay)."""
+        return self._collect(self._launch(params, generator))
+
+    def _next_round(
+        self, params: GenerationParams, generator: torch.Generator | None, cancel: threading.Event | None
+    ) -> tuple[GenerationParams, "_Launched | None", float, str | None]:
+        """A round boundary: the latest live tree change, then cancel and the context's room;
+        returns the params, the launched round and when it was launched, or no round and why
+        the answer ends ("cancelled" | "context_full")."""
+        params = self._live_spec.apply(params)
+        cancelled = cancel is not None and cancel.is_set()
+        if self.round_sync is not None:  # every rank runs rank 0's round
+            params, cancelled = self.round_sync(params, cancelled)
+        if cancelled:
+            return params, None, 0.0, "cancelled"
+        if self.kv.length + 1 > self.max_context:
+            return params, None, 0.0, "context_full"
+        t = time.perf_counter()
+        with torch.inference_mode():
+            return params, self._launch(params, generator), t, None
+
+    def _launch(self, params: GenerationParams, generator: torch.Generator | None) -> "_Launched":
+        """A round's work, enqueued (on CUDA nothing waits for it; elsewhere it has run)."""
         spec, sampling = params.spec, params.sampling
         base = self.kv.length
         clock = _PhaseClock(self.torch_device)
@@ -257,7 +297,13 @@ class SpecEngine:
         # and accept_ms only the copy and the host's unpacking. Elsewhere verify_ms ends at the
         # target's choices.
         packed = self.verify.round(tree, staged, sampling, generator, clock.mark)
-        r = unpack_round(packed.ints.cpu(), packed.path_len, tree.size)  # the round's only device->host copy
+        return _Launched(packed, tree.size, clock)
+
+    def _collect(self, launched: "_Launched") -> RoundOutput:
+        """Wait for a launched round: its one device->host copy, and the host's lengths follow
+        the device's. Before the next launch, whose graphs reuse the packed output's buffer."""
+        packed, clock = launched.packed, launched.clock
+        r = unpack_round(packed.ints.cpu(), packed.path_len, launched.size)  # the round's only device->host copy
         clock.mark("accept_ms")
         # finish_round advanced the device lengths by the count: the host copies follow.
         self.kv.note_advance(r.count)
@@ -319,28 +365,33 @@ class SpecEngine:
             ms=(t_prefill - t_start) * 1e3,
         )
         accept_lengths: list[int] = []
-        message = ""
-        while answer.finish is None:
-            params = self._live_spec.apply(params)
-            cancelled = answer.cancelled(cancel)
-            if self.round_sync is not None:  # every rank runs rank 0's round
-                params, cancelled = self.round_sync(params, cancelled)
-                answer.finish = "cancelled" if cancelled else answer.finish
-            if cancelled:
-                break
-            if self.kv.length + 1 > self.max_context:
-                answer.finish = "context_full"
-                message = f"the context is full ({self.max_context} tokens); raise --max-context"
-                break
-            t_round = time.perf_counter()
+        # Ahead: the next round is launched as soon as this one's tokens show that the answer goes
+        # on (no stop token, room left), so the device runs it while the host detokenizes and
+        # yields this one. Not with stop strings (only the text shows whether they end the
+        # answer), across ranks (every rank runs rank 0's rounds in step), or through a
+        # recurrent cache (it rolls back only inside its last round).
+        ahead = not answer.stops and self.round_sync is None and not self.verify.recurrent
+        launched: _Launched | None = None
+        t_round = t_next = 0.0
+        while True:
+            if launched is None:
+                params, launched, t_round, end = self._next_round(params, generator, cancel)
+                if launched is None:
+                    answer.finish = end
+                    break
             with torch.inference_mode():
-                out = self.round(params, generator)
+                out = self._collect(launched)
+            launched = None
             base = self.kv.length - len(out.new_tokens)  # committed length before this round
             keep = answer.room_for(out.new_tokens)
             if keep < len(out.new_tokens):
                 self.rollback(base + keep)  # the answer ended mid-round: drop the surplus rows
             kept = out.new_tokens[:keep]
             self.tokens.extend(kept)
+            t_done = time.perf_counter()
+            end = None  # why the answer ends before the next round, found ahead
+            if ahead and answer.finish is None:
+                params, launched, t_next, end = self._next_round(params, generator, cancel)
             new_text = answer.add(kept)
             accept_lengths.append(keep)
             event = dict(
@@ -357,9 +408,26 @@ class SpecEngine:
                 answer_tokens=len(answer.ids),
                 context_tokens=len(self.tokens),
             )
-            total_ms = (time.perf_counter() - t_round) * 1e3
+            # A round's wall time runs to the next launch: with a round ahead, until this one's
+            # copy arrived (its host work overlaps the next round); else until its event.
+            total_ms = ((t_done if launched is not None else time.perf_counter()) - t_round) * 1e3
             timings = PhaseTimings(host_ms=max(0.0, total_ms - sum(out.timings.values())), total_ms=total_ms, **out.timings)
+            self.round_ahead = launched is not None
             yield RoundEvent(timings=timings, elapsed_s=time.perf_counter() - t_start, **event)
+            self.round_ahead = False
+            if launched is not None:
+                t_round = t_next
+                if cancel is not None and cancel.is_set():  # cancelled while this round was out
+                    answer.finish = answer.finish or "cancelled"
+                if answer.finish is not None:  # the round ahead is dropped, as if never launched
+                    with torch.inference_mode():
+                        self._collect(launched)
+                    self.rollback(base + keep)
+                    launched = None
+            answer.finish = answer.finish or end
+            if answer.finish is not None:
+                break
+        message = CONTEXT_FULL.format(self.max_context) if answer.finish == "context_full" else ""
         answer.flush()  # after a cancel or a full context, the tail reaches the user via result.text
         t_end = self._now()
         yield FinishEvent(

@@ -5,9 +5,9 @@ spec, the same prompts, budgets and generation options; its report goes to `--js
 the Textual app driven by its pilot (`App.run_test`) through the same prompts and configs, each
 answer in a new chat (a fresh prefill, as the bench resets the engine).
 
-The app column is compared with an engine measured *beside it*: a second engine in this process,
-loaded with the same options, answers each prompt right before or right after the app does (the
-order alternates), so a drift of the GPU's clocks or of the machine's load touches both sides of
+The app column is compared with an engine measured *beside it*: the engine that ran the engine
+bench (in this process, loaded with the same options) answers each prompt right before or right
+after the app does (the order alternates), so a drift of the GPU's clocks or of the machine's load touches both sides of
 a pair alike. Both are sized for the same context (the app's default when `--max-context` is not
 given), because the attention kernels' grids and split lengths follow the cache's size. Reported:
 app tok/s and engine tok/s (medians), their ratio, and the median of the per-pair ratios.
@@ -119,14 +119,10 @@ async def _until(cond, timeout: float = APP_TIMEOUT_S) -> None:
 EngineAnswer = Callable[[str, "int | None"], float]  # (prompt, budget or None for AR) -> decode tok/s
 
 
-def engine_beside(opts) -> tuple[EngineAnswer, Callable[[], None]]:
-    """An engine in this process, loaded as the app's is, answering one prompt at a time as the
+def engine_beside(engine, opts) -> tuple[EngineAnswer, Callable[[], None]]:
+    """`engine` (loaded as the app's is, in this process) answering one prompt at a time as the
     engine bench does (fresh prefill); and a function that frees it."""
-    from .engine import load_engine
     from .bench.end_to_end import _engine_run, _prompt_ids
-
-    engine = load_engine(opts.models[0], opts.draft_head, device=opts.device, dtype=opts.dtype,
-                         max_context=opts.max_context)
 
     def answer(prompt: str, budget: int | None) -> float:
         record, _ = _engine_run(engine, _prompt_ids(engine, prompt, opts.thinking), opts.params(budget))
@@ -184,7 +180,7 @@ def run(args, end_to_end_options, say, console) -> int:
     """The engine bench, then the app on the same options; one table (and `--json-out`)."""
     from rich.table import Table
 
-    from .bench.end_to_end import run_end_to_end
+    from .bench.end_to_end import load_bench_engine, run_end_to_end
     from .bench.report import write_json
     from .engine.models.loader import default_max_context, resolve_device
 
@@ -196,10 +192,12 @@ def run(args, end_to_end_options, say, console) -> int:
         return 2
     if opts.max_context is None:  # both sides sized as the app sizes its engine
         opts.max_context = default_max_context(resolve_device(opts.device))
-    engine_report = run_end_to_end(opts, say)
+    # One engine serves the engine bench (the JSON's engine section) and then runs beside the app.
+    loaded = load_bench_engine(opts.models[0], opts, say)
+    engine_report = run_end_to_end(opts, say, loaded=loaded)
     configs = [(name, budget) for name, mode, budget in opts.configs() if mode in ("ar", "spec")]
-    say("loading the engine that runs beside the app")
-    engine_answer, close_engine = engine_beside(opts)
+    engine_answer, close_engine = engine_beside(loaded[0], opts)
+    del loaded
     try:
         with tempfile.TemporaryDirectory(prefix="jetspec-app-bench-") as tmp:
             # the app's history and settings go to a scratch directory, not the user's

@@ -268,6 +268,18 @@ class RoundLaunches(TorchDispatchMode):
         return [op for op in self.host_ops if not self._is_copy(op)]
 
 
+def assert_launches_per_round(rounds: list[tuple[int, int, list[str]]], replays: int, ops: int = 0) -> None:
+    """round_launches' records of one answer: each round's event came after one copy, and each
+    round launched `replays` graph replays and `ops` other host ops. The next round is launched
+    before a round's event is yielded (the round ahead), so the first event's record holds two
+    rounds' launches and the last one's none."""
+    assert len(rounds) > 2, rounds
+    assert all(copies == 1 for _, copies, _ in rounds), rounds
+    middle = len(rounds) - 2
+    assert [r for r, _, _ in rounds] == [2 * replays] + [replays] * middle + [0], rounds
+    assert [len(o) for _, _, o in rounds] == [2 * ops] + [ops] * middle + [0], rounds
+
+
 def round_launches(engine, prompt, params) -> list[tuple[int, int, list[str]]]:
     """Per round of one answer, after a first answer captured its graphs: (graph replays,
     device->host copies, other host ops)."""

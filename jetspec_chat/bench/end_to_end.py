@@ -9,6 +9,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -328,19 +329,30 @@ def _summarize(name: str, mode: str, budget: int | None, runs: list[RunRecord], 
     )
 
 
-def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) -> EndToEndReport:
+def load_bench_engine(model_arg: str | None, opts: EndToEndOptions, say: ProgressFn) -> tuple[Any, float]:
+    """The engine for one model of the bench, and its load time in seconds."""
     from ..engine import load_engine
 
+    t0 = time.perf_counter()
+    say(f"loading {model_arg or 'the default model'}")
+    engine = load_engine(model_arg, opts.draft_head, device=opts.device, dtype=opts.dtype,
+                         max_context=opts.max_context, tp=opts.tp)
+    return engine, time.perf_counter() - t0
+
+
+def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None,
+                   loaded: tuple[Any, float] | None = None) -> EndToEndReport:
+    """`loaded`: (engine, load seconds) of load_bench_engine for the one model, kept loaded
+    afterwards (bench --app runs it beside the app next); otherwise each model is loaded here
+    and freed after its configs."""
     say = progress or (lambda msg: None)
     opts.validate()
+    if loaded is not None and len(opts.models) != 1:
+        raise ConfigError("a loaded engine serves a bench of one model")
     results: list[ModelResult] = []
     env: dict | None = None
     for model_arg in opts.models:
-        t0 = time.perf_counter()
-        say(f"loading {model_arg or 'the default model'}")
-        engine = load_engine(model_arg, opts.draft_head, device=opts.device, dtype=opts.dtype,
-                             max_context=opts.max_context, tp=opts.tp)
-        load_s = time.perf_counter() - t0
+        engine, load_s = loaded if loaded is not None else load_bench_engine(model_arg, opts, say)
         device = engine.torch_device
         env = env or environment(device)
         if "spec" in opts.modes and engine.head is None:
@@ -390,8 +402,9 @@ def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None) ->
             model=engine.model_name, draft_head=engine.head_name, device=engine.device, dtype=engine.dtype,
             weight_bytes=weight_bytes(engine.target), sets=set_results, load_seconds=load_s,
         ))
-        if opts.tp > 1:
-            engine.close()
-        del hf_model, engine
-        free_device_memory(device)
+        if loaded is None:  # a loaded engine stays with its caller
+            if opts.tp > 1:
+                engine.close()
+            del hf_model, engine
+            free_device_memory(device)
     return EndToEndReport(mode="end_to_end", env=env or {}, options=options_dict(opts), models=results)

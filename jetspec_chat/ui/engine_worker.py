@@ -465,7 +465,9 @@ class EngineWorker:
             for event in start():
                 self._post(GenerationEvent(job_id, kind, event))
                 if kind == "chat" and isinstance(event, RoundEvent):
-                    self._apply_spec_request(job_id, event.index + 1)
+                    # With the next round already launched, a change takes effect one round later.
+                    ahead = bool(getattr(self._engine, "round_ahead", False))
+                    self._apply_spec_request(job_id, event.index + 1 + ahead)
         except BaseException as err:  # noqa: BLE001
             message, unexpected = describe_error(err)
             self._post(JobFailed(job_id, kind, message, unexpected, traceback.format_exc() if unexpected else ""))

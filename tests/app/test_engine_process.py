@@ -167,3 +167,42 @@ def test_worker_warms_the_budgets_before_they_are_timed():
         assert run.new_tokens <= 1, run
     finally:
         worker.shutdown(timeout=2.0)
+
+
+def test_worker_says_from_which_round_a_live_change_applies_with_a_round_ahead():
+    """The engine launches the next round before a round's event goes out (the round ahead), so
+    a tree change requested then applies one round later: SpecApplied names the first round
+    that used it, and every round before it kept the old tree."""
+    import queue as _queue
+    import time as _time
+
+    from jetspec_chat.engine.params import GenerationParams, SpecParams
+
+    worker = ew.EngineWorker(None)
+    worker.start()
+    try:
+        worker.submit(ew.LoadCommand(ew.EngineSetup("random:tiny-qwen3", device="cpu", max_context=512), budget=8))
+        items, deadline, job, rounds = [], _time.monotonic() + TIMEOUT, None, []
+        while _time.monotonic() < deadline:
+            try:
+                item = worker.outbox.get(timeout=1.0)
+            except _queue.Empty:
+                continue
+            items.append(item)
+            if isinstance(item, ew.EngineLoadFailed):
+                raise AssertionError(item.message)
+            if isinstance(item, ew.EngineReady):
+                job = worker.submit(ew.SendCommand("tell me a story", GenerationParams(max_new_tokens=40, spec=SpecParams(budget=8))))
+            if isinstance(item, ew.GenerationEvent) and isinstance(item.event, RoundEvent):
+                rounds.append(item.event)
+                if len(rounds) == 1:
+                    worker.update_spec(job, SpecParams(enabled=False))
+            if isinstance(item, ew.JobFinished):
+                break
+        applied = [i for i in items if isinstance(i, ew.SpecApplied)]
+        assert len(applied) == 1 and len(rounds) > applied[0].from_round + 1, (applied, len(rounds))
+        first = applied[0].from_round
+        assert all(len(r.tree_tokens) > 1 for r in rounds[:first]), [len(r.tree_tokens) for r in rounds]
+        assert all(len(r.tree_tokens) == 1 for r in rounds[first:]), [len(r.tree_tokens) for r in rounds]
+    finally:
+        worker.shutdown()

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 import torch
-from engine_helpers import round_launches
+from engine_helpers import assert_launches_per_round, round_launches
 
 from jetspec_chat.engine import ChatSession, GenerationParams, RoundEvent, SamplingParams, SpecParams, load_engine
 from jetspec_chat.engine.models.oracle import check_lossless
@@ -130,7 +130,7 @@ def test_a_graphed_greedy_round_launches_only_its_graphs_and_one_copy(engine, sp
     params = GenerationParams(max_new_tokens=40, spec=spec)
     engine.reset()
     rounds = round_launches(engine, PROMPT, params)
-    assert rounds and all(r == (replays, 1, []) for r in rounds), rounds
+    assert_launches_per_round(rounds, replays)
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.8, top_k=20, seed=5),
@@ -158,8 +158,7 @@ def test_a_graphed_sampling_round_draws_its_uniforms_replays_and_copies(engine, 
     params = GenerationParams(max_new_tokens=40, spec=spec, sampling=SamplingParams(temperature=0.7, top_p=0.95, seed=1))
     engine.reset()
     rounds = round_launches(engine, PROMPT, params)
-    replays = 2 if spec.enabled else 1
-    assert rounds and all(r[:2] == (replays, 1) and len(r[2]) == 1 for r in rounds), rounds
+    assert_launches_per_round(rounds, 2 if spec.enabled else 1, ops=1)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
