@@ -77,6 +77,10 @@ FLAT_TILES = 16
 # 11.6/15.7/21.6, T=256 (48) 31.2 -> 35.2; 8B T=16 (8) 20.3 -> 14.4, T=64 (32) 26.4 -> 27.8, T=128 43 -> 48.
 # In the engine the 1.5B's verify(64) took 0.953x, its verify(128) 1.020x: hence 16, not 24.
 FLAT_MAX_CHAINS = 16
+# The widest head the kernel takes: a 64-row program's Q, K and V tiles at head_dim 512 need 448 KB
+# of shared memory, an H100/H200 SM has 227 KB (measured: OutOfResources on an H200). 256 runs
+# (Qwen3.5-family attention layers, Gemma 4's sliding layers).
+MAX_HEAD_DIM = 256
 
 
 class VisibleKeys(NamedTuple):
@@ -522,6 +526,8 @@ def paged_tree_attention_triton(
     assert kd == head_dim and v_pool.shape == k_pool.shape, "k/v pool shape mismatch"
     assert n_heads % n_kv == 0, "n_heads must be a multiple of n_kv_heads"
     assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, "head_dim must be a power of two >= 16"
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"the GPU tree attention takes heads up to {MAX_HEAD_DIM} wide, not {head_dim}")
     assert k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1, "pools need a contiguous head_dim"
     group = n_heads // n_kv
     assert group <= BLOCK_M, f"GQA groups above {BLOCK_M} heads are not supported"

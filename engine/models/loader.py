@@ -13,6 +13,7 @@ from ..errors import ConfigError, DeviceMemoryError, DraftHeadError, ModelNotFou
 from ..gemma4 import build_gemma4_target
 from ..hybrid_model import build_hybrid_target
 from ..model import TargetModel, build_target
+from ...kernels.tree_attention import MAX_HEAD_DIM
 from ..model_config import ModelConfig
 from ..params import check_head_depth
 from .model_sources import HEAD_NOTES, ModelSource, download_hub_dir, load_tokenizer, resolve_model
@@ -75,6 +76,10 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype, s
     from safetensors import SafetensorError
 
     cfg = ModelConfig.from_hf(source.hf_config)
+    if cfg.gemma4 is not None and device.type == "cuda" and cfg.gemma4.global_head_dim > MAX_HEAD_DIM:
+        raise ModelNotFoundError(
+            f"{source.name} (Gemma 4) runs on the CPU only so far: its global layers' {cfg.gemma4.global_head_dim}-wide "
+            f"heads do not fit the GPU tree attention's tiles (at most {MAX_HEAD_DIM}); use --device cpu.")
     try:
         if shard is None:
             build = build_target

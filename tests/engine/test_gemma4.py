@@ -103,3 +103,17 @@ def test_embeddings_are_scaled_for_the_target_and_the_draft_head():
     assert torch.equal(embed(ids), embed.weight[ids] * 8.0)  # sqrt(hidden 64), exact in every dtype
     engine.allocate()
     assert engine.drafter.embed is embed
+
+
+def test_the_26b_a4b_is_refused_on_cuda_in_one_sentence_before_any_allocation():
+    """Its global layers' 512-wide heads exceed the GPU tree attention's tiles (448 KB of shared
+    memory against an SM's 227 KB); the loader says so before touching the device, and configs
+    with heads the kernel takes (tiny-gemma4) load."""
+    from jetspec_chat.engine.models.loader import load_target
+    from jetspec_chat.engine.models.model_sources import resolve_model
+    from jetspec_chat.kernels.tree_attention import MAX_HEAD_DIM
+
+    with pytest.raises(ModelNotFoundError, match=r"CPU only so far: its global layers' 512-wide heads"):
+        load_target(resolve_model("random:google/gemma-4-26B-A4B-it"), torch.device("cuda"), torch.bfloat16)
+    tiny = ModelConfig.from_hf(resolve_model("random:tiny-gemma4").hf_config)
+    assert tiny.gemma4.global_head_dim <= MAX_HEAD_DIM
