@@ -1,5 +1,6 @@
-"""The app on a MoE target (random:tiny-qwen3-moe, real engine, CPU): one answer with its trees
-and stats, then a budget comparison. The MoE block changes nothing the app sees but the model."""
+"""The app on a MoE target (random:tiny-qwen3-moe) and a Gated DeltaNet hybrid (random:tiny-qwen3.5),
+real engine, CPU: one answer with its trees and stats, then a budget comparison. The MoE block and
+the recurrent layers change nothing the app sees but the model."""
 from __future__ import annotations
 
 import pytest
@@ -11,20 +12,18 @@ from jetspec_chat.ui.tree_view import TreePanel
 
 pytestmark = pytest.mark.slow
 
-MODEL = "random:tiny-qwen3-moe"
-
-
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch, tmp_path):
     isolate(monkeypatch, tmp_path)
 
 
+@pytest.mark.parametrize("model", ["random:tiny-qwen3-moe", "random:tiny-qwen3.5"])
 @async_test
-async def test_moe_model_answers_with_trees_stats_and_compare():
-    app = real_app(MODEL, max_new_tokens=8, compare_budgets=["AR", "16"])
+async def test_the_model_answers_with_trees_stats_and_compare(model):
+    app = real_app(model, max_new_tokens=8, compare_budgets=["AR", "16"])
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        assert app.chat.engine_info.model_name == MODEL and app.chat.engine_info.head_name.startswith("random")
+        assert app.chat.engine_info.model_name == model and app.chat.engine_info.head_name.startswith("random")
         await ask(pilot, "Route this through the experts.")
         trace = app.chat.current_trace
         result = trace.result
