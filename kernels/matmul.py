@@ -498,7 +498,8 @@ def linear_ws(
     b = bias if bias is not None else out  # unused without HAS_BIAS
     _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
         p, b, out, m, n, out.stride(0),
-        GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False, PDL=False,
+        GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
+        **launch_args(out.device, m),
     )
     return out
 
