@@ -495,12 +495,7 @@ def linear_ws(
     launch_ws(x, weight, None, None, p, **kw)
     if partials:
         return Partials(p, bias, x.dtype)
-    b = bias if bias is not None else out  # unused without HAS_BIAS
-    _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
-        p, b, out, m, n, out.stride(0),
-        GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
-        **launch_args(out.device, m),
-    )
+    _sum_groups(p, bias, out)
     return out
 
 
@@ -540,12 +535,18 @@ def _launch(x, weight, bias, out, *, config, split, block_m, tma=None) -> None:
     partials = torch.empty(groups, m, n, device=x.device, dtype=torch.float32) if split else out
     _launch_gemm(x, weight, bias, out, partials, config=config, split=split, block_m=block_m)
     if split:
-        b = bias if bias is not None else out  # unused without HAS_BIAS
-        _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
-            partials, b, out, m, n, out.stride(0),
-            GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
-            **launch_args(out.device, m),
-        )
+        _sum_groups(partials, bias, out)
+
+
+def _sum_groups(partials: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """out [M, N] = the K-group partials [groups, M, N] summed in group order (+ bias), one cast."""
+    groups, m, n = partials.shape
+    b = bias if bias is not None else out  # unused without HAS_BIAS
+    _sum_groups_kernel[(m, _cdiv(n, SUM_BLOCK))](
+        partials, b, out, m, n, out.stride(0),
+        GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
+        **launch_args(out.device, m),
+    )
 
 
 def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m) -> None:
