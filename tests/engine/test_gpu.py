@@ -207,31 +207,20 @@ def test_graphed_batch_sampling_runs_inside_the_graph():
     assert hot != greedy and all(0 <= t < eng.target.cfg.vocab_size for row in hot for t in row)
 
 
-def test_gpt_oss_fp32_on_cuda_is_lossless():
-    """gpt-oss (sliding windows of 8 keys, attention sinks, YaRN, its biased MoE through the fused
-    Triton kernels, CUDA-graphed): fp32 speculative equals transformers, prompts past the window."""
-    fp32 = load_engine("random:tiny-gpt-oss", None, device="cuda", dtype="float32", max_context=2048)
+@pytest.mark.parametrize("model", ["tiny-gpt-oss", "tiny-gemma4"])
+def test_windowed_targets_fp32_on_cuda_are_lossless(model):
+    """fp32 speculative equals transformers, CUDA-graphed, prompts past the window, for gpt-oss
+    (sliding windows of 8 keys, attention sinks, YaRN, its biased MoE through the fused Triton
+    kernels) and Gemma 4 (sliding windows of 8 keys, global layers with their own head_dim and
+    K = V, the soft-cap, its MoE through the fused Triton kernels beside the dense MLP)."""
+    fp32 = load_engine(f"random:{model}", None, device="cuda", dtype="float32", max_context=2048)
     for prompt in (PROMPT, BF16_PROMPTS[1]):
         for budget, width, algo in [(1, 1, "accum_logp"), (16, 4, "accum_logp"), (64, 8, "adaptive"), (16, 1, "chain")]:
             fp32.reset()
             params = GenerationParams(max_new_tokens=48, spec=SpecParams(budget=budget, width=width, tree_algo=algo))
             result = list(fp32.generate(prompt, params))[-1].result
             verdict = check_lossless(fp32, prompt, result, 48)
-            assert verdict["lossless"], (len(prompt), budget, algo, verdict)
-
-
-def test_gemma4_fp32_on_cuda_is_lossless():
-    """Gemma 4 (sliding windows of 8 keys, global layers with their own head_dim and K = V, the
-    soft-cap, its MoE through the fused Triton kernels beside the dense MLP, CUDA-graphed): fp32
-    speculative equals transformers, prompts past the window."""
-    fp32 = load_engine("random:tiny-gemma4", None, device="cuda", dtype="float32", max_context=2048)
-    for prompt in (PROMPT, BF16_PROMPTS[1]):
-        for budget, width, algo in [(1, 1, "accum_logp"), (16, 4, "accum_logp"), (64, 8, "adaptive"), (16, 1, "chain")]:
-            fp32.reset()
-            params = GenerationParams(max_new_tokens=48, spec=SpecParams(budget=budget, width=width, tree_algo=algo))
-            result = list(fp32.generate(prompt, params))[-1].result
-            verdict = check_lossless(fp32, prompt, result, 48)
-            assert verdict["lossless"], (len(prompt), budget, algo, verdict)
+            assert verdict["lossless"], (model, len(prompt), budget, algo, verdict)
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-qwen3.5-moe"])
