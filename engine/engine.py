@@ -417,9 +417,9 @@ class SpecEngine:
             self.round_ahead = False
             if launched is not None:
                 t_round = t_next
-                if cancel is not None and cancel.is_set():  # cancelled while this round was out
-                    answer.finish = answer.finish or "cancelled"
-                if answer.finish is not None:  # the round ahead is dropped, as if never launched
+                # Cancelled while this round was out, or ended by its text: the round ahead is
+                # dropped, as if never launched.
+                if answer.finish is not None or answer.cancelled(cancel):
                     with torch.inference_mode():
                         self._collect(launched)
                     self.rollback(base + keep)
