@@ -92,6 +92,46 @@ WS_MAX_STAGES = 8
 
 
 @dataclass(frozen=True)
+class WsPick:
+    """A launch the warp-specialized form won for rows in (after_rows, up_to_rows] of one
+    weight shape: `linear_ws` options (split / block_m / block_n / programs_per_sm: speed
+    only, never bits)."""
+
+    after_rows: int
+    up_to_rows: int
+    options: tuple[tuple[str, object], ...]
+
+
+# Where the warp-specialized form beat the engine's launch by >= 8% at one real shape and row
+# count (H200, 2026-11-27, benchmarks/kernels_vs_vendor.py on cdc000b, µs per call: engine ->
+# pick), the engine takes it on an sm_90 GPU even with USE_WS off. Keyed by the weight's (N, K).
+WS_PICKS: dict[tuple[int, int], tuple[WsPick, ...]] = {
+    # Qwen3-8B qkv at 128 rows, 128-wide tiles: 27.5 -> 24.6
+    (6144, 4096): (WsPick(64, 128, (("block_n", 128),)),),
+    # Qwen3-8B o_proj at 256 rows, two 64-row programs an SM: 26.6 -> 24.4
+    (4096, 4096): (WsPick(128, 256, (("programs_per_sm", 2), ("block_m", 64))),),
+    # Qwen3-8B gate_up at 256 rows, two 64-row programs an SM: 105.9 -> 92.5
+    (24576, 4096): (WsPick(128, 256, (("programs_per_sm", 2), ("block_m", 64))),),
+    # Qwen3-8B down at 256 rows, split over its K groups: 77.1 -> 62.4 (group sum included)
+    (4096, 12288): (WsPick(128, 256, (("split", True),)),),
+    # Qwen2.5-1.5B o_proj at 128 rows, split: 9.6 -> 8.2
+    (1536, 1536): (WsPick(64, 128, (("split", True),)),),
+    # Qwen2.5-1.5B down at 256 rows, 128-wide tiles: 26.7 -> 22.0
+    (1536, 8960): (WsPick(128, 256, (("block_n", 128),)),),
+    # Qwen3-30B-A3B o_proj at 256 rows, fused: 22.5 -> 19.8
+    (2048, 4096): (WsPick(128, 256, (("split", False),)),),
+}
+
+
+def ws_pick(m: int, n: int, k: int) -> dict | None:
+    """The `linear_ws` options WS_PICKS holds for M rows of an [N, K] weight, or None."""
+    for pick in WS_PICKS.get((n, k), ()):
+        if pick.after_rows < m <= pick.up_to_rows:
+            return dict(pick.options)
+    return None
+
+
+@dataclass(frozen=True)
 class Partials:
     """A split launch's output before its group-sum pass: `groups` [G, M, N] fp32 (group g's sum
     of row m, column n), the bias [N] or None, and the output dtype. Its value is `sum()`: the
@@ -249,6 +289,12 @@ def _ws_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return USE_WS and ws_available(x.device) and ws_fits(x) and ws_fits(weight)
 
 
+def _ws_picked(x: torch.Tensor, weight: torch.Tensor) -> dict | None:
+    """`ws_pick`'s options where the warp-specialized form can run this launch, else None."""
+    pick = ws_pick(x.shape[0], weight.shape[0], x.shape[1])
+    return pick if pick is not None and ws_available(x.device) and ws_fits(x) and ws_fits(weight) else None
+
+
 # ----------------------------------------------------------------------------- triton kernels
 
 if triton is not None:
@@ -386,6 +432,9 @@ def linear_partials_triton(
     m, k = x.shape
     n = weight.shape[0]
     config = config or choose_config(n, k)
+    picked = _ws_picked(x, weight) if split is None and block_m is None else None
+    if picked is not None and m > 0:
+        return linear_ws(x, weight, bias, config=config, partials=True, **picked)
     split = use_split(m, n, k, config) if split is None else (split and config.num_groups(k) > 1)
     if not split or m == 0:
         return linear_triton(x, weight, bias, config=config, split=False, block_m=block_m)
@@ -523,6 +572,10 @@ def _launch(x, weight, bias, out, *, config, split, block_m, tma=None) -> None:
         return
     config = config or choose_config(n, k)
     groups = config.num_groups(k)
+    picked = _ws_picked(x, weight) if split is None and block_m is None and tma is None else None
+    if picked is not None:
+        linear_ws(x, weight, bias, out, config=config, **picked)
+        return
     split = use_split(m, n, k, config) if split is None else (split and groups > 1)
     if _ws_applies(x, weight):
         linear_ws(x, weight, bias, out, config=config, split=split, block_m=block_m)

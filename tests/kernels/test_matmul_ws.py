@@ -146,3 +146,73 @@ def test_switch_routes_every_launch_through_the_ws_kernel(monkeypatch):
     got = linear_partials_triton(torch.zeros(1, k, dtype=torch.bfloat16), w)
     assert isinstance(got, matmul.Partials) and got.groups.shape == (5, 1, n)
     assert [entry[0] for entry in launches] == ["ws"]
+
+
+def test_ws_picks_name_linear_ws_options_and_row_ranges():
+    """Every measured pick is a valid `linear_ws` launch for a row range, and `ws_pick` finds it
+    only inside that range."""
+    import inspect
+    options = set(inspect.signature(linear_ws).parameters) - {"x", "weight", "bias", "out", "config", "partials"}
+    for (n, k), picks in matmul.WS_PICKS.items():
+        for pick in picks:
+            assert 0 <= pick.after_rows < pick.up_to_rows and set(dict(pick.options)) <= options, (n, k, pick)
+            assert matmul.ws_pick(pick.up_to_rows, n, k) == dict(pick.options)
+            assert matmul.ws_pick(pick.after_rows, n, k) != dict(pick.options) or pick.after_rows == 0
+    assert matmul.ws_pick(256, 1, 1) is None
+
+
+def test_picks_route_their_rows_through_the_ws_kernel(monkeypatch):
+    """Host side (kernels replaced by recorders, an sm_90 device assumed), USE_WS off: the 8B
+    down projection at 256 rows takes its pick (split over its K groups in the ws kernel: the
+    group sums summed by linear_triton, handed back by linear_partials_triton); at 64 rows it
+    keeps the pointer kernel."""
+    pytest.importorskip("triton.experimental.gluon")
+    launches = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.name, kw))
+
+    monkeypatch.setattr(matmul_ws, "_linear_ws_kernel", Recorder("ws"))
+    monkeypatch.setattr(matmul, "_sum_groups_kernel", Recorder("sum"))
+    monkeypatch.setattr(matmul, "_linear_kernel", Recorder("pointer"))
+    monkeypatch.setattr(matmul, "ws_available", lambda device: True)
+    assert not matmul.USE_WS
+    n, k = REAL_SHAPES["8b_down"]
+    w = torch.zeros(n, k, dtype=torch.bfloat16)
+    assert matmul.ws_pick(256, n, k) == {"split": True}
+
+    linear_triton(torch.zeros(256, k, dtype=torch.bfloat16), w)
+    assert [name for name, _ in launches] == ["ws", "sum"] and launches[0][1]["SPLIT"]
+    launches.clear()
+    got = linear_partials_triton(torch.zeros(256, k, dtype=torch.bfloat16), w)
+    assert isinstance(got, matmul.Partials) and [name for name, _ in launches] == ["ws"]
+    launches.clear()
+    linear_triton(torch.zeros(64, k, dtype=torch.bfloat16), w)
+    assert launches and all(name != "ws" for name, _ in launches)
+
+
+@gpu_only
+def test_gpu_ws_picks_give_the_linears_bits(monkeypatch):
+    """bf16: at every pick's row counts, the engine's entry points (with the pick) equal the
+    same calls without picks bitwise, and their rows equal the rows computed alone (AR)."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for (n, k), picks in matmul.WS_PICKS.items():
+        x = torch.randn(256, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+        alone = torch.cat([linear_triton(x[r:r + 1], w) for r in range(0, 256, 37)])
+        for pick in picks:
+            for m in (pick.after_rows + 1, pick.up_to_rows):
+                with_pick = linear_triton(x[:m], w)
+                partials = linear_partials_triton(x[:m], w)
+                partials = partials.sum() if isinstance(partials, matmul.Partials) else partials
+                with monkeypatch.context() as patch:
+                    patch.setattr(matmul, "WS_PICKS", {})
+                    ref = linear_triton(x[:m], w)
+                what = f"({n}, {k}) M={m} {pick.options}"
+                assert torch.equal(with_pick, ref) and torch.equal(partials, ref), what
+                rows = list(range(0, m, 37))
+                assert torch.equal(with_pick[rows], alone[:len(rows)]), f"{what}: rows differ from AR"
