@@ -29,7 +29,8 @@ from ..kernels import (
 )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T (+ bias). CUDA bf16/fp16 (no autograd): the batch-invariant Triton GEMM
     (kernels/matmul.py), so a row's result is bitwise the same in a tree verify as in an AR step;
     fp32 on CUDA keeps F.linear (the oracle path against transformers). On the CPU a skinny x
@@ -37,7 +38,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     CPU F.linear took 2-3.5x its 1-row time at 2-16 rows (sgemm packs the weight panels, moving
     it twice), weight @ x.T 1-2.4x. One row is padded to two: with a single column the product
     dispatches to GEMV, which streamed the weights at a third of the GEMM's speed on the AMD
-    EPYC of docs/performance.md, "CPU paths" (the AR step 118 -> 61 ms on the 0.5B)."""
+    EPYC of docs/performance.md, "CPU paths" (the AR step 118 -> 61 ms on the 0.5B).
+    out: a contiguous [rows, N] destination (the tensor-parallel exchange's buffer), written by
+    the GEMM itself on the Triton path, else copied into; the result is then `out`."""
+    if out is not None:
+        if _batch_invariant(x, weight, bias):
+            return linear_triton(x.reshape(-1, x.shape[-1]), weight, bias, out=out)
+        return out.copy_(linear(x, weight, bias).reshape(out.shape))
     rows = x.numel() // x.shape[-1]
     if x.device.type == "cpu" and rows <= 32:
         x2 = x.reshape(rows, x.shape[-1])

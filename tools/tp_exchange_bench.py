@@ -63,8 +63,10 @@ def main() -> None:
         for slot in (0, 1, 0):
             x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16) * (rank + 1)
             ours, nccl = exchange.gather(x, slot).groups.clone(), gather_partials(x, world).groups
-            same = same and torch.equal(ours, nccl)
-    results["identical"] = f"{same} (ours vs the NCCL all-gather, 1/7/128 rows)"
+            exchange.out(rows, slot).copy_(x)
+            in_place = exchange.gather(exchange.out(rows, slot), slot).groups.clone()
+            same = same and torch.equal(ours, nccl) and torch.equal(in_place, nccl)
+    results["identical"] = f"{same} (ours, copied in and in place, vs the NCCL all-gather, 1/7/128 rows)"
     for rows in (1, 128):
         x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
 
@@ -73,6 +75,12 @@ def main() -> None:
                 exchange.gather(x, i % 2)
 
         results[f"ours (symmetric memory, unicast), {rows} rows"] = graphed_us(ours)
+
+        def ours_in_place():  # as in the engine: the GEMM has written the partial into `out`
+            for i in range(EXCHANGES):
+                exchange.gather(exchange.out(rows, i % 2), i % 2)
+
+        results[f"  the partial already in place (the engine's GEMM writes it there), {rows} rows"] = graphed_us(ours_in_place)
 
     def barrier_only():
         for _ in range(EXCHANGES):

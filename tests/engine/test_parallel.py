@@ -93,16 +93,23 @@ def test_a_rank_loads_only_its_part(name, tmp_path):
 
 
 class _RecordingExchange:
-    """Stands in for a SymmetricExchange of one rank: records each exchange's slot."""
+    """Stands in for a SymmetricExchange of one rank: records each exchange's slot, and whether
+    its partial was written in place (into the tensor `out_for` handed out)."""
 
     def __init__(self):
-        self.slots = []
+        self.slots, self.in_place, self.handed = [], [], {}
 
     def fits(self, partial):
         return True
 
+    def out_for(self, x, n, slot):
+        self.handed[slot] = torch.full((x.shape[0], n), float("nan"), dtype=x.dtype)
+        return self.handed[slot]
+
     def gather(self, partial, slot):
         self.slots.append(slot)
+        handed = self.handed.pop(slot, None)
+        self.in_place.append(handed is not None and partial.data_ptr() == handed.data_ptr())
         return Partials(partial[None].contiguous(), None, partial.dtype)
 
 
@@ -123,6 +130,9 @@ def test_consecutive_exchanges_alternate_slots(name):
     for _ in range(2):
         assert torch.equal(_forward_logits(model, TOKENS), want)
     assert exchange.slots == [0, 1] * (2 * model.cfg.num_layers)
+    # o_proj and a dense MLP's down_proj write their partial in place; a MoE block's is copied in.
+    moe = [isinstance(m, RowParallelMoe) for m in model.modules() if isinstance(m, (RowParallelLinear, RowParallelMoe))]
+    assert exchange.in_place == [not is_moe for is_moe in moe] * 2
 
 
 def build_shard_like(model):
