@@ -19,10 +19,9 @@ rank exactly 1/N of the work of every token, keeps the router and routing whole 
 every rank, and needs no token exchange (all-to-all) at all.
 
 The exchange: on CUDA through symmetric memory where every pair of GPUs can reach each other
-(`SymmetricExchange`: the row-parallel GEMM writes its partial into this rank's part of a
-symmetric buffer, one copy pushes it into the same part of every peer's buffer by unicast
-stores, then a device-side barrier; the consumer reads the N parts in place: 2 launches at two
-ranks, no NCCL, no host sync, capturable in a CUDA graph), else (the CPU with gloo, no peer access, a batch larger than
+(`SymmetricExchange`: the row-parallel GEMM writes its partial into this rank's slot of a
+symmetric buffer, a device-side barrier, then one gather of the N ranks' slots by unicast peer
+loads; 2 launches beside the GEMM, no NCCL, no host sync, capturable in a CUDA graph), else (the CPU with gloo, no peer access, a batch larger than
 the buffer, JETSPEC_TP_EXCHANGE=nccl) one NCCL/gloo all-gather. Both hand the consumer the same
 [N, T, H] values, so the choice never changes a bit of the output.
 """
@@ -62,20 +61,17 @@ EXCHANGE_ENV = "JETSPEC_TP_EXCHANGE"
 
 class SymmetricExchange:
     """Every rank's partial [T, H] (T <= rows) to every rank through symmetric memory, unicast
-    only (NVLink multicast stays off). Each rank's buffer holds SLOTS regions of N x rows x H;
-    for an exchange of T rows a slot's region is read as one contiguous [N, T, H] (rank r's part
-    at [r]). A rank's partial goes into part [rank] of its own region (the row-parallel GEMM
-    writes it there directly: `out`), then one copy pushes it into part [rank] of every peer's
-    region, then the ranks meet at a device-side barrier (signal pads: release/acquire at system
-    scope, no host sync, capturable in a CUDA graph). After it the local region holds all N
-    parts, in rank order, and the consumer (add_rms_norm) reads them in place: at two ranks an
-    exchange is two launches (the push, the barrier) beside the GEMM.
+    only (NVLink multicast stays off). Each rank holds SLOTS buffers [rows, H]. A rank's partial
+    goes into its slot (the row-parallel GEMM writes it there directly: `out_for`; anything else
+    is copied in), the ranks meet at a device-side barrier (signal pads: release/acquire at
+    system scope, no host sync, capturable in a CUDA graph), then one kernel of peer loads
+    gathers slot `slot` of all N ranks' buffers, in rank order, into one local [N, T, H] tensor:
+    beside the GEMM, two launches an exchange.
 
-    Two slots make one barrier per exchange enough: a rank pushes into a peer's slot again only
-    after the next exchange's barrier, which that peer enters only after its consumer has read
-    the slot (stream order). That holds while consecutive exchanges use different slots: the
-    attention's o_proj uses slot 0 and the MLP / MoE block slot 1, every forward runs the layers
-    in order (o, mlp, o, ...), and each exchange's parts are consumed before the next one."""
+    Two slots make one barrier per exchange enough: a rank writes a slot again only after the
+    next exchange's barrier, which every other rank enters only after its gather from that slot.
+    That holds while consecutive exchanges use different slots: the attention's o_proj uses slot
+    0 and the MLP / MoE block slot 1, and every forward runs the layers in order (o, mlp, o, ...)."""
 
     SLOTS = 2
 
@@ -83,12 +79,9 @@ class SymmetricExchange:
         import torch.distributed._symmetric_memory as symm_mem
 
         self.rows, self.hidden, self.dtype = rows, hidden, dtype
-        self.world = dist.get_world_size()
-        self.region = self.world * rows * hidden
-        self.buffer = symm_mem.empty(self.SLOTS, self.region, dtype=dtype, device=device)
+        self.buffer = symm_mem.empty(self.SLOTS, rows, hidden, dtype=dtype, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, group_name)
-        self.rank = self.handle.rank
-        assert self.handle.world_size == self.world
+        self.rank, self.world = self.handle.rank, self.handle.world_size
         self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
 
     def fits(self, partial: torch.Tensor) -> bool:
@@ -96,9 +89,9 @@ class SymmetricExchange:
                 and partial.dtype == self.dtype and partial.device == self.buffer.device)
 
     def out(self, t: int, slot: int) -> torch.Tensor:
-        """Where this rank's partial of T rows belongs in `slot` ([T, H], contiguous): a GEMM
-        that writes it there saves the exchange's local copy."""
-        return self._parts(slot, t)[self.rank]
+        """Where this rank's partial of T rows goes in `slot` ([T, H], contiguous): a GEMM that
+        writes it there saves the exchange's copy."""
+        return self.buffer[slot, :t]
 
     def out_for(self, x: torch.Tensor, n: int, slot: int) -> torch.Tensor | None:
         """`out` for the product of x [T, K] with an [n, K] weight, or None where that partial
@@ -109,28 +102,20 @@ class SymmetricExchange:
 
     def gather(self, partial: torch.Tensor, slot: int) -> Partials:
         """Every rank's `partial`, as `Partials` [N, T, H] (rank r's at [r]); every rank calls it
-        with the same shape and slot. The parts live in the exchange's buffer: consume them
-        before the next exchange through the same slot."""
+        with the same shape and slot."""
         t = partial.shape[0]
-        parts = self._parts(slot, t)
-        mine = parts[self.rank]
+        mine = self.out(t, slot)
         if partial.data_ptr() != mine.data_ptr():
             mine.copy_(partial)
-        for peer_part in self._peer_parts(slot, t):
-            peer_part.copy_(mine)
         self.handle.barrier(channel=0)
+        parts = torch.stack(self._peer_views(slot, t))
         return Partials(parts, None, partial.dtype)
 
-    def _parts(self, slot: int, t: int) -> torch.Tensor:
-        return self.buffer[slot, :self.world * t * self.hidden].view(self.world, t, self.hidden)
-
-    def _peer_parts(self, slot: int, t: int) -> list[torch.Tensor]:
-        """Part [rank] of `slot`'s region in every other rank's buffer, as [T, H] views."""
+    def _peer_views(self, slot: int, t: int) -> list[torch.Tensor]:
         views = self._views.get((slot, t))
         if views is None:
-            offset = slot * self.region + self.rank * t * self.hidden
-            views = [self.handle.get_buffer(r, (t, self.hidden), self.dtype, offset)
-                     for r in range(self.world) if r != self.rank]
+            offset = slot * self.rows * self.hidden
+            views = [self.handle.get_buffer(r, (t, self.hidden), self.dtype, offset) for r in range(self.world)]
             self._views[(slot, t)] = views
         return views
 

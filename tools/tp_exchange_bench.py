@@ -66,7 +66,7 @@ def main() -> None:
             exchange.out(rows, slot).copy_(x)
             in_place = exchange.gather(exchange.out(rows, slot), slot).groups.clone()
             same = same and torch.equal(ours, nccl) and torch.equal(in_place, nccl)
-    results["identical"] = f"{same} (ours, copied in and in place, vs the NCCL all-gather, 1/7/128 rows)"
+    results["identical"] = f"{same} (ours, copied in and written in place, vs the NCCL all-gather, 1/7/128 rows)"
     for rows in (1, 128):
         x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
 
