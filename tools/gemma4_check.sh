@@ -23,7 +23,7 @@ T=${STEP_TIMEOUT:-0}
 step() { echo "== $*"; timeout "$T" "$@" || echo "== FAILED ($?): $*"; }
 if [ "$PART" != model ]; then
   step python -m pytest -q tests/kernels/test_moe_gemma4_kernel.py
-  step python -m pytest -q tests/kernels/test_kernels.py -k "gemma4 or 512"
+  step python -m pytest -q tests/kernels/test_kernels.py -k "gemma4 or write_kv"
   step python tests/kernels/sm90_tree_attention_compile.py 512
   step python -m pytest -q tests/kernels/test_fused_kernels.py -k "qk_norm_rope_triton and 512"
   step python -m pytest -q tests/engine/test_gpu.py -k gemma4
