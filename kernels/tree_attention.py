@@ -9,14 +9,17 @@ of the call, of T and of prefix_len: a tree node verified at depth d computes ex
 AR step that produced the same token at the same position computes. So every row reduces over
 its keys in *its own logical order*: the prefix, then the new tokens it sees, in index order
 (for a tree: its ancestors by depth, i.e. the positions they will have once accepted). Keys are
-cut into 64-position tiles aligned at absolute logical positions and into splits of
+cut into BLOCK_N-position tiles (64; 32 for heads wider than 256, `tile_config`) aligned at
+absolute logical positions and into splits of
 `split_len` positions (a function of the cache size only), and a row's result is defined tile by
 tile: each tile's *partial* alone (its row max m, l = sum 2^(s - m), P@V from a zero
 accumulator; `_tile_partial`), folded in order within each split (`_fold_weights`), the splits'
 states folded in order, then a / l. Which program computes a partial or a fold never changes
 its bits, so the work can be cut as suits each call:
 
-  grid = (KV heads, programs); MODE picks the binary
+  grid = (KV heads, programs, V parts); MODE picks the binary. V parts: 1, or for heads wider
+    than 256 WIDE_V_SPLIT programs that share a query tile and each take a part of V's and the
+    output's columns (each computes the whole head's scores: the same m and l in every part).
   * GQA packing: a program owns one KV head and BLOCK_M (always 64) rows, a row being a
     (token, query head of the group) pair, row = token * GROUP + g. BLOCK_M, BLOCK_N, the warps
     and the dot instruction never change: a score or a P@V product of one row is the same
@@ -65,6 +68,16 @@ NUM_WARPS = 4
 # binary measured the same with 2 or 3 (docs/performance.md).
 NUM_STAGES = 3
 AR_NUM_STAGES = 2
+# Heads wider than 256 (Gemma 4's global layers, 512; `tile_config`): each query tile's V and
+# output columns are cut in WIDE_V_SPLIT parts, a program each (every part computes the scores
+# over the whole head), with 32-key tiles and 2 stages. Offline sm_90 compile at 512, bf16
+# (tests/kernels/sm90_tree_attention_compile.py): 224 KB of shared memory (as the 256 AR binary),
+# 231-255 registers, no spills; 64-key tiles at 3 stages would need 448 KB and an unsplit
+# [64, 512] fp32 accumulator 256 registers a thread at 4 warps.
+WIDE_BLOCK_N = 32
+WIDE_NUM_WARPS = 4
+WIDE_STAGES = 2
+WIDE_V_SPLIT = 2
 MIN_SPLIT_LEN = 256
 MAX_SPLITS = 64
 # Programs per KV head of an AR call; program p takes tiles p, p + 32, ... (speed only).
@@ -77,10 +90,27 @@ FLAT_TILES = 16
 # 11.6/15.7/21.6, T=256 (48) 31.2 -> 35.2; 8B T=16 (8) 20.3 -> 14.4, T=64 (32) 26.4 -> 27.8, T=128 43 -> 48.
 # In the engine the 1.5B's verify(64) took 0.953x, its verify(128) 1.020x: hence 16, not 24.
 FLAT_MAX_CHAINS = 16
-# The widest head the kernel takes: a 64-row program's Q, K and V tiles at head_dim 512 need 448 KB
-# of shared memory, an H100/H200 SM has 227 KB (measured: OutOfResources on an H200). 256 runs
-# (Qwen3.5-family attention layers, Gemma 4's sliding layers).
-MAX_HEAD_DIM = 256
+# The widest head the kernel takes (Gemma 4's global layers).
+MAX_HEAD_DIM = 512
+
+
+class TileConfig(NamedTuple):
+    """Key tile width, warps and pipeline depths of the binaries for one head width: fixed per
+    head width (batch invariance: every call at that width reduces a row the same way)."""
+
+    block_n: int
+    num_warps: int
+    stages: int
+    ar_stages: int
+    v_split: int  # programs that share a query tile's V and output columns
+
+
+def tile_config(head_dim: int) -> TileConfig:
+    """Heads up to 256 wide: 64-key tiles, 4 warps, the whole head in one program (the constants
+    above). Wider heads: the WIDE_* constants."""
+    if head_dim <= 256:
+        return TileConfig(BLOCK_N, NUM_WARPS, NUM_STAGES, AR_NUM_STAGES, 1)
+    return TileConfig(WIDE_BLOCK_N, WIDE_NUM_WARPS, WIDE_STAGES, WIDE_STAGES, WIDE_V_SPLIT)
 
 
 class VisibleKeys(NamedTuple):
@@ -132,11 +162,12 @@ if triton is not None:
 
     @triton.jit
     def _load_kv_tile(
-        K, V, BT, pos, valid, kv, d,
+        K, V, BT, pos, valid, kv, d, dv,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, PAGED: tl.constexpr,
     ):
-        """Gather K^T [D, BLOCK_N] and V [BLOCK_N, D] at logical positions `pos` of KV head kv.
+        """Gather K^T [D, BLOCK_N] and V [BLOCK_N, DV] at logical positions `pos` of KV head kv
+        (columns d of K, dv of V: all of both, or a wide head's part of V).
 
         MASKED=False (every position valid) keeps the loads unpredicated; masked-off columns
         load as zeros. Either way the values of the valid columns are the same. PAGED=False: the
@@ -152,7 +183,7 @@ if triton is not None:
         blk = blk.to(tl.int64)
         off = pos % BLOCK_SIZE
         k_ptr = K + (blk * stride_kb + off * stride_ks + kv * stride_kh)[None, :] + d[:, None]
-        v_ptr = V + (blk * stride_vb + off * stride_vs + kv * stride_vh)[:, None] + d[None, :]
+        v_ptr = V + (blk * stride_vb + off * stride_vs + kv * stride_vh)[:, None] + dv[None, :]
         if MASKED:
             kt = tl.load(k_ptr, mask=valid[None, :], other=0.0)
             v = tl.load(v_ptr, mask=valid[:, None], other=0.0)
@@ -221,11 +252,22 @@ if triton is not None:
             return tl.where(prefix_tiles <= FLAT_TILES, 0, prefix_tiles)
 
     @triton.jit
-    def _store_partial(TL_M, TL_L, TL_A, at, m, l, a, mask, d, HEAD_DIM: tl.constexpr):
-        """A tile's partial (m, l, a) of the rows at `at` (slot, token, head), where `mask`."""
-        tl.store(TL_M + at, m, mask=mask)
-        tl.store(TL_L + at, l, mask=mask)
-        tl.store(TL_A + at[:, None] * HEAD_DIM + d[None, :], a, mask=mask[:, None])
+    def _ml_mask(mask, V_SPLIT: tl.constexpr):
+        """Where a program stores its rows' m and l: `mask`, and for a wide head only in part 0
+        (every part computes the same scores, m and l: the same code on the same Q and K)."""
+        if V_SPLIT == 1:
+            return mask
+        else:
+            part = tl.zeros_like(mask.to(tl.int32)) + tl.program_id(2)  # a vector (the interpreter's masks must be)
+            return mask & (part == 0)
+
+    @triton.jit
+    def _store_partial(TL_M, TL_L, TL_A, at, m, l, a, mask, dv, HEAD_DIM: tl.constexpr, V_SPLIT: tl.constexpr):
+        """A tile's partial (m, l, a: columns dv) of the rows at `at` (slot, token, head), where
+        `mask` (m and l: `_ml_mask`)."""
+        tl.store(TL_M + at, m, mask=_ml_mask(mask, V_SPLIT))
+        tl.store(TL_L + at, l, mask=_ml_mask(mask, V_SPLIT))
+        tl.store(TL_A + at[:, None] * HEAD_DIM + dv[None, :], a, mask=mask[:, None])
 
     @triton.jit
     def _query_rows(COUNT, prefix, query_tile, kv, T, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -250,7 +292,7 @@ if triton is not None:
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, FLAT_TILES: tl.constexpr,
         PAGED: tl.constexpr, PRECISION: tl.constexpr, WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
-        PDL: tl.constexpr,
+        V_SPLIT: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
         kv = tl.program_id(0)
@@ -259,6 +301,11 @@ if triton is not None:
         prefix = tl.load(PREFIX).to(tl.int32)
         prefix_tiles_end = prefix // BLOCK_N * BLOCK_N
         d = tl.arange(0, HEAD_DIM)
+        if V_SPLIT == 1:
+            dv = d
+        else:
+            # A wide head: this program's part (program_id(2)) of V and of the output columns.
+            dv = tl.program_id(2) * (HEAD_DIM // V_SPLIT) + tl.arange(0, HEAD_DIM // V_SPLIT)
         cols = tl.arange(0, BLOCK_N)
         n_query_tiles = tl.cdiv(T * GROUP, BLOCK_M)
         n_split_programs = 0 if MODE == AR_MODE else NUM_SPLITS * n_query_tiles
@@ -286,11 +333,11 @@ if triton is not None:
                             mask=row_valid[:, None], other=0.0)
                 m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
                 l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-                acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+                acc = tl.zeros([BLOCK_M, HEAD_DIM // V_SPLIT], dtype=tl.float32)
                 # Tiles wholly inside the prefix: the same keys for every row (all visible).
                 for start in range(lo, shared_end, BLOCK_N):
                     pos = start + cols
-                    kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d,
+                    kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d, dv,
                                           stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                           BLOCK_SIZE, False, PAGED)
                     visible = _row_sees(pos, length, WINDOW)
@@ -309,7 +356,7 @@ if triton is not None:
                         bottom = tl.min(tl.where(sees, key_pos, 2147483647), 0)
                         if tl.min(((top == bottom) | (top < 0)).to(tl.int32), 0) == 1:
                             # Every row that sees a column sees the same key there (causal, full).
-                            kt, v = _load_kv_tile(K, V, BT, top, top >= 0, kv, d,
+                            kt, v = _load_kv_tile(K, V, BT, top, top >= 0, kv, d, dv,
                                                   stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                                   BLOCK_SIZE, True, PAGED)
                             m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, sees, qk_scale, PRECISION)
@@ -321,7 +368,7 @@ if triton is not None:
                                 mine = (tok == tau)[:, None] & sees
                                 keys = tl.max(tl.where(mine, key_pos, -1), 0)
                                 if tl.max(keys, 0) >= 0:
-                                    kt, v = _load_kv_tile(K, V, BT, keys, keys >= 0, kv, d,
+                                    kt, v = _load_kv_tile(K, V, BT, keys, keys >= 0, kv, d, dv,
                                                           stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
                                                           stride_vh, BLOCK_SIZE, True, PAGED)
                                     m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, mine, qk_scale, PRECISION)
@@ -333,13 +380,13 @@ if triton is not None:
                     l_out = l_i * c1 + c2
                     a_out = acc * c1[:, None]
                 out = a_out / tl.where(l_out > 0.0, l_out, 1.0)[:, None]
-                o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+                o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
                 tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=direct[:, None])
                 state = mine_here & ~direct
                 at = (split * T + tok) * N_HEADS + head  # [NUM_SPLITS, T, N_HEADS]
-                tl.store(CH_M + at, m_i, mask=state)
-                tl.store(CH_L + at, l_i, mask=state)
-                tl.store(CH_A + at[:, None] * HEAD_DIM + d[None, :], acc, mask=state[:, None])
+                tl.store(CH_M + at, m_i, mask=_ml_mask(state, V_SPLIT))
+                tl.store(CH_L + at, l_i, mask=_ml_mask(state, V_SPLIT))
+                tl.store(CH_A + at[:, None] * HEAD_DIM + dv[None, :], acc, mask=state[:, None])
         elif pid < n_split_programs + n_flat_programs:
             # A flat program (TREE, `flat`): prefix tile j of query tile pid % n, its partial
             # stored for the merge (tile slot j: with `flat` the slots start at tile 0).
@@ -349,12 +396,12 @@ if triton is not None:
                 q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                             mask=row_valid[:, None], other=0.0)
                 pos = j * BLOCK_N + cols
-                kt, v = _load_kv_tile(K, V, BT, pos, pos < prefix, kv, d,
+                kt, v = _load_kv_tile(K, V, BT, pos, pos < prefix, kv, d, dv,
                                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                       BLOCK_SIZE, False, PAGED)
                 visible = _row_sees(pos, length, WINDOW)
                 m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
-                _store_partial(TL_M, TL_L, TL_A, (j * T + tok) * N_HEADS + head, m_t, l_t, a_t, row_valid, d, HEAD_DIM)
+                _store_partial(TL_M, TL_L, TL_A, (j * T + tok) * N_HEADS + head, m_t, l_t, a_t, row_valid, dv, HEAD_DIM, V_SPLIT)
         else:
             # A tile program: one token's GROUP query heads (rows 0..GROUP-1 of the tile) and its
             # tiles from the first past the shared ones (AR: all), every TILE_STRIDE-th from its
@@ -382,13 +429,13 @@ if triton is not None:
                         new = valid & (depth >= 0)
                         idx = tl.load(ORDER + tau * T + depth, mask=new, other=0)
                         key_pos = tl.where(new, prefix + idx, pos)
-                    kt, v = _load_kv_tile(K, V, BT, key_pos, valid, kv, d,
+                    kt, v = _load_kv_tile(K, V, BT, key_pos, valid, kv, d, dv,
                                           stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                                           BLOCK_SIZE, True, PAGED)
                     visible = _row_sees(pos, length, WINDOW)
                     m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
                     at = ((j - tail_start) * T + tau) * N_HEADS + head  # [tile slots, T, N_HEADS]
-                    _store_partial(TL_M, TL_L, TL_A, at, m_t, l_t, a_t, row_valid, d, HEAD_DIM)
+                    _store_partial(TL_M, TL_L, TL_A, at, m_t, l_t, a_t, row_valid, dv, HEAD_DIM, V_SPLIT)
 
     @triton.jit(do_not_specialize=["T"])
     def _merge_kernel(
@@ -528,6 +575,8 @@ def paged_tree_attention_triton(
     assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, "head_dim must be a power of two >= 16"
     if head_dim > MAX_HEAD_DIM:
         raise ValueError(f"the GPU tree attention takes heads up to {MAX_HEAD_DIM} wide, not {head_dim}")
+    cfg = tile_config(head_dim)
+    block_n = cfg.block_n
     assert k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1, "pools need a contiguous head_dim"
     group = n_heads // n_kv
     assert group <= BLOCK_M, f"GQA groups above {BLOCK_M} heads are not supported"
@@ -552,11 +601,11 @@ def paged_tree_attention_triton(
     # programs past a row's length return at once.
     num_splits = -(-capacity // split_len)
     if t == 1:  # every tile of the row in parallel programs
-        mode, tile_slots, tile_programs = AR_MODE, -(-capacity // BLOCK_N), AR_TILE_PROGRAMS
+        mode, tile_slots, tile_programs = AR_MODE, -(-capacity // block_n), AR_TILE_PROGRAMS
     elif keys.shared:  # rows share their keys: split programs fold every tile
         mode, tile_slots, tile_programs = CHUNK_MODE, 0, 0
     else:  # a tree: a program per token for the tiles past the prefix
-        mode, tile_slots, tile_programs = TREE_MODE, (t + BLOCK_N - 2) // BLOCK_N + 1, t
+        mode, tile_slots, tile_programs = TREE_MODE, (t + block_n - 2) // block_n + 1, t
     query_tiles = triton.cdiv(t * group, BLOCK_M)
     split_programs = 0 if mode == AR_MODE else num_splits * query_tiles
     # Flat prefix programs where the chains would be few (0: none; the merge then finds no flat slots).
@@ -574,7 +623,7 @@ def paged_tree_attention_triton(
     sink_arg = sinks if sinks is not None else prefix  # an unread stand-in without sinks
     ch_a, ch_m, ch_l = f32(states, t, n_heads, head_dim), f32(states, t, n_heads), f32(states, t, n_heads)
     tl_a, tl_m, tl_l = f32(tile_slots, t, n_heads, head_dim), f32(tile_slots, t, n_heads), f32(tile_slots, t, n_heads)
-    _tree_attn_kernel[(n_kv, split_programs + flat_programs + tile_programs)](
+    _tree_attn_kernel[(n_kv, split_programs + flat_programs + tile_programs, cfg.v_split)](
         q, k_pool, v_pool, prefix if block_table is None else block_table,  # an unread stand-in
         prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, sink_arg,
         t, n_heads, split_len, num_splits, AR_TILE_PROGRAMS if mode == AR_MODE else 1, scale * LOG2E,
@@ -583,16 +632,16 @@ def paged_tree_attention_triton(
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, MODE=mode, FLAT_TILES=flat_tiles, PAGED=block_table is not None,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, MODE=mode, FLAT_TILES=flat_tiles, PAGED=block_table is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
-        WINDOW=int(window), HAS_SINKS=sinks is not None,
-        num_warps=NUM_WARPS, num_stages=AR_NUM_STAGES if t == 1 else NUM_STAGES, enable_fp_fusion=False,
+        WINDOW=int(window), HAS_SINKS=sinks is not None, V_SPLIT=cfg.v_split,
+        num_warps=cfg.num_warps, num_stages=cfg.ar_stages if t == 1 else cfg.stages, enable_fp_fusion=False,
         **launch_args(q.device, t),
     )
     if mode != CHUNK_MODE or num_splits > 1:
         _merge_kernel[(t, n_heads)](
             out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, sink_arg, t, n_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, SPLIT_TILES=split_len // BLOCK_N, MODE=mode, FLAT_TILES=flat_tiles,
+            HEAD_DIM=head_dim, BLOCK_N=block_n, SPLIT_TILES=split_len // block_n, MODE=mode, FLAT_TILES=flat_tiles,
             HAS_SINKS=sinks is not None,
             num_warps=1, enable_fp_fusion=False, **launch_args(q.device, t),
         )

@@ -2,7 +2,10 @@
 # Gemma 4 on one GPU, in one run:
 #  1. the GPU tests of its MoE kernel options (real gemma-4-26B-A4B shapes: bf16 against the
 #     reference, batch invariance, fp32, CUDA-graph capture), of the tree attention kernel at its
-#     head shapes (head_dim 512 global layers with K = V, windowed sliding layers), and of the
+#     head shapes in bf16 (head_dim 512 global layers, 32-key tiles and V split over two programs:
+#     against the reference and each row bitwise its AR step; windowed 256 sliding layers), the
+#     q/k norm + RoPE and KV write kernels at 512, the offline sm_90 compile of the 512 binaries
+#     (shared memory, registers, spills), and of the
 #     engine on random:tiny-gemma4 (fp32 speculative = transformers, bf16 speculative = bf16 AR,
 #     prompts past its 8-key window);
 #  2. the engine-only bench on the gemma-4-26B-A4B shape (random weights, 1-layer random head,
@@ -20,7 +23,9 @@ T=${STEP_TIMEOUT:-0}
 step() { echo "== $*"; timeout "$T" "$@" || echo "== FAILED ($?): $*"; }
 if [ "$PART" != model ]; then
   step python -m pytest -q tests/kernels/test_moe_gemma4_kernel.py
-  step python -m pytest -q tests/kernels/test_kernels.py -k gemma4
+  step python -m pytest -q tests/kernels/test_kernels.py -k "gemma4 or write_kv"
+  step python tests/kernels/sm90_tree_attention_compile.py 512
+  step python -m pytest -q tests/kernels/test_fused_kernels.py -k "qk_norm_rope_triton and 512"
   step python -m pytest -q tests/engine/test_gpu.py -k gemma4
 fi
 [ "$PART" = tests ] && exit 0

@@ -76,10 +76,11 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype, s
     from safetensors import SafetensorError
 
     cfg = ModelConfig.from_hf(source.hf_config)
-    if cfg.gemma4 is not None and device.type == "cuda" and cfg.gemma4.global_head_dim > MAX_HEAD_DIM:
+    widest = max(cfg.head_dim, cfg.gemma4.global_head_dim if cfg.gemma4 is not None else 0)
+    if device.type == "cuda" and widest > MAX_HEAD_DIM:
         raise ModelNotFoundError(
-            f"{source.name} (Gemma 4) runs on the CPU only so far: its global layers' {cfg.gemma4.global_head_dim}-wide "
-            f"heads do not fit the GPU tree attention's tiles (at most {MAX_HEAD_DIM}); use --device cpu.")
+            f"{source.name} runs on the CPU only: its {widest}-wide attention heads are wider than the GPU "
+            f"tree attention takes (at most {MAX_HEAD_DIM}); use --device cpu.")
     try:
         if shard is None:
             build = build_target

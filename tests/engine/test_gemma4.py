@@ -105,15 +105,21 @@ def test_embeddings_are_scaled_for_the_target_and_the_draft_head():
     assert engine.drafter.embed is embed
 
 
-def test_the_26b_a4b_is_refused_on_cuda_in_one_sentence_before_any_allocation():
-    """Its global layers' 512-wide heads exceed the GPU tree attention's tiles (448 KB of shared
-    memory against an SM's 227 KB); the loader says so before touching the device, and configs
-    with heads the kernel takes (tiny-gemma4) load."""
+def test_heads_wider_than_the_gpu_kernel_takes_are_refused_on_cuda_in_one_sentence_before_any_allocation():
+    """The GPU tree attention takes heads up to 512 wide: the 26B-A4B's global layers (512) and
+    tiny-gemma4 pass the loader's check; a config with 1024-wide global heads is refused before
+    anything touches the device."""
+    from dataclasses import replace
+
     from jetspec_chat.engine.models.loader import load_target
     from jetspec_chat.engine.models.model_sources import resolve_model
     from jetspec_chat.kernels.tree_attention import MAX_HEAD_DIM
 
-    with pytest.raises(ModelNotFoundError, match=r"CPU only so far: its global layers' 512-wide heads"):
-        load_target(resolve_model("random:google/gemma-4-26B-A4B-it"), torch.device("cuda"), torch.bfloat16)
-    tiny = ModelConfig.from_hf(resolve_model("random:tiny-gemma4").hf_config)
-    assert tiny.gemma4.global_head_dim <= MAX_HEAD_DIM
+    real = resolve_model("random:google/gemma-4-26B-A4B-it")
+    for source in (real, resolve_model("random:tiny-gemma4")):
+        cfg = ModelConfig.from_hf(source.hf_config)
+        assert max(cfg.head_dim, cfg.gemma4.global_head_dim) <= MAX_HEAD_DIM == 512
+    wide = replace(real, hf_config={**real.hf_config, "global_head_dim": 1024})
+    with pytest.raises(ModelNotFoundError, match=r"CPU only: its 1024-wide attention heads are wider than the GPU "
+                                                 r"tree attention takes \(at most 512\); use --device cpu"):
+        load_target(wide, torch.device("cuda"), torch.bfloat16)

@@ -262,7 +262,8 @@ def test_silu_mul_strided_fused_gate_up(poisoned_alloc):
 # ----------------------------------------------------------------------------- qk_norm_rope (fp32)
 
 # (T, Hq, Hk, D, heads_per_program): Qwen2.5-0.5B (14/2 x 64), 1.5B (12/2 x 64),
-# Qwen3-8B (32/8 x 128), small test heads (16/32), one and several heads per program.
+# Qwen3-8B (32/8 x 128), Gemma 4's global heads (512), small test heads (16/32), one and several
+# heads per program.
 ROPE_CASES = [
     (1, 14, 2, 64, 1),      # 1 head per program: the default, whatever T (batch invariance)
     (3, 12, 2, 64, 1),
@@ -271,6 +272,7 @@ ROPE_CASES = [
     (1, 32, 8, 128, 1),
     (3, 14, 2, 64, 4),
     (5, 3, 3, 16, 2),
+    (2, 2, 1, 512, 1),
 ]
 
 

@@ -22,6 +22,9 @@ from jetspec_chat.kernels import (  # after the importorskip
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+# fp32 512-wide tiles need 384 KB of shared memory: the interpreter runs them (the exact oracle),
+# the GPU runs 512 in bf16 (test_bf16_gemma4_heads_rows_equal_their_ar_step).
+fp32_512_interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="fp32 at 512 runs under the interpreter")
 
 
 # ----------------------------------------------------------------------------- input builders
@@ -329,22 +332,67 @@ def test_window_and_sinks_rows_equal_their_ar_step(t, prefix_len, mask, window, 
 
 @pytest.mark.parametrize("t,prefix_len,mask,window", [(6, 100, "tree", 0), (5, 90, "causal", 20)])
 def test_head_dim_256_matches_reference(t, prefix_len, mask, window, poisoned_alloc):
-    """The widest head the kernel takes (Gemma 4's sliding layers, the Qwen3.5 family's attention;
-    4 query heads over 1 KV head here)."""
+    """The widest head of the one-program tiles (Gemma 4's sliding layers, the Qwen3.5 family's
+    attention; 4 query heads over 1 KV head here)."""
     check(t, prefix_len, 4, 1, 256, mask=mask, split_len=64, window=window)
 
 
+@pytest.mark.parametrize("t,prefix_len,mask,window,with_sinks", [
+    (6, 61, "tree", 0, False),    # a tree: prefix tiles (32 keys) flat, then each node's own, across a tile
+    (1, 90, "tree", 0, False),    # AR: every tile alone, the merge folds them
+    (4, 40, "causal", 0, False),  # a prefill chunk: shared keys, one split, the output written directly
+    (4, 62, "causal", 20, True),  # windowed, with sinks, across a split of 64 (the merge)
+])
+@fp32_512_interpreted
+def test_head_dim_512_matches_reference(t, prefix_len, mask, window, with_sinks, poisoned_alloc, checked_pointers):
+    """Gemma 4's global heads (512): 32-key tiles, V and the output cut over two programs; every
+    output column and partial written (poisoned_alloc), every access in bounds (checked_pointers)."""
+    check(t, prefix_len, 2, 1, 512, mask=mask, split_len=64, window=window,
+          sinks=sink_logits(2) if with_sinks else None)
+
+
+@pytest.mark.parametrize("t,prefix_len,mask,window", [(6, 61, "tree", 0), (4, 30, "causal", 24)])
+@fp32_512_interpreted
+def test_head_dim_512_rows_equal_their_ar_step(t, prefix_len, mask, window, ordered_dot):
+    """Bitwise, as at 256: a row's result alone in an AR call (T = 1) is the one it gets among
+    the other rows of a tree or a prefill chunk (rows spread over two query heads here)."""
+    assert_batch_invariant(t, prefix_len, 2, 1, 512, mask=mask, seed=t, window=window)
+
+
+@fp32_512_interpreted
+def test_head_dim_512_deep_chain_matches_reference(poisoned_alloc):
+    """A 40-node chain verified as a tree (a program per node): each node's own keys span two
+    32-key tiles past the prefix, and more than one tile slot each."""
+    q, k_pool, v_pool, block_table, _ = make_inputs(40, 30, 1, 1, 512, seed=9)
+    chain = causal_mask(40)
+    out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, 30, visible_keys(chain), 512 ** -0.5,
+                                      split_len=64)
+    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, 30, chain, 512 ** -0.5)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
 def test_heads_wider_than_the_tiles_fit_are_refused_in_one_sentence():
-    """A 64-row program's Q, K and V tiles at head_dim 512 need 448 KB of shared memory, an
-    H100/H200 SM has 227 KB: the kernel says so instead of failing at launch."""
-    with pytest.raises(ValueError, match="heads up to 256 wide, not 512"):
-        check(2, 20, 4, 1, 512, mask="tree", split_len=64)
+    """Beyond 512 even the split tiles would not fit an SM's 227 KB of shared memory: the kernel
+    says so instead of failing at launch."""
+    with pytest.raises(ValueError, match="heads up to 512 wide, not 1024"):
+        check(2, 20, 4, 1, 1024, mask="tree", split_len=64)
+
+
+def test_sm90_512_binaries_fit_shared_memory_and_registers():
+    """Offline sm_90 compile (no GPU): the 512-wide binaries (every MODE, and the merge) within an
+    H100/H200 SM's 227 KB of shared memory, without spills."""
+    from sm90 import run_compile_script
+
+    lines = run_compile_script("sm90_tree_attention_compile.py", ["512"])
+    assert len(lines) == 4  # AR, TREE, CHUNK, the merge
+    for line in lines:
+        assert line["shared"] <= 227 * 1024 and line["local"] == 0, line
 
 
 # ----------------------------------------------------------------------------- write_kv
 
 
-@pytest.mark.parametrize("n_kv,head_dim", [(2, 16), (3, 64)])
+@pytest.mark.parametrize("n_kv,head_dim", [(2, 16), (3, 64), (2, 512)])  # 512: Gemma 4's global layers
 def test_write_kv_matches_reference(n_kv, head_dim):
     gen = torch.Generator().manual_seed(n_kv)
     num_blocks, block_size, t = 6, 16, 21
@@ -426,10 +474,11 @@ def test_bf16_window_and_sinks_rows_equal_their_ar_step(t, prefix_len, mask, win
 
 @gpu_only
 @pytest.mark.parametrize("t,prefix_len,mask", [(64, 1500, "tree"), (1, 1500, "tree"), (33, 700, "causal")])
-@pytest.mark.parametrize("n_kv,head_dim,window", [(8, 256, 1024)])
+@pytest.mark.parametrize("n_kv,head_dim,window", [(8, 256, 1024), (2, 512, 0), (2, 512, 1024)])
 def test_bf16_gemma4_heads_rows_equal_their_ar_step(t, prefix_len, mask, n_kv, head_dim, window):
-    """Gemma 4 26B-A4B's sliding heads in bf16 (16 query, 8 KV, head_dim 256, window 1024); its
-    global heads (512) are refused on the GPU (MAX_HEAD_DIM)."""
+    """Gemma 4 26B-A4B's heads in bf16, 16 query heads: its sliding layers' (8 KV, head_dim 256,
+    window 1024) and its global layers' (2 KV, head_dim 512, no window; and windowed, as the
+    512 path takes a window too): against the reference, and each row bitwise its AR step."""
     assert_batch_invariant(t, prefix_len, 16, n_kv, head_dim, mask=mask, split_len=256, dtype=torch.bfloat16,
                            window=window)
 

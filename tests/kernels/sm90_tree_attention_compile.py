@@ -1,0 +1,75 @@
+"""Compile kernels/tree_attention.py's attention binaries for sm_90 without a GPU and print, per
+head width and MODE, the launch configuration it gets (`tree_attention.tile_config`) and its
+resources: registers, local memory (spills) and shared memory, bf16 as the engine runs it.
+Run as a script (test_kernels.py does, in a subprocess: the compiler needs the real triton.jit,
+not the interpreter's).
+
+    python tests/kernels/sm90_tree_attention_compile.py HEAD_DIM ...
+
+prints one JSON object per (head width, MODE) and one for the merge of a 32768-key cache's
+splits (TREE), one a line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from sm90 import resource_usage  # noqa: E402  (tests/kernels/sm90.py: the script's folder is on sys.path)
+from jetspec_chat.kernels import tree_attention as ta  # noqa: E402
+
+POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BT="*i32", PREFIX="*i32", ORDER="*i32", COUNT="*i32", OUT="*bf16",
+                CH_A="*fp32", CH_M="*fp32", CH_L="*fp32", TL_A="*fp32", TL_M="*fp32", TL_L="*fp32", SINKS="*bf16")
+INTS = ("T", "N_HEADS", "SPLIT_LEN", "NUM_SPLITS", "TILE_STRIDE", "stride_qt", "stride_qh", "stride_kb", "stride_ks",
+        "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_ot", "stride_oh")
+
+
+def compile_attention(head_dim: int, mode: int, window: int = 0, group: int = 8) -> dict:
+    """One binary as the engine launches it for bf16, GROUP query heads a KV head (Gemma 4's 8
+    for 16 over 2), no block table."""
+    cfg = ta.tile_config(head_dim)
+    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=ta.BLOCK_M, BLOCK_N=cfg.block_n,
+                  MODE=mode, FLAT_TILES=ta.FLAT_TILES if mode == 1 else 0, PAGED=False, PRECISION="tf32",
+                  WINDOW=window, HAS_SINKS=False, V_SPLIT=cfg.v_split, PDL=True)
+    sig = dict(POINTERS) | {n: "i32" for n in INTS} | {"qk_scale": "fp32"} | {n: "constexpr" for n in consts}
+    sig = {n: sig[n] for n in ta._tree_attn_kernel.arg_names}
+    aligned = list(POINTERS) + [i for i in INTS if i.startswith("stride")]
+    src = ASTSource(fn=ta._tree_attn_kernel, signature=sig, constexprs=consts,
+                    attrs={(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned})
+    stages = cfg.ar_stages if mode == 0 else cfg.stages
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(
+        num_warps=cfg.num_warps, num_stages=stages, enable_fp_fusion=False, launch_pdl=True))
+    return dict(head_dim=head_dim, mode=("AR", "TREE", "CHUNK")[mode], window=window, block_n=cfg.block_n,
+                warps=cfg.num_warps, stages=stages, v_split=cfg.v_split, **resource_usage(kernel))
+
+
+def compile_merge(head_dim: int, capacity: int = 32768) -> dict:
+    """The merge kernel (one warp a row and head) for a cache of `capacity` keys, TREE."""
+    cfg = ta.tile_config(head_dim)
+    split_tiles = ta.split_len_for(capacity) // cfg.block_n
+    consts = dict(HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, SPLIT_TILES=split_tiles, MODE=1, FLAT_TILES=ta.FLAT_TILES,
+                  HAS_SINKS=False, PDL=True)
+    pointers = dict(OUT="*bf16", CH_A="*fp32", CH_M="*fp32", CH_L="*fp32", TL_A="*fp32", TL_M="*fp32", TL_L="*fp32",
+                    PREFIX="*i32", COUNT="*i32", SINKS="*bf16")
+    ints = ("T", "N_HEADS", "stride_ot", "stride_oh")
+    sig = dict(pointers) | {n: "i32" for n in ints} | {n: "constexpr" for n in consts}
+    sig = {n: sig[n] for n in ta._merge_kernel.arg_names}
+    aligned = list(pointers) + ["stride_ot", "stride_oh"]
+    src = ASTSource(fn=ta._merge_kernel, signature=sig, constexprs=consts,
+                    attrs={(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(
+        num_warps=1, enable_fp_fusion=False, launch_pdl=True))
+    return dict(head_dim=head_dim, kernel="merge", split_tiles=split_tiles, **resource_usage(kernel))
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        for mode in (0, 1, 2):  # AR, TREE, CHUNK
+            print(json.dumps(compile_attention(int(arg), mode)), flush=True)
+        print(json.dumps(compile_merge(int(arg))), flush=True)
