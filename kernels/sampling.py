@@ -11,8 +11,9 @@ u * total lies within rounding of a cumulative weight.
 Two kernels, launched one after the other by engine/sampling.py on the GPU:
 
 - `_sample_candidates_kernel`, the fast path: three passes over the row (its maximum; its
-  normaliser and a histogram of m - x in bins of 1/BIN_SCALE; a copy, in index order, of every
-  logit in the most whole top bins that hold at most CANDIDATES), then the copies sorted in one
+  normaliser and a histogram of m - x in bins of 1/BIN_SCALE, in two levels of 32 bins; a copy,
+  in index order, of every logit in the most whole top bins that hold at most CANDIDATES; four
+  passes in all), then the copies sorted in one
   block by (value descending, index ascending), the nucleus as their prefix, and the draw. The
   candidates are every logit above some value, so every token outside them comes later in the
   sorted order: unless every candidate is kept, the nucleus is exactly the kept prefix. Else the
@@ -20,11 +21,11 @@ Two kernels, launched one after the other by engine/sampling.py on the GPU:
 - `_nucleus_sample_kernel`, the exact fallback for rows whose nucleus is wider (flat rows,
   top_p 1): the smallest logit v* whose strictly-greater mass G(v*) is below top_p * Z is the
   last kept value (G only changes at the row's own values, so a bisection over the 2^32
-  order-preserving integer keys of the logits ends on one of them). The same histogram bounds
-  the mass above each bin edge, which gives a guess of v*'s range; one pass checks the guess
-  and copies the logits inside it (a few thousand on a flat 152k row), and the bisection's
-  passes run over the copies. A guess that fails the check, or holds more than
-  FALLBACK_CAPACITY logits, only costs the bisection over the whole row (33 passes). Of the
+  order-preserving integer keys of the logits ends on one of them). Two passes first bracket
+  v* (the masses above 16 values 2 apart below the maximum, then above 16 values inside the
+  bracket found: 1/8 of a logit wide), a third copies the logits inside the bracket (a few
+  thousand on a flat 152k row), and the bisection's passes run over the copies; where more
+  than FALLBACK_CAPACITY lie inside, over the whole row (33 passes). Of the
   tokens tied at v*, the sorted order keeps the first r = ceil((top_p * Z - G) / w(v*)) by
   index (at least one, at most all), and so does the kernel. Rows not needed return at once, so
   inside a CUDA graph it costs a launch when no row needs it.
@@ -51,9 +52,9 @@ BLOCK = 2048  # logits per step of a pass
 WARPS = 8
 FALLBACK_WARPS = 8  # the bisection kernel's and the candidates kernel's warps
 CANDIDATE_WARPS = 8  # (benchmarks/sampling.py times 8 and 16)
-CANDIDATE_BINS = 1024  # histogram bins below the row's maximum, BIN_SCALE a unit of logit:
-BIN_SCALE = 32.0  # the bins span 32 (weights down to e^-32 of the top's); the last holds the rest
-FALLBACK_CAPACITY = 32768  # logits of the guessed range that the bisection may copy, a row
+CANDIDATE_BINS = 1024  # histogram bins below the row's maximum (32 groups of 32), BIN_SCALE a unit
+BIN_SCALE = 32.0  # of logit: they span 32 (weights down to e^-32 of the top's); the last holds the rest
+FALLBACK_CAPACITY = 32768  # logits inside the bracket that the bisection may copy, a row
 
 if triton is not None:
 
@@ -87,6 +88,18 @@ if triton is not None:
         return tl.minimum((m - x) * SCALE, BINS - 1).to(tl.int32)
 
     @triton.jit
+    def _masses_above(x_row, V, m, t, BLOCK_T: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
+        """The mass (float64 sum of the weights) of the row's logits above each of the values
+        t [16], in one pass."""
+        offs = tl.arange(0, BLOCK_T)
+        acc = tl.zeros([BLOCK_T, 16], tl.float64)
+        for s in range(0, V, BLOCK_T):
+            x = tl.load(x_row + s + offs, mask=s + offs < V, other=float("-inf"))
+            w = _weight(x, m, USE_LIBDEVICE)
+            acc += tl.where(x[:, None] > t[None, :], w[:, None], 0.0)
+        return tl.sum(acc, 0)
+
+    @triton.jit
     def _kept_weights(x, m, hi, r, tie_rank, USE_LIBDEVICE: tl.constexpr):
         """A block's weights of the kept set (keys above `hi`, and the first `r` by index of the
         ties at `hi`, `tie_rank` of them already passed), zero elsewhere; and the new tie_rank.
@@ -99,10 +112,10 @@ if triton is not None:
     @triton.jit
     def _nucleus_sample_kernel(
         X, U, TOP_P, NEED, TOKENS, KEPT,  # [N, V] fp32, [N] fp64, 0-d fp64, [N] int8, [N] int64, [N] int32
-        SCRATCH,  # [N, CAPACITY] fp32: the logits of the guessed range, for the bisection
+        SCRATCH,  # [N, CAPACITY] fp32: the logits inside the bracket, for the bisection
         V, stride,
-        NUCLEUS: tl.constexpr, CAPACITY: tl.constexpr, BINS: tl.constexpr, SCALE: tl.constexpr,
-        BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
+        NUCLEUS: tl.constexpr, CAPACITY: tl.constexpr, BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+        USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
         row = tl.program_id(0)
@@ -115,55 +128,53 @@ if triton is not None:
                 top = tl.maximum(top, tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf))
             m = tl.max(top, 0)
             z_acc = tl.zeros([BLOCK], tl.float64)
-            hist = tl.zeros([BINS], tl.int32)
             for s in range(0, V, BLOCK):
                 x = tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf)
                 z_acc += _weight(x, m, USE_LIBDEVICE)
-                if NUCLEUS:
-                    hist += tl.histogram(_bin(x, m, SCALE, BINS), BINS)
             z = tl.sum(z_acc, 0)
             # The kept set: keys above `hi`, and the first `r` (by index) of the ties at `hi`.
             lowest = _order_key(m) * 0 - 2147483649  # below every key
             if NUCLEUS:
                 bound = tl.load(TOP_P) * z
-                # A guess of the range of the last kept value from the histogram: a bin's
-                # weights lie between exp(-(b + 1) / SCALE) and exp(-b / SCALE), so the mass
-                # above a bin edge lies between the two sums. One pass checks the guess and
-                # copies the logits inside it; a wrong guess only costs the full-row bisection.
-                e = tl.arange(0, BINS).to(tl.float32)
-                upper = hist.to(tl.float64) * tl.exp(-e / SCALE).to(tl.float64)
-                lower = hist.to(tl.float64) * tl.exp(-(e + 1.0) / SCALE).to(tl.float64)
-                b_hi = tl.sum(((tl.cumsum(upper, 0) - upper) < bound).to(tl.int32), 0) - 1
-                b_lo = tl.sum(((tl.cumsum(lower, 0) - lower) < bound).to(tl.int32), 0)
-                key_hi = _order_key(m - b_hi.to(tl.float32) / SCALE)
-                key_lo = tl.where(b_lo < BINS, _order_key(m - (b_lo + 1).to(tl.float32) / SCALE), lowest)
-                g_hi_acc = tl.zeros([BLOCK], tl.float64)
-                g_lo_acc = tl.zeros([BLOCK], tl.float64)
+                # Bracket the last kept value in two passes: the mass above 16 values 2 apart
+                # below the maximum, then above 16 values spaced evenly inside the bracket
+                # found (exact float64 sums, like every mass here).
+                steps = (tl.arange(0, 16) + 1).to(tl.float32)
+                t1 = m - 2.0 * steps
+                g1 = _masses_above(x_row, V, m, t1, BLOCK_T, USE_LIBDEVICE)
+                k1 = tl.sum((g1 < bound).to(tl.int32), 0)  # G rises with the step: a prefix
+                hi_v = tl.where(k1 > 0, tl.max(tl.where(steps == k1, t1, neg_inf), 0), m)
+                g_hi = tl.where(k1 > 0, tl.sum(tl.where(steps == k1, g1, 0.0), 0), 0.0)
+                lo_v = tl.where(k1 < 16, tl.max(tl.where(steps == k1 + 1, t1, neg_inf), 0), neg_inf)
+                t2 = hi_v - steps * tl.where(k1 < 16, (hi_v - lo_v) / 16.0, 0.125)
+                g2 = _masses_above(x_row, V, m, t2, BLOCK_T, USE_LIBDEVICE)
+                k2 = tl.sum((g2 < bound).to(tl.int32), 0)
+                hi_v = tl.where(k2 > 0, tl.max(tl.where(steps == k2, t2, neg_inf), 0), hi_v)
+                g_hi = tl.where(k2 > 0, tl.sum(tl.where(steps == k2, g2, 0.0), 0), g_hi)
+                lo_v = tl.where(k2 < 16, tl.max(tl.where(steps == k2 + 1, t2, neg_inf), 0), lo_v)
+                # G(lo) >= bound > G(hi) = g_hi. Copy the logits between (a few thousand on a
+                # flat 152k row); the bisection's passes run over the copies, or over the row
+                # where more than CAPACITY lie between.
+                lo = _order_key(lo_v)
+                hi = _order_key(hi_v)
+                g_base = g_hi
                 scratch = SCRATCH + row.to(tl.int64) * CAPACITY
                 n_in = (lowest * 0).to(tl.int32)
                 for s in range(0, V, BLOCK):
                     x = tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf)
                     key = _order_key(x)
-                    w = _weight(x, m, USE_LIBDEVICE)
-                    g_hi_acc += tl.where(key > key_hi, w, 0.0)
-                    g_lo_acc += tl.where(key > key_lo, w, 0.0)
-                    inside = (key > key_lo) & (key <= key_hi) & (s + offs < V)
+                    inside = (key > lo) & (key <= hi) & (s + offs < V)
                     slot = n_in + tl.cumsum(inside.to(tl.int32), 0) - 1
                     tl.store(scratch + slot, x, mask=inside & (slot < CAPACITY))
                     n_in += tl.sum(inside.to(tl.int32), 0)
-                g_base = tl.sum(g_hi_acc, 0)
-                guessed = (tl.sum(g_lo_acc, 0) >= bound) & (g_base < bound)
-                copied = guessed & (n_in <= CAPACITY)
-                lo = tl.where(guessed, key_lo, lowest)  # all the mass is above it: >= bound
-                hi = tl.where(guessed, key_hi, _order_key(m))  # nothing above it: < bound
-                g_hi = tl.where(guessed, g_base, 0.0)  # mass strictly above hi
+                copied = n_in <= CAPACITY
                 tl.debug_barrier()
                 for _ in range(33):  # the key range spans at most 2^32 + 1 values
                     mid = lo + (hi - lo) // 2
                     open_range = hi - lo > 1
                     g_acc = tl.zeros([BLOCK], tl.float64)
                     if open_range:
-                        if copied:  # the mass above mid: above the guess, and the copies' above mid
+                        if copied:  # the mass above mid: above the bracket, and the copies' above mid
                             for s in range(0, n_in, BLOCK):
                                 x = tl.load(scratch + s + offs, mask=s + offs < n_in, other=neg_inf)
                                 g_acc += tl.where(_order_key(x) > mid, _weight(x, m, USE_LIBDEVICE), 0.0)
@@ -253,19 +264,30 @@ if triton is not None:
         for s in range(0, V, BLOCK):
             top = tl.maximum(top, tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf))
         m = tl.max(top, 0)
-        # 2. The normaliser, and how many logits lie in each bin below the maximum.
+        # 2. The normaliser, and how many logits lie in each group of 32 bins below the maximum
+        # (a histogram costs its warps about bins / 32 steps a logit: two levels of 32 bins
+        # find the same bins as one of 1024).
         z_acc = tl.zeros([BLOCK], tl.float64)
-        hist = tl.zeros([BINS], tl.int32)
+        coarse = tl.zeros([32], tl.int32)
         for s in range(0, V, BLOCK):
             x = tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf)
             z_acc += _weight(x, m, USE_LIBDEVICE)
-            hist += tl.histogram(_bin(x, m, SCALE, BINS), BINS)  # padding lands in the last bin
+            coarse += tl.histogram(_bin(x, m, SCALE, BINS) // 32, 32)  # padding lands in the last bin
         z = tl.sum(z_acc, 0)
-        # 3. The candidates: the most whole bins (never the last) that hold at most CAP logits,
-        # copied in index order.
-        bins = tl.arange(0, BINS)
-        b_star = tl.minimum(tl.sum((tl.cumsum(hist, 0) <= CAP).to(tl.int32), 0), BINS - 1)
-        n = tl.sum(tl.where(bins < b_star, hist, 0), 0)
+        groups = tl.arange(0, 32)
+        g_star = tl.minimum(tl.sum((tl.cumsum(coarse, 0) <= CAP).to(tl.int32), 0), 31)
+        base = tl.sum(tl.where(groups < g_star, coarse, 0), 0)
+        # 3. The bins of group g_star (the others go to bin 63 of 64).
+        fine = tl.zeros([64], tl.int32)
+        for s in range(0, V, BLOCK):
+            b = _bin(tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf), m, SCALE, BINS)
+            fine += tl.histogram(tl.where(b // 32 == g_star, b % 32, 63), 64)
+        sub = tl.arange(0, 64)
+        fine = tl.where(sub < 32, fine, 0)
+        # The candidates: the most whole bins (never the last) that hold at most CAP logits.
+        b_star = tl.minimum(g_star * 32 + tl.sum(((base + tl.cumsum(fine, 0) <= CAP) & (sub < 32)).to(tl.int32), 0), BINS - 1)
+        n = base + tl.sum(tl.where(g_star * 32 + sub < b_star, fine, 0), 0)
+        # 4. Their copies in index order.
         cand_x = CAND_X + row * CAP
         cand_i = CAND_I + row * CAP
         filled = n * 0
@@ -277,7 +299,7 @@ if triton is not None:
             tl.store(cand_i + slot, s + offs, mask=inside)
             filled += tl.sum(inside.to(tl.int32), 0)
         tl.debug_barrier()
-        # 4. The nucleus among them in the stable sorted order: value descending, then index
+        # 5. The nucleus among them in the stable sorted order: value descending, then index
         # ascending (a candidate's slot is in index order), one int64 key each.
         j = tl.arange(0, CAP)
         valid = j < n
@@ -292,7 +314,7 @@ if triton is not None:
         n_kept = tl.sum(keep.to(tl.int32), 0)
         tl.store(CAND_KEPT + row * CAP + j_s, keep.to(tl.int8), mask=valid_s)
         tl.debug_barrier()
-        # 5. Inverse CDF in index order over the kept candidates (nucleus_sample_ref's running
+        # 6. Inverse CDF in index order over the kept candidates (nucleus_sample_ref's running
         # sums, whose other weights are zeros).
         kept = tl.load(CAND_KEPT + row * CAP + j, mask=valid, other=0) != 0
         cdf = tl.cumsum(tl.where(kept, _weight(xs, m, USE_LIBDEVICE) / z, 0.0), 0)
@@ -348,7 +370,7 @@ def nucleus_sample_triton(
     scratch = torch.empty(n if nucleus else 1, FALLBACK_CAPACITY if nucleus else 1, dtype=torch.float32, device=x.device)
     _nucleus_sample_kernel[(n,)](
         x, u, top_p, need.view(torch.int8), tokens, kept, scratch, v, x.stride(0),
-        NUCLEUS=nucleus, CAPACITY=FALLBACK_CAPACITY, BINS=CANDIDATE_BINS, SCALE=BIN_SCALE, BLOCK=BLOCK, USE_LIBDEVICE=not interpreting(), num_warps=FALLBACK_WARPS, enable_fp_fusion=False,
+        NUCLEUS=nucleus, CAPACITY=FALLBACK_CAPACITY, BLOCK=BLOCK, BLOCK_T=BLOCK // 8, USE_LIBDEVICE=not interpreting(), num_warps=FALLBACK_WARPS, enable_fp_fusion=False,
         **launch_args(x.device, n),
     )
     return tokens, kept
