@@ -21,11 +21,12 @@ Two kernels, launched one after the other by engine/sampling.py on the GPU:
 - `_nucleus_sample_kernel`, the exact fallback for rows whose nucleus is wider (flat rows,
   top_p 1): the smallest logit v* whose strictly-greater mass G(v*) is below top_p * Z is the
   last kept value (G only changes at the row's own values, so a bisection over the 2^32
-  order-preserving integer keys of the logits ends on one of them). Two passes first bracket
-  v* (the masses above 16 values 2 apart below the maximum, then above 16 values inside the
-  bracket found: 1/8 of a logit wide), a third copies the logits inside the bracket (a few
-  thousand on a flat 152k row), and the bisection's passes run over the copies; where more
-  than FALLBACK_CAPACITY lie inside, over the whole row (33 passes). Of the
+  order-preserving integer keys of the logits ends on one of them). First, passes that each
+  measure the mass and count above 16 values (2 logits apart below the maximum, then evenly
+  inside the bracket found) narrow a bracket of v* until at most FALLBACK_CAPACITY logits lie
+  inside (up to BRACKET_LEVELS passes; one or two on a flat 152k row), a pass copies them, and
+  the bisection's passes run over the copies; where more lie inside, over the whole row (33
+  passes). Of the
   tokens tied at v*, the sorted order keeps the first r = ceil((top_p * Z - G) / w(v*)) by
   index (at least one, at most all), and so does the kernel. Rows not needed return at once, so
   inside a CUDA graph it costs a launch when no row needs it.
@@ -54,7 +55,8 @@ FALLBACK_WARPS = 8  # the bisection kernel's and the candidates kernel's warps
 CANDIDATE_WARPS = 8  # (benchmarks/sampling.py times 8 and 16)
 CANDIDATE_BINS = 1024  # histogram bins below the row's maximum (32 groups of 32), BIN_SCALE a unit
 BIN_SCALE = 32.0  # of logit: they span 32 (weights down to e^-32 of the top's); the last holds the rest
-FALLBACK_CAPACITY = 32768  # logits inside the bracket that the bisection may copy, a row
+FALLBACK_CAPACITY = 8192  # logits inside the bracket that the bisection may copy, a row
+BRACKET_LEVELS = 4  # passes that narrow the bracket, each 16 times (the first to 2 logits)
 
 if triton is not None:
 
@@ -88,16 +90,18 @@ if triton is not None:
         return tl.minimum((m - x) * SCALE, BINS - 1).to(tl.int32)
 
     @triton.jit
-    def _masses_above(x_row, V, m, t, BLOCK_T: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
-        """The mass (float64 sum of the weights) of the row's logits above each of the values
-        t [16], in one pass."""
+    def _above(x_row, V, m, t, BLOCK_T: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
+        """The mass (float64 sum of the weights) and the count of the row's logits above each
+        of the values t [16], in one pass."""
         offs = tl.arange(0, BLOCK_T)
-        acc = tl.zeros([BLOCK_T, 16], tl.float64)
+        mass = tl.zeros([BLOCK_T, 16], tl.float64)
+        count = tl.zeros([BLOCK_T, 16], tl.int32)
         for s in range(0, V, BLOCK_T):
             x = tl.load(x_row + s + offs, mask=s + offs < V, other=float("-inf"))
-            w = _weight(x, m, USE_LIBDEVICE)
-            acc += tl.where(x[:, None] > t[None, :], w[:, None], 0.0)
-        return tl.sum(acc, 0)
+            above = x[:, None] > t[None, :]
+            mass += tl.where(above, _weight(x, m, USE_LIBDEVICE)[:, None], 0.0)
+            count += above.to(tl.int32)
+        return tl.sum(mass, 0), tl.sum(count, 0)
 
     @triton.jit
     def _kept_weights(x, m, hi, r, tie_rank, USE_LIBDEVICE: tl.constexpr):
@@ -114,8 +118,8 @@ if triton is not None:
         X, U, TOP_P, NEED, TOKENS, KEPT,  # [N, V] fp32, [N] fp64, 0-d fp64, [N] int8, [N] int64, [N] int32
         SCRATCH,  # [N, CAPACITY] fp32: the logits inside the bracket, for the bisection
         V, stride,
-        NUCLEUS: tl.constexpr, CAPACITY: tl.constexpr, BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
-        USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
+        NUCLEUS: tl.constexpr, CAPACITY: tl.constexpr, LEVELS: tl.constexpr, BLOCK: tl.constexpr,
+        BLOCK_T: tl.constexpr, USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
         row = tl.program_id(0)
@@ -136,22 +140,26 @@ if triton is not None:
             lowest = _order_key(m) * 0 - 2147483649  # below every key
             if NUCLEUS:
                 bound = tl.load(TOP_P) * z
-                # Bracket the last kept value in two passes: the mass above 16 values 2 apart
-                # below the maximum, then above 16 values spaced evenly inside the bracket
-                # found (exact float64 sums, like every mass here).
+                # Bracket the last kept value: the mass above 16 values 2 apart below the
+                # maximum, then above 16 values spaced evenly inside the bracket found, until
+                # at most CAPACITY logits lie inside (exact float64 sums, like every mass here).
                 steps = (tl.arange(0, 16) + 1).to(tl.float32)
-                t1 = m - 2.0 * steps
-                g1 = _masses_above(x_row, V, m, t1, BLOCK_T, USE_LIBDEVICE)
-                k1 = tl.sum((g1 < bound).to(tl.int32), 0)  # G rises with the step: a prefix
-                hi_v = tl.where(k1 > 0, tl.max(tl.where(steps == k1, t1, neg_inf), 0), m)
-                g_hi = tl.where(k1 > 0, tl.sum(tl.where(steps == k1, g1, 0.0), 0), 0.0)
-                lo_v = tl.where(k1 < 16, tl.max(tl.where(steps == k1 + 1, t1, neg_inf), 0), neg_inf)
-                t2 = hi_v - steps * tl.where(k1 < 16, (hi_v - lo_v) / 16.0, 0.125)
-                g2 = _masses_above(x_row, V, m, t2, BLOCK_T, USE_LIBDEVICE)
-                k2 = tl.sum((g2 < bound).to(tl.int32), 0)
-                hi_v = tl.where(k2 > 0, tl.max(tl.where(steps == k2, t2, neg_inf), 0), hi_v)
-                g_hi = tl.where(k2 > 0, tl.sum(tl.where(steps == k2, g2, 0.0), 0), g_hi)
-                lo_v = tl.where(k2 < 16, tl.max(tl.where(steps == k2 + 1, t2, neg_inf), 0), lo_v)
+                hi_v = m  # nothing above it: G(hi_v) = 0 < bound
+                g_hi = z * 0.0
+                n_hi = (lowest * 0).to(tl.int32)  # logits above hi_v (the maximum's ties count below)
+                lo_v = m * 0.0 + neg_inf  # G(-inf) = Z >= bound
+                n_lo = n_hi + V  # at most V above lo_v
+                for level in range(LEVELS):
+                    if n_lo - n_hi > CAPACITY:
+                        step = tl.where(lo_v > neg_inf, (hi_v - lo_v) / 16.0, tl.where(level == 0, 2.0, 0.125))
+                        t = hi_v - steps * step
+                        g, c = _above(x_row, V, m, t, BLOCK_T, USE_LIBDEVICE)
+                        k = tl.sum((g < bound).to(tl.int32), 0)  # G rises as t falls: a prefix
+                        hi_v = tl.where(k > 0, tl.max(tl.where(steps == k, t, neg_inf), 0), hi_v)
+                        g_hi = tl.where(k > 0, tl.sum(tl.where(steps == k, g, 0.0), 0), g_hi)
+                        n_hi = tl.where(k > 0, tl.sum(tl.where(steps == k, c, 0), 0), n_hi)
+                        lo_v = tl.where(k < 16, tl.max(tl.where(steps == k + 1, t, neg_inf), 0), lo_v)
+                        n_lo = tl.where(k < 16, tl.sum(tl.where(steps == k + 1, c, 0), 0), n_lo)
                 # G(lo) >= bound > G(hi) = g_hi. Copy the logits between (a few thousand on a
                 # flat 152k row); the bisection's passes run over the copies, or over the row
                 # where more than CAPACITY lie between.
@@ -370,7 +378,7 @@ def nucleus_sample_triton(
     scratch = torch.empty(n if nucleus else 1, FALLBACK_CAPACITY if nucleus else 1, dtype=torch.float32, device=x.device)
     _nucleus_sample_kernel[(n,)](
         x, u, top_p, need.view(torch.int8), tokens, kept, scratch, v, x.stride(0),
-        NUCLEUS=nucleus, CAPACITY=FALLBACK_CAPACITY, BLOCK=BLOCK, BLOCK_T=BLOCK // 8, USE_LIBDEVICE=not interpreting(), num_warps=FALLBACK_WARPS, enable_fp_fusion=False,
+        NUCLEUS=nucleus, CAPACITY=FALLBACK_CAPACITY, LEVELS=BRACKET_LEVELS, BLOCK=BLOCK, BLOCK_T=BLOCK // 8, USE_LIBDEVICE=not interpreting(), num_warps=FALLBACK_WARPS, enable_fp_fusion=False,
         **launch_args(x.device, n),
     )
     return tokens, kept

@@ -19,11 +19,12 @@ from jetspec_chat.kernels import sampling  # noqa: E402
 if __name__ == "__main__":
     sig = {"X": "*fp32", "U": "*fp64", "TOP_P": "*fp64", "NEED": "*i8", "TOKENS": "*i64", "KEPT": "*i32",
            "SCRATCH": "*fp32", "V": "i32", "stride": "i32", "NUCLEUS": "constexpr", "CAPACITY": "constexpr",
-           "BLOCK": "constexpr", "BLOCK_T": "constexpr", "USE_LIBDEVICE": "constexpr", "PDL": "constexpr"}
+           "LEVELS": "constexpr", "BLOCK": "constexpr", "BLOCK_T": "constexpr", "USE_LIBDEVICE": "constexpr",
+           "PDL": "constexpr"}
     for nucleus in (True, False):
         for pdl in (True, False):
-            consts = dict(NUCLEUS=nucleus, CAPACITY=sampling.FALLBACK_CAPACITY, BLOCK=sampling.BLOCK,
-                          BLOCK_T=sampling.BLOCK // 8, USE_LIBDEVICE=True, PDL=pdl)
+            consts = dict(NUCLEUS=nucleus, CAPACITY=sampling.FALLBACK_CAPACITY, LEVELS=sampling.BRACKET_LEVELS,
+                          BLOCK=sampling.BLOCK, BLOCK_T=sampling.BLOCK // 8, USE_LIBDEVICE=True, PDL=pdl)
             src = ASTSource(fn=sampling._nucleus_sample_kernel, signature=sig, constexprs=consts)
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=sampling.FALLBACK_WARPS, enable_fp_fusion=False))
             print(json.dumps(dict(nucleus=nucleus, pdl=pdl, **resource_usage(kernel))))
