@@ -30,6 +30,8 @@ from jetspec_chat.engine.models.loader import load_engine
 from jetspec_chat.engine.params import SamplingParams
 from jetspec_chat.engine import sampling as sampler
 from jetspec_chat.engine.sampling import nucleus_candidates, sample, scaled_logits, uniforms
+from jetspec_chat.kernels import nucleus_sample_triton, sample_candidates_triton, triton_samples
+from jetspec_chat.kernels import sampling as ksampling
 from jetspec_chat.kernels.reference import nucleus_mask_ref, nucleus_sample_ref
 
 
@@ -59,32 +61,55 @@ def step_table(engine, state, trees, sampling, generator, reps: int) -> None:
 
 
 def nucleus_stats(engine, tree, sampling) -> str:
-    """Nucleus sizes of the verify(N) rows and the share the fast path decides."""
+    """Nucleus sizes of the verify(N) rows and the share the fast path decides (the candidates
+    kernel on CUDA, the torch top-k form elsewhere)."""
     hidden, _ = engine.verify.forward(tree)
     x = scaled_logits(engine.target.logits(hidden), sampling.temperature, sampling.top_k)
     sizes = nucleus_mask_ref(x, sampling.top_p)[1].sum(-1).tolist()
-    exact = nucleus_candidates(x, sampling.top_p).exact.float().mean().item()
+    if triton_samples(x):
+        u = torch.rand(x.shape[0], dtype=torch.float64, device=x.device)
+        exact = (sample_candidates_triton(x, sampling.top_p, u, sampler.CANDIDATES)[1] == 0).float().mean().item()
+    else:
+        exact = nucleus_candidates(x, sampling.top_p).exact.float().mean().item()
     return (f"nucleus tokens per row: median {statistics.median(sizes):.0f}, max {max(sizes)}; "
             f"fast path {exact:.0%} of rows")
 
 
+def with_warps(name: str, warps: int, fn):
+    """fn run with kernels/sampling.py's warps constant `name` set to `warps`."""
+    def call():
+        kept = getattr(ksampling, name)
+        setattr(ksampling, name, warps)
+        try:
+            return fn()
+        finally:
+            setattr(ksampling, name, kept)
+    return call
+
+
 def sampler_table(engine, state, trees, sampling, reps: int) -> None:
-    """The choice alone (argmax / sample / sort reference) on the rows' fp32 logits, and two parts
-    of `sample` (the temperature division; the top-k selection of the candidates), each call
-    captured in a CUDA graph."""
+    """The choice alone (argmax / sample / sort reference) on the rows' fp32 logits, and parts of
+    `sample`: the temperature division, the candidates kernel (at 8 and 16 warps), the bisection
+    fallback kernel on every row (at 8 and 16 warps), each call captured in a CUDA graph."""
     device = engine.torch_device
     t = torch.tensor(sampling.temperature, dtype=torch.float32, device=device)
     p = torch.tensor(sampling.top_p, dtype=torch.float64, device=device)
-    print(f"{'rows':>12} {'argmax us':>10} {'sample us':>10} {'sort ref us':>12} {'scale us':>9} {'topk us':>8}")
+    print(f"{'rows':>12} {'argmax us':>10} {'sample us':>10} {'sort ref us':>12} {'scale us':>9}"
+          f" {'candidates us (8 / 16 warps)':>29} {'fallback us (8 / 16 warps)':>27}")
     pool = torch.cuda.graph_pool_handle()
     for name, tree, _ in trees:
         hidden, _ = engine.verify.forward(tree)
         logits = engine.target.logits(hidden).clone()
+        x = scaled_logits(logits, t, sampling.top_k)
         u = torch.rand(logits.shape[0], dtype=torch.float64, device=device)
+        every = torch.ones(logits.shape[0], dtype=torch.bool, device=device)
         fns = (lambda: logits.argmax(-1), lambda: sample(logits, t, p, sampling.top_k, u),
                lambda: nucleus_sample_ref(scaled_logits(logits, t, sampling.top_k), p, u)[0],
                lambda: scaled_logits(logits, t, sampling.top_k),
-               lambda: logits.topk(min(sampler.CANDIDATES, logits.shape[-1]), dim=-1, sorted=False))
+               with_warps("CANDIDATE_WARPS", 8, lambda: sample_candidates_triton(x, p, u, sampler.CANDIDATES)),
+               with_warps("CANDIDATE_WARPS", 16, lambda: sample_candidates_triton(x, p, u, sampler.CANDIDATES)),
+               with_warps("FALLBACK_WARPS", 8, lambda: nucleus_sample_triton(x, p, u, every)),
+               with_warps("FALLBACK_WARPS", 16, lambda: nucleus_sample_triton(x, p, u, every)))
         us = []
         for fn in fns:
             try:
@@ -94,7 +119,8 @@ def sampler_table(engine, state, trees, sampling, reps: int) -> None:
                 us.append(float("nan"))
                 continue
             us.append(median_ms(graph.replay, None, reps, device) * 1e3)
-        print(f"{name:>12} {us[0]:10.1f} {us[1]:10.1f} {us[2]:12.1f} {us[3]:9.1f} {us[4]:8.1f}")
+        print(f"{name:>12} {us[0]:10.1f} {us[1]:10.1f} {us[2]:12.1f} {us[3]:9.1f}"
+              f" {us[4]:14.1f} / {us[5]:12.1f} {us[6]:13.1f} / {us[7]:11.1f}")
         state.restore()
 
 

@@ -1,6 +1,7 @@
-"""The nucleus sampling kernel against the sorted definition (nucleus_sample_ref), under the
-interpreter: the same kept count and the same token for the same uniform, on flat to peaked
-rows, ties inside and at the nucleus's boundary (across a block edge), -inf logits, top_p 1."""
+"""The nucleus sampling kernels (the bisection fallback, the candidates fast path) against the
+sorted definition (nucleus_sample_ref), under the interpreter: the same kept count and the same
+token for the same uniform, on flat to peaked rows, ties inside and at the nucleus's boundary
+(across a block edge), -inf logits, top_p 1."""
 import pytest
 import torch
 
@@ -29,8 +30,12 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(sampling, "BLOCK", 256)  # several blocks a row
 
 
-@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.97, 1.0])
-def test_nucleus_sample_kernel_equals_the_sorted_reference(small_blocks, top_p):
+# capacity: the bisection over the copied logits (the whole row fits, or the bracket does once
+# narrowed to at most 200), or over the row (16: too narrow a bracket for the passes there are)
+@pytest.mark.parametrize("top_p,capacity", [(0.3, 8192), (0.9, 8192), (0.97, 8192), (1.0, 8192), (0.9, 16),
+                                            (0.97, 200)])
+def test_nucleus_sample_kernel_equals_the_sorted_reference(small_blocks, monkeypatch, top_p, capacity):
+    monkeypatch.setattr(sampling, "FALLBACK_CAPACITY", capacity)
     x = rows()
     u = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(int(top_p * 100)), dtype=torch.float64).to(DEVICE)
     need = torch.ones(x.shape[0], dtype=torch.bool, device=DEVICE)
@@ -38,6 +43,34 @@ def test_nucleus_sample_kernel_equals_the_sorted_reference(small_blocks, top_p):
     ref_tokens, ref_kept = nucleus_sample_ref(x, top_p, u)
     assert torch.equal(kept, ref_kept)
     assert torch.equal(tokens, ref_tokens)
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.97])
+def test_candidates_kernel_equals_the_sorted_reference(small_blocks, top_p):
+    """The one-program-a-row fast path with 64 candidates of 1000: where it decides a row, the
+    reference's kept count and token; where it leaves the row to the fallback, every candidate
+    was kept and the reference keeps at least as many. With the fallback, every row's token."""
+    x = rows()
+    u = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(int(top_p * 100)), dtype=torch.float64).to(DEVICE)
+    tokens, need, kept = sampling.sample_candidates_triton(x, top_p, u, 64)
+    ref_tokens, ref_kept = nucleus_sample_ref(x, top_p, u)
+    decided = need == 0
+    assert 0 < int(decided.sum()) < x.shape[0]  # both paths run
+    assert torch.equal(kept[decided], ref_kept[decided])
+    assert torch.equal(tokens[decided], ref_tokens[decided])
+    assert bool((ref_kept[~decided] >= kept[~decided]).all())
+    assert torch.equal(sampling.nucleus_sample_triton(x, top_p, u, need, tokens)[0], ref_tokens)
+
+
+def test_candidates_kernel_keeps_the_lowest_indices_of_boundary_ties(small_blocks):
+    """Five equal logits at the boundary of top_p 0.5 (20% each): the sorted order keeps the
+    lowest three indices, and u picks among them in index order."""
+    x = torch.full((3, V), -30.0)
+    x[:, torch.tensor([900, 17, 400, 3, 650])] = 0.0
+    u = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+    tokens, need, kept = sampling.sample_candidates_triton(x.to(DEVICE), 0.5, u.to(DEVICE), 64)
+    assert need.tolist() == [0, 0, 0] and kept.tolist() == [3, 3, 3]
+    assert tokens.tolist() == [3, 17, 400]
 
 
 def test_a_needed_row_among_skipped_rows(small_blocks):
@@ -66,5 +99,5 @@ def test_the_kernels_compile_for_sm90_without_spills():
     from sm90 import run_compile_script
 
     out = run_compile_script("sm90_sampling_compile.py", [])
-    assert len(out) == 6
+    assert len(out) == 8
     assert all(k["local"] == 0 and k["regs"] is not None for k in out), out
