@@ -30,7 +30,9 @@ from jetspec_chat.engine.models.loader import load_engine
 from jetspec_chat.engine.params import SamplingParams
 from jetspec_chat.engine import sampling as sampler
 from jetspec_chat.engine.sampling import nucleus_candidates, sample, scaled_logits, uniforms
-from jetspec_chat.kernels import nucleus_sample_triton, sample_candidates_triton, triton_samples
+from jetspec_chat.kernels import (
+    nucleus_sample_in_candidates_triton, nucleus_sample_triton, sample_candidates_triton, triton_samples,
+)
 from jetspec_chat.kernels import sampling as ksampling
 from jetspec_chat.kernels.reference import nucleus_mask_ref, nucleus_sample_ref
 
@@ -75,11 +77,11 @@ def nucleus_stats(engine, tree, sampling) -> str:
             f"fast path {exact:.0%} of rows")
 
 
-def with_warps(name: str, warps: int, fn):
-    """fn run with kernels/sampling.py's warps constant `name` set to `warps`."""
+def with_setting(name: str, value: int, fn):
+    """fn run with kernels/sampling.py's constant `name` set to `value`."""
     def call():
         kept = getattr(ksampling, name)
-        setattr(ksampling, name, warps)
+        setattr(ksampling, name, value)
         try:
             return fn()
         finally:
@@ -87,15 +89,39 @@ def with_warps(name: str, warps: int, fn):
     return call
 
 
+CHUNKS = (1024, 2048, 4096)  # the candidates passes' chunk lengths timed (the shipped one among them)
+
+
+def kernel_times_us(fn, reps: int) -> dict[str, float]:
+    """The mean GPU time of each Triton sampling kernel that fn launches (eagerly, under the
+    torch profiler; the kernels alone, without the gaps between launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if e.key.startswith(("_candidates_", "_nucleus_sample_kernel")):
+            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+            out[e.key] = total / reps
+    return out
+
+
 def sampler_table(engine, state, trees, sampling, reps: int) -> None:
     """The choice alone (argmax / sample / sort reference) on the rows' fp32 logits, and parts of
-    `sample`: the temperature division, the candidates kernel (at 8 and 16 warps), the bisection
-    fallback kernel on every row (at 8 and 16 warps), each call captured in a CUDA graph."""
+    `sample`: the temperature division, the candidates phase (its four passes over the row at
+    several chunk lengths, and the draw), the bisection fallback kernel on every row (at 8 and 16
+    warps), each call captured in a CUDA graph; then each kernel of `sample` alone."""
     device = engine.torch_device
     t = torch.tensor(sampling.temperature, dtype=torch.float32, device=device)
     p = torch.tensor(sampling.top_p, dtype=torch.float64, device=device)
+    chunks = " / ".join(str(c) for c in CHUNKS)
     print(f"{'rows':>12} {'argmax us':>10} {'sample us':>10} {'sort ref us':>12} {'scale us':>9}"
-          f" {'candidates us (8 / 16 warps)':>29} {'fallback us (8 / 16 warps)':>27}")
+          f" {'candidates us (chunk ' + chunks + ')':>38} {'fallback us (8 / 16 warps)':>27}")
     pool = torch.cuda.graph_pool_handle()
     for name, tree, _ in trees:
         hidden, _ = engine.verify.forward(tree)
@@ -106,10 +132,10 @@ def sampler_table(engine, state, trees, sampling, reps: int) -> None:
         fns = (lambda: logits.argmax(-1), lambda: sample(logits, t, p, sampling.top_k, u),
                lambda: nucleus_sample_ref(scaled_logits(logits, t, sampling.top_k), p, u)[0],
                lambda: scaled_logits(logits, t, sampling.top_k),
-               with_warps("CANDIDATE_WARPS", 8, lambda: sample_candidates_triton(x, p, u, sampler.CANDIDATES)),
-               with_warps("CANDIDATE_WARPS", 16, lambda: sample_candidates_triton(x, p, u, sampler.CANDIDATES)),
-               with_warps("FALLBACK_WARPS", 8, lambda: nucleus_sample_triton(x, p, u, every)),
-               with_warps("FALLBACK_WARPS", 16, lambda: nucleus_sample_triton(x, p, u, every)))
+               *(with_setting("CANDIDATE_CHUNK", c, lambda: sample_candidates_triton(x, p, u, sampler.CANDIDATES))
+                 for c in CHUNKS),
+               with_setting("FALLBACK_WARPS", 8, lambda: nucleus_sample_triton(x, p, u, every)),
+               with_setting("FALLBACK_WARPS", 16, lambda: nucleus_sample_triton(x, p, u, every)))
         us = []
         for fn in fns:
             try:
@@ -119,8 +145,11 @@ def sampler_table(engine, state, trees, sampling, reps: int) -> None:
                 us.append(float("nan"))
                 continue
             us.append(median_ms(graph.replay, None, reps, device) * 1e3)
+        cands = " / ".join(f"{v:.1f}" for v in us[4:4 + len(CHUNKS)])
         print(f"{name:>12} {us[0]:10.1f} {us[1]:10.1f} {us[2]:12.1f} {us[3]:9.1f}"
-              f" {us[4]:14.1f} / {us[5]:12.1f} {us[6]:13.1f} / {us[7]:11.1f}")
+              f" {cands:>38} {us[-2]:13.1f} / {us[-1]:11.1f}")
+        times = kernel_times_us(lambda: nucleus_sample_in_candidates_triton(x, p, u, sampler.CANDIDATES), reps)
+        print(f"{'':>12} kernels alone (us, eager): " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
         state.restore()
 
 

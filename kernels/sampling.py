@@ -1,4 +1,4 @@
-"""Top-p (nucleus) sampling of whole vocabulary rows without a sort: one program per row.
+"""Top-p (nucleus) sampling of whole vocabulary rows without a sort of the row.
 
 Contract: `nucleus_sample_ref` (kernels/reference.py), the sorted definition: tokens in stable
 descending order of the logit, kept while the mass before them is below top_p, then one token
@@ -8,16 +8,24 @@ their sums float64 in another order: the kept set can differ from the reference'
 cumulative mass lies within float64 rounding of top_p, and the sampled token only where
 u * total lies within rounding of a cumulative weight.
 
-Two kernels, launched one after the other by engine/sampling.py on the GPU:
+Two stages, launched one after the other by engine/sampling.py on the GPU:
 
-- `_sample_candidates_kernel`, the fast path: three passes over the row (its maximum; its
-  normaliser and a histogram of m - x in bins of 1/BIN_SCALE, in two levels of 32 bins; a copy,
-  in index order, of every logit in the most whole top bins that hold at most CANDIDATES; four
-  passes in all), then the copies sorted in one
-  block by (value descending, index ascending), the nucleus as their prefix, and the draw. The
-  candidates are every logit above some value, so every token outside them comes later in the
-  sorted order: unless every candidate is kept, the nucleus is exactly the kept prefix. Else the
-  row is left to the next kernel (`need`).
+- The fast path (`sample_candidates_triton`), five launches. Four passes over the row, each a
+  program per CANDIDATE_CHUNK logits of every row, so a row is read by many SMs at once (one
+  program a row left a 152k-logit row's passes on one SM: ~250 us, latency-bound, at 1 row as
+  at 64): the chunks' maxima; the chunks' shares of the normaliser and a histogram of m - x in
+  bins of 1/BIN_SCALE, two levels of 32 bins (the groups, then the bins of one group); a copy
+  of every logit in the most whole top bins that hold at most CANDIDATES, with its index. Then
+  one program a row (`_candidates_draw_kernel`) sorts the copies by (value descending, index
+  ascending), takes the nucleus as their prefix, sorts the kept ones by index and draws. The
+  candidates are every logit above some value, so every token outside them comes later in
+  the sorted order: unless every candidate is kept, the nucleus is exactly the kept prefix.
+  Else the row is left to the next kernel (`need`).
+  Deterministic: the histograms and the candidates' slots are integer atomic adds (the counts
+  are the same in any order; the slots are not, and the draw sorts the copies, so it does not
+  depend on them); the maximum and the float64 normaliser are per-chunk partials combined in
+  chunk order. The chunk length is fixed (not a function of the row count), so a row's kept set
+  and token depend only on its logits, top_p and u, not on the rows sampled with it.
 - `_nucleus_sample_kernel`, the exact fallback for rows whose nucleus is wider (flat rows,
   top_p 1): the smallest logit v* whose strictly-greater mass G(v*) is below top_p * Z is the
   last kept value (G only changes at the row's own values, so a bisection over the 2^32
@@ -35,6 +43,8 @@ Also here: `row_mass`, the torch fast path's softmax normaliser in one read of t
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .launch import interpreting, launch_args, wait_for_previous
@@ -51,8 +61,17 @@ except ImportError:  # pragma: no cover - exercised only without triton
 
 BLOCK = 2048  # logits per step of a pass
 WARPS = 8
-FALLBACK_WARPS = 8  # the bisection kernel's and the candidates kernel's warps
-CANDIDATE_WARPS = 8  # (benchmarks/sampling.py times 8 and 16)
+FALLBACK_WARPS = 8  # the bisection kernel's warps
+CANDIDATE_WARPS = 8  # the candidates passes' warps, a program per chunk
+DRAW_WARPS = 4  # the candidates' sort and draw: CANDIDATES elements, one program a row
+# Logits of a row that one program of the candidates passes reads: 75 programs a row at 152k
+# tokens, so an AR step's single row spreads over most SMs of an H100/H200 (132) and 64 rows
+# are 4800 programs of one block each, a few to an SM at a time. A fixed length, not one that
+# follows the row count, so a row's partial sums (hence its token) do not depend on how many
+# rows are sampled with it.
+CANDIDATE_CHUNK = 2048
+COUNT_SLOTS = 128  # a row's counts: 32 group counts, 32 bin counts, the candidates copied
+INDEX_BITS = 24  # token index bits in the sort keys (vocabularies up to 16.7M tokens)
 CANDIDATE_BINS = 1024  # histogram bins below the row's maximum (32 groups of 32), BIN_SCALE a unit
 BIN_SCALE = 32.0  # of logit: they span 32 (weights down to e^-32 of the top's); the last holds the rest
 FALLBACK_CAPACITY = 8192  # logits inside the bracket that the bisection may copy, a row
@@ -254,84 +273,181 @@ if triton is not None:
 
 
 
+    # The candidates phase, over many programs a row: each program takes one chunk of
+    # CANDIDATE_CHUNK logits, and the four passes are four launches (each needs the whole row's
+    # result of the one before: its maximum, then its coarse histogram, then its fine one). The
+    # row's counts (two histograms of 32 bins and the candidates copied) live in COUNTS
+    # [N, COUNT_SLOTS] int32, summed by atomic adds: integer sums, the same in any order. The
+    # maximum and the float64 normaliser are per-chunk partials, combined in chunk order.
+
     @triton.jit
-    def _sample_candidates_kernel(
-        X, U, TOP_P, TOKENS, NEED, KEPT,  # [N, V] fp32, [N] fp64, 0-d fp64, [N] int64, [N] int8, [N] int32
-        CAND_X, CAND_I, CAND_KEPT,  # [N, CAP] fp32, int32, int8: the row's candidates (scratch)
-        V, stride,
-        CAP: tl.constexpr, BINS: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr,
-        USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
-    ):
-        wait_for_previous(PDL)
-        row = tl.program_id(0)
-        x_row = X + row.to(tl.int64) * stride
-        offs = tl.arange(0, BLOCK)
-        neg_inf = float("-inf")
-        # 1. The row's maximum.
-        top = tl.full([BLOCK], neg_inf, tl.float32)
-        for s in range(0, V, BLOCK):
-            top = tl.maximum(top, tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf))
-        m = tl.max(top, 0)
-        # 2. The normaliser, and how many logits lie in each group of 32 bins below the maximum
-        # (a histogram costs its warps about bins / 32 steps a logit: two levels of 32 bins
-        # find the same bins as one of 1024).
-        z_acc = tl.zeros([BLOCK], tl.float64)
-        coarse = tl.zeros([32], tl.int32)
-        for s in range(0, V, BLOCK):
-            x = tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf)
-            z_acc += _weight(x, m, USE_LIBDEVICE)
-            coarse += tl.histogram(_bin(x, m, SCALE, BINS) // 32, 32)  # padding lands in the last bin
-        z = tl.sum(z_acc, 0)
+    def _chunk_offsets(chunk, s, V, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+        """The indices of block s of a chunk, and which of them are the chunk's logits."""
+        offs = chunk * CHUNK + s + tl.arange(0, BLOCK)
+        return offs, (s + tl.arange(0, BLOCK) < CHUNK) & (offs < V)
+
+    @triton.jit
+    def _row_max(PART_M, row, chunks, CHUNKS_P: tl.constexpr):
+        c = tl.arange(0, CHUNKS_P)
+        return tl.max(tl.load(PART_M + row * chunks + c, mask=c < chunks, other=float("-inf")), 0)
+
+    @triton.jit
+    def _star_group(coarse, CAP: tl.constexpr):
+        """The group of 32 bins that the candidates end in, from the row's 32 group counts: the
+        first whose count would take the running total past CAP (the last group at most); and
+        the count of the groups before it."""
         groups = tl.arange(0, 32)
         g_star = tl.minimum(tl.sum((tl.cumsum(coarse, 0) <= CAP).to(tl.int32), 0), 31)
-        base = tl.sum(tl.where(groups < g_star, coarse, 0), 0)
-        # 3. The bins of group g_star (the others go to bin 63 of 64).
+        return g_star, tl.sum(tl.where(groups < g_star, coarse, 0), 0)
+
+    @triton.jit
+    def _star_bin(g_star, base, fine, CAP: tl.constexpr, BINS: tl.constexpr):
+        """The first bin that is not a candidate: the most whole bins (never the last) whose
+        logits number at most CAP, from the bin counts of group g_star."""
+        k = tl.sum((base + tl.cumsum(fine, 0) <= CAP).to(tl.int32), 0)
+        return tl.minimum(g_star * 32 + k, BINS - 1)
+
+    @triton.jit
+    def _candidates_max_kernel(
+        X, PART_M, COUNTS,  # [N, V] fp32, [N, chunks] fp32, [N, COUNT_SLOTS] int32
+        V, stride, chunks,
+        CHUNK: tl.constexpr, BLOCK: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr,
+    ):
+        """Pass 1: each chunk's maximum. Also zeroes the row's counts for the passes after."""
+        wait_for_previous(PDL)
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        x_row = X + row.to(tl.int64) * stride
+        top = tl.full([BLOCK], float("-inf"), tl.float32)
+        for s in range(0, CHUNK, BLOCK):
+            offs, inside = _chunk_offsets(chunk, s, V, CHUNK, BLOCK)
+            top = tl.maximum(top, tl.load(x_row + offs, mask=inside, other=float("-inf")))
+        tl.store(PART_M + row * chunks + chunk, tl.max(top, 0))
+        if chunk == 0:
+            slots = tl.arange(0, SLOTS)
+            tl.store(COUNTS + row * SLOTS + slots, tl.zeros([SLOTS], tl.int32))
+
+    @triton.jit
+    def _candidates_mass_kernel(
+        X, PART_M, PART_Z, COUNTS,  # ..., [N, chunks] fp64 partial normalisers
+        V, stride, chunks,
+        CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, SLOTS: tl.constexpr,
+        BINS: tl.constexpr, SCALE: tl.constexpr, USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        """Pass 2: each chunk's share of the normaliser, and its logits counted into the row's
+        32 groups of 32 bins below the maximum (COUNTS[:, 0:32]). A histogram costs its warps
+        about bins / 32 steps a logit: two levels of 32 bins find the same bins as one of 1024."""
+        wait_for_previous(PDL)
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        x_row = X + row.to(tl.int64) * stride
+        m = _row_max(PART_M, row, chunks, CHUNKS_P)
+        z_acc = tl.zeros([BLOCK], tl.float64)
+        coarse = tl.zeros([32], tl.int32)
+        for s in range(0, CHUNK, BLOCK):
+            offs, inside = _chunk_offsets(chunk, s, V, CHUNK, BLOCK)
+            x = tl.load(x_row + offs, mask=inside, other=float("-inf"))
+            z_acc += _weight(x, m, USE_LIBDEVICE)
+            # padding counts into the last group, which is never a candidate
+            coarse += tl.histogram(_bin(x, m, SCALE, BINS) // 32, 32)
+        tl.store(PART_Z + row * chunks + chunk, tl.sum(z_acc, 0))
+        tl.atomic_add(COUNTS + row * SLOTS + tl.arange(0, 32), coarse)
+
+    @triton.jit
+    def _candidates_fine_kernel(
+        X, PART_M, COUNTS,
+        V, stride, chunks,
+        CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, SLOTS: tl.constexpr,
+        CAP: tl.constexpr, BINS: tl.constexpr, SCALE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        """Pass 3: each chunk's logits counted into the 32 bins of the row's group g_star
+        (COUNTS[:, 32:64]; the logits of other groups go to a 64th bin, not kept)."""
+        wait_for_previous(PDL)
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        x_row = X + row.to(tl.int64) * stride
+        m = _row_max(PART_M, row, chunks, CHUNKS_P)
+        g_star, _ = _star_group(tl.load(COUNTS + row * SLOTS + tl.arange(0, 32)), CAP)
         fine = tl.zeros([64], tl.int32)
-        for s in range(0, V, BLOCK):
-            b = _bin(tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf), m, SCALE, BINS)
+        for s in range(0, CHUNK, BLOCK):
+            offs, inside = _chunk_offsets(chunk, s, V, CHUNK, BLOCK)
+            b = _bin(tl.load(x_row + offs, mask=inside, other=float("-inf")), m, SCALE, BINS)
             fine += tl.histogram(tl.where(b // 32 == g_star, b % 32, 63), 64)
         sub = tl.arange(0, 64)
-        fine = tl.where(sub < 32, fine, 0)
-        # The candidates: the most whole bins (never the last) that hold at most CAP logits.
-        b_star = tl.minimum(g_star * 32 + tl.sum(((base + tl.cumsum(fine, 0) <= CAP) & (sub < 32)).to(tl.int32), 0), BINS - 1)
-        n = base + tl.sum(tl.where(g_star * 32 + sub < b_star, fine, 0), 0)
-        # 4. Their copies in index order.
-        cand_x = CAND_X + row * CAP
-        cand_i = CAND_I + row * CAP
-        filled = n * 0
-        for s in range(0, V, BLOCK):
-            x = tl.load(x_row + s + offs, mask=s + offs < V, other=neg_inf)
-            inside = _bin(x, m, SCALE, BINS) < b_star
-            slot = filled + tl.cumsum(inside.to(tl.int32), 0) - 1
-            tl.store(cand_x + slot, x, mask=inside)
-            tl.store(cand_i + slot, s + offs, mask=inside)
-            filled += tl.sum(inside.to(tl.int32), 0)
-        tl.debug_barrier()
-        # 5. The nucleus among them in the stable sorted order: value descending, then index
-        # ascending (a candidate's slot is in index order), one int64 key each.
+        tl.atomic_add(COUNTS + row * SLOTS + 32 + sub, fine, mask=sub < 32)
+
+    @triton.jit
+    def _candidates_copy_kernel(
+        X, PART_M, COUNTS, CAND_X, CAND_I,  # ..., [N, CAP] fp32 and int32: the candidates
+        V, stride, chunks,
+        CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, SLOTS: tl.constexpr,
+        CAP: tl.constexpr, BINS: tl.constexpr, SCALE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        """Pass 4: each chunk's logits in bins below b_star, copied with their indices into
+        slots that an atomic count hands out (COUNTS[:, 64] ends as the row's candidates): in
+        no fixed order, which the last kernel does not depend on (it sorts them)."""
+        wait_for_previous(PDL)
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        x_row = X + row.to(tl.int64) * stride
+        m = _row_max(PART_M, row, chunks, CHUNKS_P)
+        counts = COUNTS + row * SLOTS
+        g_star, base = _star_group(tl.load(counts + tl.arange(0, 32)), CAP)
+        b_star = _star_bin(g_star, base, tl.load(counts + 32 + tl.arange(0, 32)), CAP, BINS)
+        for s in range(0, CHUNK, BLOCK):
+            offs, inside = _chunk_offsets(chunk, s, V, CHUNK, BLOCK)
+            x = tl.load(x_row + offs, mask=inside, other=float("-inf"))
+            take = _bin(x, m, SCALE, BINS) < b_star  # never padding: it is in the last bin
+            n_take = tl.sum(take.to(tl.int32), 0)
+            if n_take > 0:
+                slot = tl.atomic_add(counts + 64, n_take) + tl.cumsum(take.to(tl.int32), 0) - 1
+                tl.store(CAND_X + row * CAP + slot, x, mask=take)
+                tl.store(CAND_I + row * CAP + slot, offs, mask=take)
+
+    @triton.jit
+    def _candidates_draw_kernel(
+        U, TOP_P, TOKENS, NEED, KEPT,  # [N] fp64, 0-d fp64, [N] int64, [N] int8, [N] int32
+        PART_M, PART_Z, COUNTS, CAND_X, CAND_I,
+        V, chunks,
+        CHUNKS_P: tl.constexpr, SLOTS: tl.constexpr, CAP: tl.constexpr, INDEX_BITS: tl.constexpr,
+        USE_LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
+    ):
+        """One program a row: the candidates sorted by (value descending, index ascending), the
+        nucleus as their kept prefix; then sorted by index for the inverse CDF, and the draw."""
+        wait_for_previous(PDL)
+        row = tl.program_id(0)
+        c = tl.arange(0, CHUNKS_P)
+        m = _row_max(PART_M, row, chunks, CHUNKS_P)
+        z = tl.sum(tl.load(PART_Z + row * chunks + c, mask=c < chunks, other=0.0), 0)  # chunk order
+        n = tl.load(COUNTS + row * SLOTS + 64)
         j = tl.arange(0, CAP)
         valid = j < n
-        xs = tl.load(cand_x + j, mask=valid, other=neg_inf)
+        xs = tl.load(CAND_X + row * CAP + j, mask=valid, other=float("-inf"))
+        ids = tl.load(CAND_I + row * CAP + j, mask=valid, other=0).to(tl.int64)
+        # The stable sorted order in one int64 key: the value's order key, then the index reversed.
+        low = (1 << INDEX_BITS) - 1
         lowest = -(1 << 62)
-        key = tl.where(valid, _order_key(xs) * 65536 + (65535 - j), lowest)
+        key = tl.where(valid, _order_key(xs) * (1 << INDEX_BITS) + (low - ids), lowest)
         key = tl.sort(key, 0, descending=True)
         valid_s = key != lowest
-        j_s = 65535 - (key & 65535)
-        p_s = tl.where(valid_s, _weight(_key_value(key >> 16), m, USE_LIBDEVICE) / z, 0.0)
+        value_key = key >> INDEX_BITS  # arithmetic shift: the order key, whatever its sign
+        p_s = tl.where(valid_s, _weight(_key_value(value_key), m, USE_LIBDEVICE) / z, 0.0)
         keep = valid_s & (tl.cumsum(p_s, 0) - p_s < tl.load(TOP_P))  # the top one always stays
         n_kept = tl.sum(keep.to(tl.int32), 0)
-        tl.store(CAND_KEPT + row * CAP + j_s, keep.to(tl.int8), mask=valid_s)
-        tl.debug_barrier()
-        # 6. Inverse CDF in index order over the kept candidates (nucleus_sample_ref's running
-        # sums, whose other weights are zeros).
-        kept = tl.load(CAND_KEPT + row * CAP + j, mask=valid, other=0) != 0
-        cdf = tl.cumsum(tl.where(kept, _weight(xs, m, USE_LIBDEVICE) / z, 0.0), 0)
+        # Index order (nucleus_sample_ref's running sums, whose other weights are zeros): the
+        # index, the kept bit and the order key (offset to be non-negative) in one int64 key.
+        key = tl.where(valid_s, (low - (key & low)) * (1 << 33) + keep.to(tl.int64) * (1 << 32)
+                       + (value_key + (1 << 31)), 1 << 62)
+        key = tl.sort(key, 0)
+        kept = ((key >> 32) & 1) != 0
+        x_i = _key_value(key - ((key >> 32) << 32) - (1 << 31))
+        cdf = tl.cumsum(tl.where(valid & kept, _weight(x_i, m, USE_LIBDEVICE) / z, 0.0), 0)
         total = tl.max(cdf, 0)
         count = tl.sum((cdf <= tl.load(U + row) * total).to(tl.int32), 0)
         first_full = tl.min(tl.where(cdf == total, j, CAP), 0)  # never past the last kept weight
         pick = tl.minimum(count, first_full)
-        token = tl.sum(tl.where(j == pick, tl.load(cand_i + j, mask=valid, other=0), 0), 0)
-        tl.store(TOKENS + row, token.to(tl.int64))
+        token = tl.sum(tl.where(j == pick, key >> 33, 0), 0)
+        tl.store(TOKENS + row, token)
         # The kept set is the nucleus unless every candidate was kept (then it may go on).
         tl.store(NEED + row, ((n_kept == n) & (n < V)).to(tl.int8))
         tl.store(KEPT + row, n_kept)
@@ -396,31 +512,92 @@ def nucleus_sample(
 
 
 
+@dataclass
+class CandidateScratch:
+    """What the candidates passes leave for the draw, per row (allocated per call: inside a CUDA
+    graph, once per captured row count)."""
+
+    part_m: torch.Tensor  # [N, chunks] fp32: each chunk's maximum
+    part_z: torch.Tensor  # [N, chunks] fp64: each chunk's share of the normaliser
+    counts: torch.Tensor  # [N, COUNT_SLOTS] int32: group counts, bin counts, candidates copied
+    cand_x: torch.Tensor  # [N, CAP] fp32: the candidates' logits, in no fixed order
+    cand_i: torch.Tensor  # [N, CAP] int32: their token indices
+
+    @property
+    def n(self) -> torch.Tensor:
+        """The candidates of each row ([N] int32)."""
+        return self.counts[:, 64]
+
+
+def _candidate_launch(x: torch.Tensor) -> dict:
+    return dict(num_warps=CANDIDATE_WARPS, enable_fp_fusion=False, **launch_args(x.device, x.shape[0]))
+
+
+def find_candidates_triton(x: torch.Tensor, candidates: int) -> CandidateScratch:
+    """The candidates of each row of x [N, V] fp32 (contiguous rows): every logit above a value
+    chosen from a histogram of the row so that at most `candidates` (a power of two, <= 65536)
+    are. Four launches of one program per CANDIDATE_CHUNK logits of each row."""
+    n, v = x.shape
+    if v > 1 << INDEX_BITS:
+        raise ValueError(f"the sampling kernels take at most {1 << INDEX_BITS} logits a row, not {v}")
+    dev = x.device
+    chunks = triton.cdiv(v, CANDIDATE_CHUNK)
+    s = CandidateScratch(
+        part_m=torch.empty(n, chunks, dtype=torch.float32, device=dev),
+        part_z=torch.empty(n, chunks, dtype=torch.float64, device=dev),
+        counts=torch.empty(n, COUNT_SLOTS, dtype=torch.int32, device=dev),  # zeroed by the first pass
+        cand_x=torch.empty(n, candidates, dtype=torch.float32, device=dev),
+        cand_i=torch.empty(n, candidates, dtype=torch.int32, device=dev),
+    )
+    shape = dict(CHUNK=CANDIDATE_CHUNK, BLOCK=min(BLOCK, CANDIDATE_CHUNK), SLOTS=COUNT_SLOTS)
+    wide = dict(CHUNKS_P=triton.next_power_of_2(chunks), **shape)
+    hist = dict(BINS=CANDIDATE_BINS, SCALE=BIN_SCALE)
+    launch = _candidate_launch(x)
+    grid = (n, chunks)
+    row = (v, x.stride(0), chunks)
+    _candidates_max_kernel[grid](x, s.part_m, s.counts, *row, **shape, **launch)
+    _candidates_mass_kernel[grid](x, s.part_m, s.part_z, s.counts, *row, **wide, **hist,
+                                  USE_LIBDEVICE=not interpreting(), **launch)
+    _candidates_fine_kernel[grid](x, s.part_m, s.counts, *row, **wide, CAP=candidates, **hist, **launch)
+    _candidates_copy_kernel[grid](x, s.part_m, s.counts, s.cand_x, s.cand_i, *row, **wide, CAP=candidates,
+                                  **hist, **launch)
+    return s
+
+
+def draw_candidates_triton(
+    s: CandidateScratch, v: int, top_p: float | torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The nucleus among each row's candidates (of a row of v logits) and its token for u [N]
+    float64, one program a row: (tokens [N] int64, need [N] int8, kept [N] int32) as
+    sample_candidates_triton. The order of the candidates' slots does not matter."""
+    n, candidates = s.cand_x.shape
+    dev = s.cand_x.device
+    if not isinstance(top_p, torch.Tensor):
+        top_p = torch.full((), top_p, dtype=torch.float64, device=dev)
+    tokens = torch.empty(n, dtype=torch.int64, device=dev)
+    need = torch.empty(n, dtype=torch.int8, device=dev)
+    kept = torch.empty(n, dtype=torch.int32, device=dev)
+    chunks = s.part_m.shape[1]
+    _candidates_draw_kernel[(n,)](
+        u, top_p, tokens, need, kept, s.part_m, s.part_z, s.counts, s.cand_x, s.cand_i, v, chunks,
+        CHUNKS_P=triton.next_power_of_2(chunks), SLOTS=COUNT_SLOTS, CAP=candidates, INDEX_BITS=INDEX_BITS,
+        USE_LIBDEVICE=not interpreting(), num_warps=DRAW_WARPS, enable_fp_fusion=False, **launch_args(dev, n),
+    )
+    return tokens, need, kept
+
+
 def sample_candidates_triton(
     x: torch.Tensor, top_p: float | torch.Tensor, u: torch.Tensor, candidates: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """nucleus_sample_ref's token for each row of x [N, V] fp32 (contiguous rows) whose nucleus
-    lies among its top logits, in one program a row: (tokens [N] int64, need [N] int8, kept [N]
-    int32). The candidates are every logit above a value chosen from a histogram of the row so
-    that at most `candidates` (a power of two, <= 65536) are; where all of them are kept the
-    nucleus may go on (`need` is 1: nucleus_sample_triton decides that row, and its token and
-    kept count here are not the row's). u [N] float64; top_p a float < 1 or a 0-d float64
-    tensor."""
-    n, v = x.shape
-    if not isinstance(top_p, torch.Tensor):
-        top_p = torch.full((), top_p, dtype=torch.float64, device=x.device)
-    tokens = torch.empty(n, dtype=torch.int64, device=x.device)
-    need = torch.empty(n, dtype=torch.int8, device=x.device)
-    kept = torch.empty(n, dtype=torch.int32, device=x.device)
-    cand_x = torch.empty(n, candidates, dtype=torch.float32, device=x.device)
-    cand_i = torch.empty(n, candidates, dtype=torch.int32, device=x.device)
-    cand_kept = torch.empty(n, candidates, dtype=torch.int8, device=x.device)
-    _sample_candidates_kernel[(n,)](
-        x, u, top_p, tokens, need, kept, cand_x, cand_i, cand_kept, v, x.stride(0),
-        CAP=candidates, BINS=CANDIDATE_BINS, SCALE=BIN_SCALE, BLOCK=BLOCK, USE_LIBDEVICE=not interpreting(),
-        num_warps=CANDIDATE_WARPS, enable_fp_fusion=False, **launch_args(x.device, n),
-    )
-    return tokens, need, kept
+    lies among its top logits: (tokens [N] int64, need [N] int8, kept [N] int32), in five
+    launches (find_candidates_triton, draw_candidates_triton). The candidates are every logit
+    above a value chosen so that at most `candidates` (a power of two, <= 65536) are; where all
+    of them are kept the nucleus may go on (`need` is 1: nucleus_sample_triton decides that
+    row, and its token and kept count here are not the row's). u [N] float64; top_p a float < 1
+    or a 0-d float64 tensor. Fixed launch shapes for a given N and V and no host sync: a CUDA
+    graph holds it."""
+    return draw_candidates_triton(find_candidates_triton(x, candidates), x.shape[1], top_p, u)
 
 
 def nucleus_sample_in_candidates_triton(

@@ -73,6 +73,67 @@ def test_candidates_kernel_keeps_the_lowest_indices_of_boundary_ties(small_block
     assert tokens.tolist() == [3, 17, 400]
 
 
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """The candidates passes over many programs a row: chunks of 256 logits (two blocks of 128;
+    4 chunks of a 1000-logit row, the last one partial)."""
+    monkeypatch.setattr(sampling, "BLOCK", 128)
+    monkeypatch.setattr(sampling, "CANDIDATE_CHUNK", 256)
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.97])
+def test_chunked_candidates_equal_the_sorted_reference(small_chunks, top_p):
+    """Partial maxima, normalisers and histograms of 4 chunks a row, combined: the reference's
+    kept count and token where the fast path decides; with the fallback, every row's token.
+    The tied group at 200..299 and the integer rows' ties straddle chunk borders."""
+    x = rows()
+    u = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(int(top_p * 100) + 1), dtype=torch.float64).to(DEVICE)
+    tokens, need, kept = sampling.sample_candidates_triton(x, top_p, u, 64)
+    ref_tokens, ref_kept = nucleus_sample_ref(x, top_p, u)
+    decided = need == 0
+    assert 0 < int(decided.sum()) < x.shape[0]  # both paths run
+    assert torch.equal(kept[decided], ref_kept[decided])
+    assert torch.equal(tokens[decided], ref_tokens[decided])
+    assert bool((ref_kept[~decided] >= kept[~decided]).all())
+    assert torch.equal(sampling.nucleus_sample_triton(x, top_p, u, need, tokens)[0], ref_tokens)
+
+
+def test_chunked_candidates_keep_the_lowest_indices_of_ties_across_chunks(small_chunks):
+    """Five equal logits in four chunks at the boundary of top_p 0.5: the lowest three indices."""
+    x = torch.full((3, V), -30.0)
+    x[:, torch.tensor([900, 17, 400, 3, 650])] = 0.0
+    u = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+    tokens, need, kept = sampling.sample_candidates_triton(x.to(DEVICE), 0.5, u.to(DEVICE), 64)
+    assert need.tolist() == [0, 0, 0] and kept.tolist() == [3, 3, 3]
+    assert tokens.tolist() == [3, 17, 400]
+
+
+def test_the_draw_does_not_depend_on_the_candidates_slots(small_chunks):
+    """The copies land in slots in whatever order the chunks take them: reversed slots give the
+    same tokens, kept counts and needs, bitwise."""
+    x = rows()
+    u = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(9), dtype=torch.float64).to(DEVICE)
+    scratch = sampling.find_candidates_triton(x, 64)
+    want = sampling.draw_candidates_triton(scratch, V, 0.9, u)
+    for r, n in enumerate(scratch.n.tolist()):
+        assert n <= 64  # none on the flat rows (their fallback's)
+        scratch.cand_x[r, :n] = scratch.cand_x[r, :n].flip(0)
+        scratch.cand_i[r, :n] = scratch.cand_i[r, :n].flip(0)
+    got = sampling.draw_candidates_triton(scratch, V, 0.9, u)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_a_rows_token_does_not_depend_on_the_other_rows(small_chunks):
+    """The chunks are a fixed length: a row sampled alone gets the token it gets among others."""
+    x = rows()
+    u = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(DEVICE)
+    together = sampling.sample_candidates_triton(x, 0.9, u, 64)
+    for r in (1, 5):
+        alone = sampling.sample_candidates_triton(x[r:r + 1], 0.9, u[r:r + 1], 64)
+        assert [int(t[r]) for t in together] == [int(t[0]) for t in alone]
+
+
 def test_a_needed_row_among_skipped_rows(small_blocks):
     x = rows()[:3]
     u = torch.full((3,), 0.5, dtype=torch.float64, device=DEVICE)
@@ -99,5 +160,5 @@ def test_the_kernels_compile_for_sm90_without_spills():
     from sm90 import run_compile_script
 
     out = run_compile_script("sm90_sampling_compile.py", [])
-    assert len(out) == 8
+    assert len(out) == 16
     assert all(k["local"] == 0 and k["regs"] is not None for k in out), out
