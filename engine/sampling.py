@@ -12,12 +12,13 @@ wider than the candidates: flat distributions, top_p 1) go to an exact fallback 
 same kept set without sorting (kernels/sampling.py, a Triton kernel whose rows not needed cost
 nothing) or, off the GPU, to the sort-based reference itself.
 
-On the GPU the fast path is one Triton kernel a row (kernels/sampling.py: the row's maximum,
-normaliser and a histogram of its logits below the maximum; the candidates, every logit above a
-value the histogram picks so that at most CANDIDATES are; their sort, nucleus and draw), and the
-fallback a second launch: two launches after the temperature instead of ~25 torch kernels. Its
-candidates are closed under ties by construction, so the test is simpler: the nucleus is exact
-unless every candidate is kept. The torch form below (torch.topk) is the CPU's.
+On the GPU the fast path is five Triton launches (kernels/sampling.py: four passes over the row by
+a program per 2048 logits of every row, so a row is read by many SMs: its maximum, normaliser and
+a histogram of its logits below the maximum; the candidates, every logit above a value the
+histogram picks so that at most CANDIDATES are; then one program a row for their sort, nucleus
+and draw), and the fallback one more: six launches after the temperature instead of ~25 torch
+kernels. Its candidates are closed under ties by construction, so the test is simpler: the
+nucleus is exact unless every candidate is kept. The torch form below (torch.topk) is the CPU's.
 
 Fixed shapes and no host sync: the CUDA verify graph holds it, with the temperature and top_p as
 device scalars and the uniforms drawn into a static buffer before the replay.
