@@ -108,6 +108,22 @@ def test_chunked_candidates_keep_the_lowest_indices_of_ties_across_chunks(small_
     assert tokens.tolist() == [3, 17, 400]
 
 
+def test_chunked_candidates_of_a_row_shorter_than_the_capacity(small_chunks):
+    """300 logits, 512 candidates: every finite logit within 32 of the maximum is one (a partial
+    last chunk's padding is not); rows with -inf or far logits leave those to the fallback."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(4, 300, generator=g) * torch.tensor([[0.5], [3.0], [3.0], [30.0]])
+    x[2, ::3] = float("-inf")
+    u = torch.rand(4, generator=g, dtype=torch.float64)
+    x, u = x.to(DEVICE), u.to(DEVICE)
+    tokens, need, kept = sampling.sample_candidates_triton(x, 0.999, u, 512)
+    ref_tokens, ref_kept = nucleus_sample_ref(x, 0.999, u)
+    assert need.tolist()[:2] == [0, 0]  # every logit a candidate: decided whatever is kept
+    decided = need == 0
+    assert torch.equal(kept[decided], ref_kept[decided]) and torch.equal(tokens[decided], ref_tokens[decided])
+    assert torch.equal(sampling.nucleus_sample_triton(x, 0.999, u, need, tokens)[0], ref_tokens)
+
+
 def test_the_draw_does_not_depend_on_the_candidates_slots(small_chunks):
     """The copies land in slots in whatever order the chunks take them: reversed slots give the
     same tokens, kept counts and needs, bitwise."""
