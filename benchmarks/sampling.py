@@ -30,6 +30,10 @@ from jetspec_chat.engine.models.loader import load_engine
 from jetspec_chat.engine.params import SamplingParams
 from jetspec_chat.engine import sampling as sampler
 from jetspec_chat.engine.sampling import nucleus_candidates, sample, scaled_logits, uniforms
+from jetspec_chat.kernels import (
+    nucleus_sample_in_candidates_triton, nucleus_sample_triton, sample_candidates_triton, triton_samples,
+)
+from jetspec_chat.kernels import sampling as ksampling
 from jetspec_chat.kernels.reference import nucleus_mask_ref, nucleus_sample_ref
 
 
@@ -59,32 +63,79 @@ def step_table(engine, state, trees, sampling, generator, reps: int) -> None:
 
 
 def nucleus_stats(engine, tree, sampling) -> str:
-    """Nucleus sizes of the verify(N) rows and the share the fast path decides."""
+    """Nucleus sizes of the verify(N) rows and the share the fast path decides (the candidates
+    kernel on CUDA, the torch top-k form elsewhere)."""
     hidden, _ = engine.verify.forward(tree)
     x = scaled_logits(engine.target.logits(hidden), sampling.temperature, sampling.top_k)
     sizes = nucleus_mask_ref(x, sampling.top_p)[1].sum(-1).tolist()
-    exact = nucleus_candidates(x, sampling.top_p).exact.float().mean().item()
+    if triton_samples(x):
+        u = torch.rand(x.shape[0], dtype=torch.float64, device=x.device)
+        exact = (sample_candidates_triton(x, sampling.top_p, u, sampler.CANDIDATES)[1] == 0).float().mean().item()
+    else:
+        exact = nucleus_candidates(x, sampling.top_p).exact.float().mean().item()
     return (f"nucleus tokens per row: median {statistics.median(sizes):.0f}, max {max(sizes)}; "
             f"fast path {exact:.0%} of rows")
 
 
+def with_setting(name: str, value: int, fn):
+    """fn run with kernels/sampling.py's constant `name` set to `value`."""
+    def call():
+        kept = getattr(ksampling, name)
+        setattr(ksampling, name, value)
+        try:
+            return fn()
+        finally:
+            setattr(ksampling, name, kept)
+    return call
+
+
+CHUNKS = (1024, 2048, 4096)  # the candidates passes' chunk lengths timed (the shipped one among them)
+
+
+def kernel_times_us(fn, reps: int) -> dict[str, float]:
+    """The mean GPU time of each Triton sampling kernel that fn launches (eagerly, under the
+    torch profiler; the kernels alone, without the gaps between launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if e.key.startswith(("_candidates_", "_nucleus_sample_kernel")):
+            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+            out[e.key] = total / reps
+    return out
+
+
 def sampler_table(engine, state, trees, sampling, reps: int) -> None:
-    """The choice alone (argmax / sample / sort reference) on the rows' fp32 logits, and two parts
-    of `sample` (the temperature division; the top-k selection of the candidates), each call
-    captured in a CUDA graph."""
+    """The choice alone (argmax / sample / sort reference) on the rows' fp32 logits, and parts of
+    `sample`: the temperature division, the candidates phase (its four passes over the row at
+    several chunk lengths, and the draw), the bisection fallback kernel on every row (at 8 and 16
+    warps), each call captured in a CUDA graph; then each kernel of `sample` alone."""
     device = engine.torch_device
     t = torch.tensor(sampling.temperature, dtype=torch.float32, device=device)
     p = torch.tensor(sampling.top_p, dtype=torch.float64, device=device)
-    print(f"{'rows':>12} {'argmax us':>10} {'sample us':>10} {'sort ref us':>12} {'scale us':>9} {'topk us':>8}")
+    chunks = " / ".join(str(c) for c in CHUNKS)
+    print(f"{'rows':>12} {'argmax us':>10} {'sample us':>10} {'sort ref us':>12} {'scale us':>9}"
+          f" {'candidates us (chunk ' + chunks + ')':>38} {'fallback us (8 / 16 warps)':>27}")
     pool = torch.cuda.graph_pool_handle()
     for name, tree, _ in trees:
         hidden, _ = engine.verify.forward(tree)
         logits = engine.target.logits(hidden).clone()
+        x = scaled_logits(logits, t, sampling.top_k)
         u = torch.rand(logits.shape[0], dtype=torch.float64, device=device)
+        every = torch.ones(logits.shape[0], dtype=torch.bool, device=device)
         fns = (lambda: logits.argmax(-1), lambda: sample(logits, t, p, sampling.top_k, u),
                lambda: nucleus_sample_ref(scaled_logits(logits, t, sampling.top_k), p, u)[0],
                lambda: scaled_logits(logits, t, sampling.top_k),
-               lambda: logits.topk(min(sampler.CANDIDATES, logits.shape[-1]), dim=-1, sorted=False))
+               *(with_setting("CANDIDATE_CHUNK", c, lambda: sample_candidates_triton(x, p, u, sampler.CANDIDATES))
+                 for c in CHUNKS),
+               with_setting("FALLBACK_WARPS", 8, lambda: nucleus_sample_triton(x, p, u, every)),
+               with_setting("FALLBACK_WARPS", 16, lambda: nucleus_sample_triton(x, p, u, every)))
         us = []
         for fn in fns:
             try:
@@ -94,7 +145,11 @@ def sampler_table(engine, state, trees, sampling, reps: int) -> None:
                 us.append(float("nan"))
                 continue
             us.append(median_ms(graph.replay, None, reps, device) * 1e3)
-        print(f"{name:>12} {us[0]:10.1f} {us[1]:10.1f} {us[2]:12.1f} {us[3]:9.1f} {us[4]:8.1f}")
+        cands = " / ".join(f"{v:.1f}" for v in us[4:4 + len(CHUNKS)])
+        print(f"{name:>12} {us[0]:10.1f} {us[1]:10.1f} {us[2]:12.1f} {us[3]:9.1f}"
+              f" {cands:>38} {us[-2]:13.1f} / {us[-1]:11.1f}")
+        times = kernel_times_us(lambda: nucleus_sample_in_candidates_triton(x, p, u, sampler.CANDIDATES), reps)
+        print(f"{'':>12} kernels alone (us, eager): " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
         state.restore()
 
 

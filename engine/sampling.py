@@ -12,6 +12,14 @@ wider than the candidates: flat distributions, top_p 1) go to an exact fallback 
 same kept set without sorting (kernels/sampling.py, a Triton kernel whose rows not needed cost
 nothing) or, off the GPU, to the sort-based reference itself.
 
+On the GPU the fast path is five Triton launches (kernels/sampling.py: four passes over the row by
+a program per 2048 logits of every row, so a row is read by many SMs: its maximum, normaliser and
+a histogram of its logits below the maximum; the candidates, every logit above a value the
+histogram picks so that at most CANDIDATES are; then one program a row for their sort, nucleus
+and draw), and the fallback one more: six launches after the temperature instead of ~25 torch
+kernels. Its candidates are closed under ties by construction, so the test is simpler: the
+nucleus is exact unless every candidate is kept. The torch form below (torch.topk) is the CPU's.
+
 Fixed shapes and no host sync: the CUDA verify graph holds it, with the temperature and top_p as
 device scalars and the uniforms drawn into a static buffer before the replay.
 """
@@ -21,11 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import nucleus_mask_ref, nucleus_sample, row_mass
+from ..kernels import nucleus_mask_ref, nucleus_sample, nucleus_sample_in_candidates_triton, row_mass, triton_samples
 from .params import SamplingParams
 
-# Logits per row that the fast path orders. The nucleus of a trained model's row at top_p 0.95
-# is almost always inside; a row whose nucleus is wider takes the fallback.
+# Logits per row that the fast path orders (a power of two: the GPU kernel sorts them in one
+# block). The nucleus of a trained model's row at top_p 0.95 is almost always inside; a row
+# whose nucleus is wider takes the fallback.
 CANDIDATES = 256
 
 
@@ -75,6 +84,8 @@ def sample_scaled(x: torch.Tensor, top_p: float | torch.Tensor, u: torch.Tensor)
     token, without sorting the rows. top_p: a float, or a 0-d float64 device tensor (then < 1)."""
     if not isinstance(top_p, torch.Tensor) and top_p >= 1.0:  # every token is kept: the fallback samples the row
         return nucleus_sample(x, top_p, u, torch.ones(x.shape[0], dtype=torch.bool, device=x.device))[0]
+    if triton_samples(x):  # the same, in two kernels (kernels/sampling.py)
+        return nucleus_sample_in_candidates_triton(x, top_p, u, CANDIDATES)
     c = nucleus_candidates(x, top_p)
     # Inverse CDF in index order over the kept candidates: the same running sums as over the
     # whole row (nucleus_sample_ref), whose other weights are zeros.

@@ -69,7 +69,15 @@ from .tree_attention import (
     write_kv,
     write_kv_triton,
 )
-from .sampling import nucleus_sample, nucleus_sample_triton, row_mass, row_mass_triton
+from .sampling import (
+    nucleus_sample,
+    nucleus_sample_in_candidates_triton,
+    nucleus_sample_triton,
+    row_mass,
+    row_mass_triton,
+    sample_candidates_triton,
+    triton_samples,
+)
 from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
@@ -117,6 +125,7 @@ __all__ = [
     "nucleus_mask_ref",
     "nucleus_sample",
     "nucleus_sample_ref",
+    "nucleus_sample_in_candidates_triton",
     "nucleus_sample_triton",
     "paged_tree_attention",
     "paged_tree_attention_ref",
@@ -135,11 +144,13 @@ __all__ = [
     "row_mass",
     "row_mass_ref",
     "row_mass_triton",
+    "sample_candidates_triton",
     "silu_mul",
     "silu_mul_ref",
     "silu_mul_triton",
     "split_len_for",
     "tree_walk",
+    "triton_samples",
     "visible_keys",
     "write_kv",
     "write_kv_ref",

@@ -6,6 +6,7 @@ from scipy.stats import chisquare
 
 from jetspec_chat.engine import sampling
 from jetspec_chat.engine.params import SamplingParams
+from jetspec_chat.kernels import sample_candidates_triton
 from jetspec_chat.kernels.reference import nucleus_mask_ref, nucleus_sample_ref
 
 V = 1000
@@ -109,8 +110,8 @@ def test_sampled_frequencies_match_the_processed_distribution(few_candidates, to
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("top_p", [0.95, 1.0])
 def test_full_vocabulary_rows_on_the_gpu_equal_the_sorted_reference(top_p):
-    """152k-token rows on the GPU: the fast path and the fallback kernel together draw the
-    reference's token for the same uniform (both compute the same fp32 weights; only float64
+    """152k-token rows on the GPU: the candidates kernel and the fallback kernel together draw
+    the reference's token for the same uniform (both compute the same fp32 weights; only float64
     sums run in another order)."""
     g = torch.Generator().manual_seed(13)
     scales = torch.tensor([0.05, 1.0, 4.0, 12.0, 30.0] * 8)[:, None]
@@ -120,5 +121,5 @@ def test_full_vocabulary_rows_on_the_gpu_equal_the_sorted_reference(top_p):
     fast = sampling.sample_scaled(x, top_p, u)
     assert torch.equal(fast, nucleus_sample_ref(x, top_p, u)[0])
     if top_p < 1:
-        exact = sampling.nucleus_candidates(x, top_p).exact
-        assert 0 < int(exact.sum()) < len(scales)  # both paths ran
+        need = sample_candidates_triton(x, top_p, u, sampling.CANDIDATES)[1]
+        assert 0 < int(need.sum()) < len(scales)  # both kernels decided rows
