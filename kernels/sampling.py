@@ -529,10 +529,6 @@ class CandidateScratch:
         return self.counts[:, 64]
 
 
-def _candidate_launch(x: torch.Tensor) -> dict:
-    return dict(num_warps=CANDIDATE_WARPS, enable_fp_fusion=False, **launch_args(x.device, x.shape[0]))
-
-
 def find_candidates_triton(x: torch.Tensor, candidates: int) -> CandidateScratch:
     """The candidates of each row of x [N, V] fp32 (contiguous rows): every logit above a value
     chosen from a histogram of the row so that at most `candidates` (a power of two, <= 65536)
@@ -552,15 +548,16 @@ def find_candidates_triton(x: torch.Tensor, candidates: int) -> CandidateScratch
     shape = dict(CHUNK=CANDIDATE_CHUNK, BLOCK=min(BLOCK, CANDIDATE_CHUNK), SLOTS=COUNT_SLOTS)
     wide = dict(CHUNKS_P=triton.next_power_of_2(chunks), **shape)
     hist = dict(BINS=CANDIDATE_BINS, SCALE=BIN_SCALE)
-    launch = _candidate_launch(x)
+    warps = dict(num_warps=CANDIDATE_WARPS, enable_fp_fusion=False)
     grid = (n, chunks)
     row = (v, x.stride(0), chunks)
-    _candidates_max_kernel[grid](x, s.part_m, s.counts, *row, **shape, **launch)
+    _candidates_max_kernel[grid](x, s.part_m, s.counts, *row, **shape, **warps, **launch_args(dev, n))
     _candidates_mass_kernel[grid](x, s.part_m, s.part_z, s.counts, *row, **wide, **hist,
-                                  USE_LIBDEVICE=not interpreting(), **launch)
-    _candidates_fine_kernel[grid](x, s.part_m, s.counts, *row, **wide, CAP=candidates, **hist, **launch)
+                                  USE_LIBDEVICE=not interpreting(), **warps, **launch_args(dev, n))
+    _candidates_fine_kernel[grid](x, s.part_m, s.counts, *row, **wide, CAP=candidates, **hist, **warps,
+                                  **launch_args(dev, n))
     _candidates_copy_kernel[grid](x, s.part_m, s.counts, s.cand_x, s.cand_i, *row, **wide, CAP=candidates,
-                                  **hist, **launch)
+                                  **hist, **warps, **launch_args(dev, n))
     return s
 
 

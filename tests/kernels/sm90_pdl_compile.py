@@ -113,7 +113,7 @@ def kernels():
                               ("tree paged", modes[1], True)):
         consts = dict(GROUP=6, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=tree_attention.BLOCK_M,
                       BLOCK_N=tree_attention.BLOCK_N, MODE=mode, FLAT_TILES=tree_attention.FLAT_TILES, PAGED=paged,
-                      PRECISION="tf32", WINDOW=0, HAS_SINKS=False)
+                      PRECISION="tf32", WINDOW=0, HAS_SINKS=False, V_SPLIT=1)
         yield compare(f"tree_attn {name}", tree_attention._tree_attn_kernel, attn, consts, tree_attention.NUM_WARPS,
                       tree_attention.AR_NUM_STAGES if mode == modes[0] else tree_attention.NUM_STAGES)  # as launched
     yield compare("merge", tree_attention._merge_kernel,
