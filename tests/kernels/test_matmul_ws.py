@@ -102,12 +102,10 @@ def test_gpu_ws_switch_keeps_the_engine_m_invariant_and_exact(monkeypatch, name)
     assert (full.float() - exact).norm() <= 1.05 * (cublas - exact).norm()
 
 
-def test_switch_routes_every_launch_through_the_ws_kernel(monkeypatch):
-    """Host side, on the CPU (the kernel replaced by a recorder): with USE_WS on and an sm_90
-    device assumed, linear_triton launches the warp-specialized kernel with the linear's
-    K groups and launch choice (split over the 8B o_proj's 5 groups at M = 1, then the group
-    sums; fused at M = 256 in 64-row programs), and linear_partials_triton hands the split
-    launch's group sums back unsummed."""
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    """Host side, on the CPU: the linear's kernels replaced by recorders of (name, grid, args,
+    kwargs), an sm_90 device with Gluon assumed."""
     pytest.importorskip("triton.experimental.gluon")
     launches = []
 
@@ -122,6 +120,16 @@ def test_switch_routes_every_launch_through_the_ws_kernel(monkeypatch):
     monkeypatch.setattr(matmul, "_sum_groups_kernel", Recorder("sum"))
     monkeypatch.setattr(matmul, "_linear_kernel", Recorder("pointer"))
     monkeypatch.setattr(matmul, "ws_available", lambda device: True)
+    return launches
+
+
+def test_switch_routes_every_launch_through_the_ws_kernel(monkeypatch, recorded_launches):
+    """Host side, on the CPU (the kernel replaced by a recorder): with USE_WS on and an sm_90
+    device assumed, linear_triton launches the warp-specialized kernel with the linear's
+    K groups and launch choice (split over the 8B o_proj's 5 groups at M = 1, then the group
+    sums; fused at M = 256 in 64-row programs), and linear_partials_triton hands the split
+    launch's group sums back unsummed."""
+    launches = recorded_launches
     monkeypatch.setattr(matmul, "USE_WS", True)
     n, k = REAL_SHAPES["8b_o"]
     w = torch.zeros(n, k, dtype=torch.bfloat16)
@@ -161,38 +169,25 @@ def test_ws_picks_name_linear_ws_options_and_row_ranges():
     assert matmul.ws_pick(256, 1, 1) is None
 
 
-def test_picks_route_their_rows_through_the_ws_kernel(monkeypatch):
+def test_picks_route_their_rows_through_the_ws_kernel(recorded_launches):
     """Host side (kernels replaced by recorders, an sm_90 device assumed), USE_WS off: the 8B
     down projection at 256 rows takes its pick (split over its K groups in the ws kernel: the
     group sums summed by linear_triton, handed back by linear_partials_triton); at 64 rows it
     keeps the pointer kernel."""
-    pytest.importorskip("triton.experimental.gluon")
-    launches = []
-
-    class Recorder:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((self.name, kw))
-
-    monkeypatch.setattr(matmul_ws, "_linear_ws_kernel", Recorder("ws"))
-    monkeypatch.setattr(matmul, "_sum_groups_kernel", Recorder("sum"))
-    monkeypatch.setattr(matmul, "_linear_kernel", Recorder("pointer"))
-    monkeypatch.setattr(matmul, "ws_available", lambda device: True)
+    launches = recorded_launches
     assert not matmul.USE_WS
     n, k = REAL_SHAPES["8b_down"]
     w = torch.zeros(n, k, dtype=torch.bfloat16)
     assert matmul.ws_pick(256, n, k) == {"split": True}
 
     linear_triton(torch.zeros(256, k, dtype=torch.bfloat16), w)
-    assert [name for name, _ in launches] == ["ws", "sum"] and launches[0][1]["SPLIT"]
+    assert [launch[0] for launch in launches] == ["ws", "sum"] and launches[0][3]["SPLIT"]
     launches.clear()
     got = linear_partials_triton(torch.zeros(256, k, dtype=torch.bfloat16), w)
-    assert isinstance(got, matmul.Partials) and [name for name, _ in launches] == ["ws"]
+    assert isinstance(got, matmul.Partials) and [launch[0] for launch in launches] == ["ws"]
     launches.clear()
     linear_triton(torch.zeros(64, k, dtype=torch.bfloat16), w)
-    assert launches and all(name != "ws" for name, _ in launches)
+    assert launches and all(launch[0] != "ws" for launch in launches)
 
 
 @gpu_only

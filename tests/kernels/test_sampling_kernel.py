@@ -45,11 +45,29 @@ def test_nucleus_sample_kernel_equals_the_sorted_reference(small_blocks, monkeyp
     assert torch.equal(tokens, ref_tokens)
 
 
-@pytest.mark.parametrize("top_p", [0.3, 0.97])
-def test_candidates_kernel_equals_the_sorted_reference(small_blocks, top_p):
-    """The one-program-a-row fast path with 64 candidates of 1000: where it decides a row, the
-    reference's kept count and token; where it leaves the row to the fallback, every candidate
-    was kept and the reference keeps at least as many. With the fallback, every row's token."""
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """The candidates passes over many programs a row: chunks of 256 logits (two blocks of 128;
+    4 chunks of a 1000-logit row, the last one partial)."""
+    monkeypatch.setattr(sampling, "BLOCK", 128)
+    monkeypatch.setattr(sampling, "CANDIDATE_CHUNK", 256)
+
+
+@pytest.fixture(params=["one chunk a row", "four chunks a row"])
+def chunking(request, monkeypatch):
+    """The 1000-logit rows in one chunk (blocks of 256), or in four (`small_chunks`)."""
+    monkeypatch.setattr(sampling, "BLOCK", 256 if request.param == "one chunk a row" else 128)
+    if request.param == "four chunks a row":
+        monkeypatch.setattr(sampling, "CANDIDATE_CHUNK", 256)
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.97])
+def test_candidates_equal_the_sorted_reference(chunking, top_p):
+    """64 candidates of 1000 logits, a row's partial maxima, normalisers and histograms combined
+    over its chunks: where the fast path decides a row, the reference's kept count and token;
+    where it leaves the row to the fallback, every candidate was kept and the reference keeps at
+    least as many. With the fallback, every row's token. The tied group at 200..299 and the
+    integer rows' ties straddle chunk borders."""
     x = rows()
     u = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(int(top_p * 100)), dtype=torch.float64).to(DEVICE)
     tokens, need, kept = sampling.sample_candidates_triton(x, top_p, u, 64)
@@ -62,44 +80,10 @@ def test_candidates_kernel_equals_the_sorted_reference(small_blocks, top_p):
     assert torch.equal(sampling.nucleus_sample_triton(x, top_p, u, need, tokens)[0], ref_tokens)
 
 
-def test_candidates_kernel_keeps_the_lowest_indices_of_boundary_ties(small_blocks):
-    """Five equal logits at the boundary of top_p 0.5 (20% each): the sorted order keeps the
-    lowest three indices, and u picks among them in index order."""
-    x = torch.full((3, V), -30.0)
-    x[:, torch.tensor([900, 17, 400, 3, 650])] = 0.0
-    u = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
-    tokens, need, kept = sampling.sample_candidates_triton(x.to(DEVICE), 0.5, u.to(DEVICE), 64)
-    assert need.tolist() == [0, 0, 0] and kept.tolist() == [3, 3, 3]
-    assert tokens.tolist() == [3, 17, 400]
-
-
-@pytest.fixture
-def small_chunks(monkeypatch):
-    """The candidates passes over many programs a row: chunks of 256 logits (two blocks of 128;
-    4 chunks of a 1000-logit row, the last one partial)."""
-    monkeypatch.setattr(sampling, "BLOCK", 128)
-    monkeypatch.setattr(sampling, "CANDIDATE_CHUNK", 256)
-
-
-@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.97])
-def test_chunked_candidates_equal_the_sorted_reference(small_chunks, top_p):
-    """Partial maxima, normalisers and histograms of 4 chunks a row, combined: the reference's
-    kept count and token where the fast path decides; with the fallback, every row's token.
-    The tied group at 200..299 and the integer rows' ties straddle chunk borders."""
-    x = rows()
-    u = torch.rand(x.shape[0], generator=torch.Generator().manual_seed(int(top_p * 100) + 1), dtype=torch.float64).to(DEVICE)
-    tokens, need, kept = sampling.sample_candidates_triton(x, top_p, u, 64)
-    ref_tokens, ref_kept = nucleus_sample_ref(x, top_p, u)
-    decided = need == 0
-    assert 0 < int(decided.sum()) < x.shape[0]  # both paths run
-    assert torch.equal(kept[decided], ref_kept[decided])
-    assert torch.equal(tokens[decided], ref_tokens[decided])
-    assert bool((ref_kept[~decided] >= kept[~decided]).all())
-    assert torch.equal(sampling.nucleus_sample_triton(x, top_p, u, need, tokens)[0], ref_tokens)
-
-
-def test_chunked_candidates_keep_the_lowest_indices_of_ties_across_chunks(small_chunks):
-    """Five equal logits in four chunks at the boundary of top_p 0.5: the lowest three indices."""
+def test_candidates_keep_the_lowest_indices_of_boundary_ties(chunking):
+    """Five equal logits (in four chunks, where there are four) at the boundary of top_p 0.5
+    (20% each): the sorted order keeps the lowest three indices, and u picks among them in
+    index order."""
     x = torch.full((3, V), -30.0)
     x[:, torch.tensor([900, 17, 400, 3, 650])] = 0.0
     u = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
