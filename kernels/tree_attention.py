@@ -92,6 +92,9 @@ FLAT_TILES = 16
 FLAT_MAX_CHAINS = 16
 # The widest head the kernel takes (Gemma 4's global layers).
 MAX_HEAD_DIM = 512
+# The widest in fp32: the verify binary's fp32 tiles take 180 KB of shared memory at 128, 344 KB
+# at 256 (offline sm_90 compile; an SM has 227 KB).
+MAX_FP32_HEAD_DIM = 128
 
 
 class TileConfig(NamedTuple):
@@ -575,6 +578,8 @@ def paged_tree_attention_triton(
     assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, "head_dim must be a power of two >= 16"
     if head_dim > MAX_HEAD_DIM:
         raise ValueError(f"the GPU tree attention takes heads up to {MAX_HEAD_DIM} wide, not {head_dim}")
+    if q.dtype == torch.float32 and head_dim > MAX_FP32_HEAD_DIM:
+        raise ValueError(f"the GPU tree attention takes fp32 heads up to {MAX_FP32_HEAD_DIM} wide, not {head_dim}")
     cfg = tile_config(head_dim)
     block_n = cfg.block_n
     assert k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1, "pools need a contiguous head_dim"

@@ -13,7 +13,7 @@ from ..errors import ConfigError, DeviceMemoryError, DraftHeadError, ModelNotFou
 from ..gemma4 import build_gemma4_target
 from ..hybrid_model import build_hybrid_target
 from ..model import TargetModel, build_target
-from ...kernels.tree_attention import MAX_HEAD_DIM
+from ...kernels.tree_attention import MAX_FP32_HEAD_DIM, MAX_HEAD_DIM
 from ..model_config import ModelConfig
 from ..params import check_head_depth
 from .model_sources import HEAD_NOTES, ModelSource, download_hub_dir, load_tokenizer, resolve_model
@@ -81,6 +81,10 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype, s
         raise ModelNotFoundError(
             f"{source.name} runs on the CPU only: its {widest}-wide attention heads are wider than the GPU "
             f"tree attention takes (at most {MAX_HEAD_DIM}); use --device cpu.")
+    if device.type == "cuda" and dtype == torch.float32 and widest > MAX_FP32_HEAD_DIM:
+        raise ModelNotFoundError(
+            f"{source.name} runs in float32 on the CPU only: its {widest}-wide attention heads are wider than the "
+            f"GPU tree attention takes in float32 (at most {MAX_FP32_HEAD_DIM}); use --dtype bfloat16 or --device cpu.")
     try:
         if shard is None:
             build = build_target

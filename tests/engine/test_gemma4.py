@@ -123,3 +123,9 @@ def test_heads_wider_than_the_gpu_kernel_takes_are_refused_on_cuda_in_one_senten
     with pytest.raises(ModelNotFoundError, match=r"CPU only: its 1024-wide attention heads are wider than the GPU "
                                                  r"tree attention takes \(at most 512\); use --device cpu"):
         load_target(wide, torch.device("cuda"), torch.bfloat16)
+    # fp32 tiles take heads up to 128 wide on the GPU: the 26B-A4B in fp32 is refused there too.
+    with pytest.raises(ModelNotFoundError, match=r"runs in float32 on the CPU only: its 512-wide attention heads .* "
+                                                 r"\(at most 128\); use --dtype bfloat16 or --device cpu"):
+        load_target(real, torch.device("cuda"), torch.float32)
+    tiny = ModelConfig.from_hf(resolve_model("random:tiny-gemma4").hf_config)
+    assert max(tiny.head_dim, tiny.gemma4.global_head_dim) <= 128  # its fp32 GPU test runs
