@@ -85,8 +85,11 @@ class SymmetricExchange:
         self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
 
     def fits(self, partial: torch.Tensor) -> bool:
-        return (partial.dim() == 2 and partial.shape[0] <= self.rows and partial.shape[1] == self.hidden
-                and partial.dtype == self.dtype and partial.device == self.buffer.device)
+        return partial.dim() == 2 and self._takes(partial.shape[0], partial.shape[1], partial.dtype, partial.device)
+
+    def _takes(self, t: int, n: int, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether a partial [t, n] of `dtype` on `device` goes through this exchange."""
+        return t <= self.rows and n == self.hidden and dtype == self.dtype and device == self.buffer.device
 
     def out(self, t: int, slot: int) -> torch.Tensor:
         """Where this rank's partial of T rows goes in `slot` ([T, H], contiguous): a GEMM that
@@ -96,8 +99,7 @@ class SymmetricExchange:
     def out_for(self, x: torch.Tensor, n: int, slot: int) -> torch.Tensor | None:
         """`out` for the product of x [T, K] with an [n, K] weight, or None where that partial
         would not fit (too many rows, another width, dtype or device)."""
-        fits = (x.dim() == 2 and x.shape[0] <= self.rows and n == self.hidden and x.dtype == self.dtype
-                and x.device == self.buffer.device)
+        fits = x.dim() == 2 and self._takes(x.shape[0], n, x.dtype, x.device)
         return self.out(x.shape[0], slot) if fits else None
 
     def gather(self, partial: torch.Tensor, slot: int) -> Partials:
