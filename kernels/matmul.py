@@ -84,8 +84,8 @@ SPLIT_MAX_PARTIAL_RATIO = 1.5
 # and 256: 8B 677 -> 603 us at M = 256, 30B-A3B 370 -> 287) and lost at the per-layer linears.
 TMA_MIN_TILES = 8 * SMS
 # The warp-specialized Gluon form (matmul_ws.py: the same arithmetic, the same bits) for every
-# launch on an sm_90 GPU. Off: measured against this file's kernels and cuBLAS by
-# benchmarks/kernels_vs_vendor.py (docs/kernels.md), not yet chosen by the engine.
+# launch on an sm_90 GPU. Off: as every launch it measured slower (the 8B AR step 1.40x,
+# docs/kernels.md); the engine takes it only where WS_PICKS (below) says it won.
 USE_WS = False
 WS_SHARED_BYTES = 192 * 1024  # the stage ring of one warp-specialized program (`ws_stages`)
 WS_MAX_STAGES = 8
@@ -285,14 +285,19 @@ def ws_stages(block_m: int, block_n: int, block_k: int, programs_per_sm: int = 1
     return max(2, min(WS_MAX_STAGES, WS_SHARED_BYTES // programs_per_sm // stage))
 
 
+def _ws_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the warp-specialized form can run this launch (an sm_90 GPU, Gluon, aligned rows)."""
+    return ws_available(x.device) and ws_fits(x) and ws_fits(weight)
+
+
 def _ws_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return USE_WS and ws_available(x.device) and ws_fits(x) and ws_fits(weight)
+    return USE_WS and _ws_runs(x, weight)
 
 
 def _ws_picked(x: torch.Tensor, weight: torch.Tensor) -> dict | None:
     """`ws_pick`'s options where the warp-specialized form can run this launch, else None."""
     pick = ws_pick(x.shape[0], weight.shape[0], x.shape[1])
-    return pick if pick is not None and ws_available(x.device) and ws_fits(x) and ws_fits(weight) else None
+    return pick if pick is not None and _ws_runs(x, weight) else None
 
 
 # ----------------------------------------------------------------------------- triton kernels
