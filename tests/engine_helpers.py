@@ -294,3 +294,19 @@ def round_launches(engine, prompt, params) -> list[tuple[int, int, list[str]]]:
         if not isinstance(event, RoundEvent):
             return out
         out.append((rec.replays, rec.copies_to_host, rec.launches))
+
+
+def run_two_ranks(target, out: str):
+    """target(rank, port, out) in two spawned processes (a rank each, on a free port); both must
+    exit 0. Returns what rank 0 saved to `out` (torch.save)."""
+    from jetspec_chat.engine.tp_launcher import _free_port
+
+    port = _free_port()
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    return torch.load(out)

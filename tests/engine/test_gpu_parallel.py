@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from engine_helpers import run_two_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                 reason="needs 2 CUDA GPUs")
@@ -89,16 +90,5 @@ def test_symmetric_exchange_equals_the_all_gather(tmp_path):
     """The symmetric-memory exchange hands every rank the same [N, T, H] bits as the NCCL
     all-gather, eagerly (the partial copied in, and already in place) and replayed from a CUDA
     graph (new inputs each replay)."""
-    from jetspec_chat.engine.tp_launcher import _free_port
-
-    out = str(tmp_path / "same.pt")
-    port = _free_port()
-    ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_exchange_rank, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    assert [p.exitcode for p in procs] == [0, 0]
-    same = torch.load(out)
+    same = run_two_ranks(_exchange_rank, str(tmp_path / "same.pt"))
     assert len(same) == 30 and all(same), same

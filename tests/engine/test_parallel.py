@@ -11,6 +11,8 @@ import textwrap
 import pytest
 import torch
 
+from engine_helpers import run_two_ranks
+
 from jetspec_chat.engine.errors import WORKER_DIED_EXIT_CODE
 from jetspec_chat.kernels import Partials
 
@@ -162,18 +164,7 @@ def _tp_rank(rank: int, port: int, out: str) -> None:
 
 
 def test_tp2_logits_equal_tp1(tmp_path):
-    from jetspec_chat.engine.tp_launcher import _free_port
-
-    out = str(tmp_path / "logits.pt")
-    port = _free_port()
-    ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_tp_rank, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    assert [p.exitcode for p in procs] == [0, 0]
-    got = torch.load(out)
+    got = run_two_ranks(_tp_rank, str(tmp_path / "logits.pt"))
     for name in MODELS:
         want = _forward_logits(_load(name), TOKENS)
         torch.testing.assert_close(got[name], want, rtol=1e-5, atol=1e-5)
