@@ -266,8 +266,8 @@ if triton is not None:
 
     @triton.jit
     def _store_partial(TL_M, TL_L, TL_A, at, m, l, a, mask, dv, HEAD_DIM: tl.constexpr, V_SPLIT: tl.constexpr):
-        """A tile's partial (m, l, a: columns dv) of the rows at `at` (slot, token, head), where
-        `mask` (m and l: `_ml_mask`)."""
+        """A tile's partial, or a split's state, (m, l, a: columns dv) of the rows at `at` (slot,
+        token, head), where `mask` (m and l: `_ml_mask`)."""
         tl.store(TL_M + at, m, mask=_ml_mask(mask, V_SPLIT))
         tl.store(TL_L + at, l, mask=_ml_mask(mask, V_SPLIT))
         tl.store(TL_A + at[:, None] * HEAD_DIM + dv[None, :], a, mask=mask[:, None])
@@ -387,9 +387,7 @@ if triton is not None:
                 tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=direct[:, None])
                 state = mine_here & ~direct
                 at = (split * T + tok) * N_HEADS + head  # [NUM_SPLITS, T, N_HEADS]
-                tl.store(CH_M + at, m_i, mask=_ml_mask(state, V_SPLIT))
-                tl.store(CH_L + at, l_i, mask=_ml_mask(state, V_SPLIT))
-                tl.store(CH_A + at[:, None] * HEAD_DIM + dv[None, :], acc, mask=state[:, None])
+                _store_partial(CH_M, CH_L, CH_A, at, m_i, l_i, acc, state, dv, HEAD_DIM, V_SPLIT)
         elif pid < n_split_programs + n_flat_programs:
             # A flat program (TREE, `flat`): prefix tile j of query tile pid % n, its partial
             # stored for the merge (tile slot j: with `flat` the slots start at tile 0).
