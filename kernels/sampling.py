@@ -600,9 +600,10 @@ def sample_candidates_triton(
 def nucleus_sample_in_candidates_triton(
     x: torch.Tensor, top_p: float | torch.Tensor, u: torch.Tensor, candidates: int
 ) -> torch.Tensor:
-    """nucleus_sample_ref's token for every row ([N] int64) in two launches: the candidates
-    kernel, then the bisection kernel for the rows whose nucleus goes past their candidates
-    (it returns at once for the others, so a CUDA graph holds both whatever the rows)."""
+    """nucleus_sample_ref's token for every row ([N] int64): the candidates stage
+    (`sample_candidates_triton`, five launches), then the bisection kernel for the rows whose
+    nucleus goes past their candidates (it returns at once for the others, so a CUDA graph holds
+    them all whatever the rows)."""
     tokens, need, _ = sample_candidates_triton(x, top_p, u, candidates)
     return nucleus_sample_triton(x, top_p, u, need, tokens)[0]
 
