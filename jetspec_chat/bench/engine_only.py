@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..engine.errors import ConfigError
+from ..engine.models.loader import default_max_context
 from ..engine.params import DEFAULT_WIDTH, MAX_BUDGET, GenerationParams, SpecParams
 from ..engine.tree import build_accum_logp, root_only
 from .gpu_idle import GpuIdle, measure_gpu_idle
@@ -400,8 +401,12 @@ def _measure_model(engine, opts: EngineOnlyOptions, say=None):
                           f"{limit} positions; use smaller --contexts")
     if engine.head is not None and opts.round_budget > 1:
         SpecParams(budget=opts.round_budget, width=opts.width).validate(engine.max_depth)
+    # The cache the app would use (its default context, or more where the contexts need it):
+    # the attention's split length follows the cache's size, so a smaller cache would time
+    # another split structure than the app runs.
+    capacity = max(need, min(default_max_context(device), limit))
     say("filling the caches")
-    _prepare_engine(engine, need, opts.seed)
+    _prepare_engine(engine, capacity, opts.seed)
     gen = torch.Generator().manual_seed(opts.seed)
     peak_memory_reset(device)
     copy_bytes = (opts.copy_mib or (1024 if device.type == "cuda" else 256)) << 20
