@@ -82,6 +82,15 @@ MIN_SPLIT_LEN = 256
 MAX_SPLITS = 64
 # Programs per KV head of an AR call; program p takes tiles p, p + 32, ... (speed only).
 AR_TILE_PROGRAMS = 32
+# An AR call's merge (speed only, the bits are the same): a row of more than AR_SERIAL_SPLITS
+# splits folds its splits' tiles side by side, AR_SPLITS_BLOCK_ELEMS // head_dim splits at once
+# (at most AR_SPLITS_BLOCK), on AR_MERGE_WARPS warps, then the split states in order; shorter rows
+# fold split after split as a verify row does. Compiled in only where the cache holds more than
+# AR_SERIAL_SPLITS splits.
+AR_SERIAL_SPLITS = 2
+AR_SPLITS_BLOCK = 16
+AR_SPLITS_BLOCK_ELEMS = 2048
+AR_MERGE_WARPS = 4
 # A tree whose prefix has at most this many whole tiles stores each prefix tile's partial from a
 # program of its own (the merge folds them) instead of folding them in a chain (speed only).
 FLAT_TILES = 16
@@ -283,6 +292,105 @@ if triton is not None:
         length = tl.where(row_valid, prefix + tl.load(COUNT + tok, mask=row_valid, other=0), 0)
         return row_valid, tok, kv * GROUP + rows % GROUP, length
 
+    @triton.jit
+    def _fold_splits_apart(
+        CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits,
+        HEAD_DIM: tl.constexpr, SPLIT_TILES: tl.constexpr, SPLITS_BLOCK: tl.constexpr,
+    ):
+        """The merge's fold of each split's tile partials in order from the empty state, for
+        SPLITS_BLOCK splits side by side ([splits, head_dim]: the slot-k tiles of all of them
+        load and fold at once), each split's state stored at its CH_* place (as a split program
+        stores its own). Per element the same operations as the merge's serial loop: the same bits."""
+        d = tl.arange(0, HEAD_DIM)
+        for first in range(0, n_splits, SPLITS_BLOCK):
+            split = first + tl.arange(0, SPLITS_BLOCK)
+            sm = tl.full([SPLITS_BLOCK], float("-inf"), dtype=tl.float32)
+            sl = tl.zeros([SPLITS_BLOCK], dtype=tl.float32)
+            sa = tl.zeros([SPLITS_BLOCK, HEAD_DIM], dtype=tl.float32)
+            for k in tl.static_range(SPLIT_TILES):
+                j = split * SPLIT_TILES + k
+                use = j < n_tiles
+                tile_at = (j * T + t) * N_HEADS + h
+                xm = tl.load(TL_M + tile_at, mask=use, other=float("-inf"))
+                xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
+                xa = tl.load(TL_A + tile_at[:, None] * HEAD_DIM + d[None, :], mask=use[:, None], other=0.0)
+                fm, c1, c2 = _fold_weights(sm, xm)
+                sl = tl.where(use, sl * c1 + xl * c2, sl)
+                sa = tl.where(use[:, None], sa * c1[:, None] + xa * c2[:, None], sa)
+                sm = tl.where(use, fm, sm)
+            live = split < n_splits
+            at = (split * T + t) * N_HEADS + h  # [NUM_SPLITS, T, N_HEADS]
+            tl.store(CH_M + at, sm, mask=live)
+            tl.store(CH_L + at, sl, mask=live)
+            tl.store(CH_A + at[:, None] * HEAD_DIM + d[None, :], sa, mask=live[:, None])
+
+    @triton.jit
+    def _fold_splits_in_turn(
+        CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits, tail_start,
+        HEAD_DIM: tl.constexpr, SPLIT_TILES: tl.constexpr,
+    ):
+        """Row t, head h's state (m, l, a): split by split, the split's state (CH_*, where its
+        tiles are below tail_start) then its tile partials (TL_*, from tail_start) folded in
+        order, the result folded into the row's. See `_merge_kernel`."""
+        d = tl.arange(0, HEAD_DIM)
+        m = float("-inf")
+        den = 0.0
+        a = tl.zeros([HEAD_DIM], dtype=tl.float32)
+        has_next = 0 < tail_start  # split 0's state
+        next_m = tl.load(CH_M + t * N_HEADS + h, mask=has_next, other=float("-inf"))
+        next_l = tl.load(CH_L + t * N_HEADS + h, mask=has_next, other=0.0)
+        next_a = tl.load(CH_A + (t * N_HEADS + h) * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
+        for s in range(0, n_splits):
+            lo = s * SPLIT_TILES
+            sm, sl, sa = next_m, next_l, next_a
+            # The next split's state, in flight while this one folds.
+            at = ((s + 1) * T + t) * N_HEADS + h
+            has_next = (s + 1 < n_splits) & (lo + SPLIT_TILES < tail_start)
+            next_m = tl.load(CH_M + at, mask=has_next, other=float("-inf"))
+            next_l = tl.load(CH_L + at, mask=has_next, other=0.0)
+            next_a = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
+            if lo + SPLIT_TILES > tail_start:  # the split has tile partials
+                for k in tl.static_range(SPLIT_TILES):
+                    j = lo + k
+                    use = (j >= tail_start) & (j < n_tiles)
+                    tile_at = ((j - tail_start) * T + t) * N_HEADS + h
+                    xm = tl.load(TL_M + tile_at, mask=use, other=float("-inf"))
+                    xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
+                    xa = tl.load(TL_A + tile_at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
+                    fm, c1, c2 = _fold_weights(sm, xm)
+                    sl = tl.where(use, sl * c1 + xl * c2, sl)
+                    sa = tl.where(use, sa * c1 + xa * c2, sa)
+                    sm = tl.where(use, fm, sm)
+            fm, c1, c2 = _fold_weights(m, sm)
+            den = den * c1 + sl * c2
+            a = a * c1 + sa * c2
+            m = fm
+        return m, den, a
+
+    @triton.jit
+    def _fold_split_states(
+        CH_A, CH_M, CH_L, t, h, T, N_HEADS, n_splits, HEAD_DIM: tl.constexpr, SPLITS_BLOCK: tl.constexpr,
+    ):
+        """Row t, head h's state: its n_splits split states (CH_*) folded in order, SPLITS_BLOCK
+        of them loaded at once (a static loop: their loads all in flight before the first fold).
+        Per split the operations of `_fold_splits_in_turn`'s fold of a split's state."""
+        d = tl.arange(0, HEAD_DIM)
+        m = float("-inf")
+        den = 0.0
+        a = tl.zeros([HEAD_DIM], dtype=tl.float32)
+        for first in range(0, n_splits, SPLITS_BLOCK):
+            for i in tl.static_range(SPLITS_BLOCK):
+                use = first + i < n_splits
+                at = ((first + i) * T + t) * N_HEADS + h
+                sm = tl.load(CH_M + at, mask=use, other=float("-inf"))
+                sl = tl.load(CH_L + at, mask=use, other=0.0)
+                sa = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
+                fm, c1, c2 = _fold_weights(m, sm)
+                den = tl.where(use, den * c1 + sl * c2, den)
+                a = tl.where(use, a * c1 + sa * c2, a)
+                m = tl.where(use, fm, m)
+        return m, den, a
+
     # T is never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for every T.
     @triton.jit(do_not_specialize=["T"])
     def _tree_attn_kernel(
@@ -442,7 +550,8 @@ if triton is not None:
     def _merge_kernel(
         OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, PREFIX, COUNT, SINKS, T, N_HEADS, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, MODE: tl.constexpr,
-        FLAT_TILES: tl.constexpr, HAS_SINKS: tl.constexpr, PDL: tl.constexpr,
+        FLAT_TILES: tl.constexpr, HAS_SINKS: tl.constexpr, SPLITS_BLOCK: tl.constexpr,
+        SERIAL_SPLITS: tl.constexpr, PDL: tl.constexpr,
     ):
         """out[t, h] = the fold, split by split in order, of each split's fold of its tiles in
         order: a split's state from its split program (the tiles it folded) then its tiles'
@@ -453,7 +562,13 @@ if triton is not None:
         masked off (each fold onto no partial keeps the state as it is), and the next split's
         state is loaded while this one is folded, so a long row is a chain of folds, not of
         loads and masked folds. Same operands, same arithmetic: the bits are those of folding
-        every slot."""
+        every slot.
+
+        SPLITS_BLOCK > 0 (AR calls on a cache of many splits): a row of more than SERIAL_SPLITS
+        splits has its splits' tile folds done side by side instead (`_fold_splits_apart`), the
+        split states stored in CH_* and folded in order from there (`_fold_split_states`): the
+        same folds of the same operands, so the same bits, in two short chains instead of one
+        of a fold per tile."""
         wait_for_previous(PDL)
         t = tl.program_id(0)
         h = tl.program_id(1)
@@ -467,38 +582,18 @@ if triton is not None:
             tail_start = _tile_slots_start(prefix, MODE, FLAT_TILES, BLOCK_N)
         if (MODE != CHUNK_MODE) | (n_splits > 1):
             d = tl.arange(0, HEAD_DIM)
-            m = float("-inf")
-            den = 0.0
-            a = tl.zeros([HEAD_DIM], dtype=tl.float32)
-            has_next = 0 < tail_start  # split 0's state
-            next_m = tl.load(CH_M + t * N_HEADS + h, mask=has_next, other=float("-inf"))
-            next_l = tl.load(CH_L + t * N_HEADS + h, mask=has_next, other=0.0)
-            next_a = tl.load(CH_A + (t * N_HEADS + h) * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
-            for s in range(0, n_splits):
-                lo = s * SPLIT_TILES
-                sm, sl, sa = next_m, next_l, next_a
-                # The next split's state, in flight while this one folds.
-                at = ((s + 1) * T + t) * N_HEADS + h
-                has_next = (s + 1 < n_splits) & (lo + SPLIT_TILES < tail_start)
-                next_m = tl.load(CH_M + at, mask=has_next, other=float("-inf"))
-                next_l = tl.load(CH_L + at, mask=has_next, other=0.0)
-                next_a = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
-                if lo + SPLIT_TILES > tail_start:  # the split has tile partials
-                    for k in tl.static_range(SPLIT_TILES):
-                        j = lo + k
-                        use = (j >= tail_start) & (j < n_tiles)
-                        tile_at = ((j - tail_start) * T + t) * N_HEADS + h
-                        xm = tl.load(TL_M + tile_at, mask=use, other=float("-inf"))
-                        xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
-                        xa = tl.load(TL_A + tile_at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
-                        fm, c1, c2 = _fold_weights(sm, xm)
-                        sl = tl.where(use, sl * c1 + xl * c2, sl)
-                        sa = tl.where(use, sa * c1 + xa * c2, sa)
-                        sm = tl.where(use, fm, sm)
-                fm, c1, c2 = _fold_weights(m, sm)
-                den = den * c1 + sl * c2
-                a = a * c1 + sa * c2
-                m = fm
+            if SPLITS_BLOCK > 0:
+                if n_splits > SERIAL_SPLITS:
+                    _fold_splits_apart(CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits,
+                                       HEAD_DIM, SPLIT_TILES, SPLITS_BLOCK)
+                    tl.debug_barrier()  # the states, stored by all the program's threads, read back next
+                    m, den, a = _fold_split_states(CH_A, CH_M, CH_L, t, h, T, N_HEADS, n_splits, HEAD_DIM, SPLITS_BLOCK)
+                else:
+                    m, den, a = _fold_splits_in_turn(CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles,
+                                                     n_splits, tail_start, HEAD_DIM, SPLIT_TILES)
+            else:
+                m, den, a = _fold_splits_in_turn(CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles,
+                                                 n_splits, tail_start, HEAD_DIM, SPLIT_TILES)
             if HAS_SINKS:
                 c1, c2 = _sink_weights(m, SINKS, h)
                 den = den * c1 + c2
@@ -616,7 +711,10 @@ def paged_tree_attention_triton(
     flat_tiles = FLAT_TILES if mode == TREE_MODE and query_tiles * n_kv <= FLAT_MAX_CHAINS else 0
     flat_programs = flat_tiles * query_tiles
     tile_slots += flat_tiles  # the prefix tiles' slots, before the tail's
-    states = 0 if mode == AR_MODE else num_splits
+    # An AR call's merge folds long rows' splits side by side, storing their states (see above).
+    splits_block = min(AR_SPLITS_BLOCK, max(1, AR_SPLITS_BLOCK_ELEMS // head_dim)) \
+        if mode == AR_MODE and num_splits > AR_SERIAL_SPLITS else 0
+    states = num_splits if mode != AR_MODE or splits_block else 0
 
     def f32(*shape):  # at least one element: a kernel argument must be a real pointer
         return torch.empty(*shape, device=q.device, dtype=torch.float32) if shape[0] else q.new_empty(1, dtype=torch.float32)
@@ -646,8 +744,8 @@ def paged_tree_attention_triton(
         _merge_kernel[(t, n_heads)](
             out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, sink_arg, t, n_heads, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_N=block_n, SPLIT_TILES=split_len // block_n, MODE=mode, FLAT_TILES=flat_tiles,
-            HAS_SINKS=sinks is not None,
-            num_warps=1, enable_fp_fusion=False, **launch_args(q.device, t),
+            HAS_SINKS=sinks is not None, SPLITS_BLOCK=splits_block, SERIAL_SPLITS=AR_SERIAL_SPLITS,
+            num_warps=AR_MERGE_WARPS if splits_block else 1, enable_fp_fusion=False, **launch_args(q.device, t),
         )
     return out
 

@@ -120,7 +120,14 @@ def kernels():
                   dict(OUT=p16, CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, PREFIX="*i32",
                        COUNT="*i32", SINKS=p32, T=i32, N_HEADS=i32, stride_ot=i32, stride_oh=i32),
                   dict(HEAD_DIM=128, BLOCK_N=tree_attention.BLOCK_N, SPLIT_TILES=9, MODE=modes[1],
-                       FLAT_TILES=tree_attention.FLAT_TILES, HAS_SINKS=False), 1)
+                       FLAT_TILES=tree_attention.FLAT_TILES, HAS_SINKS=False, SPLITS_BLOCK=0,
+                       SERIAL_SPLITS=tree_attention.AR_SERIAL_SPLITS), 1)
+    yield compare("merge AR (splits side by side)", tree_attention._merge_kernel,
+                  dict(OUT=p16, CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, PREFIX="*i32",
+                       COUNT="*i32", SINKS=p32, T=i32, N_HEADS=i32, stride_ot=i32, stride_oh=i32),
+                  dict(HEAD_DIM=128, BLOCK_N=tree_attention.BLOCK_N, SPLIT_TILES=9, MODE=modes[0], FLAT_TILES=0,
+                       HAS_SINKS=False, SPLITS_BLOCK=tree_attention.AR_SPLITS_BLOCK,
+                       SERIAL_SPLITS=tree_attention.AR_SERIAL_SPLITS), tree_attention.AR_MERGE_WARPS)
     groups = {"BLOCK_EXPERT": "*i32", "BLOCK_ROWS": "*i32", "ROW_ASSIGN": "*i32"}
     tile = moe.TILE
     # Qwen3's layout: the K stride is 1, a constexpr as Triton specialises it at launch
