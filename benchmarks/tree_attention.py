@@ -34,10 +34,17 @@ max(256, capacity / MAX_SPLITS): at 8448, 576 / 320 / 256 / 256).
 AR binary's AR_NUM_STAGES for T = 1, NUM_STAGES otherwise), cold, beside the previous kernel at
 the same split length.
 
+--merge-sweep (alone) times the AR call, cold, with its merge folding split after split
+(AR_SERIAL_SPLITS past any row) and folding blocks of splits side by side at several block sizes
+(AR_SPLITS_BLOCK) and warps (AR_MERGE_WARPS), beside the previous kernel; "same" says whether
+every variant's output equals the serial merge's bit for bit.
+
+--shapes / --tokens keep only those rows of the table (e.g. --shapes 8b --tokens 1,16,64,128).
+
 Runs from the repository root without installing the package.
 
-    python3 benchmarks/tree_attention.py [--old main|FILE] [--capacity 33792] [--sweep | --split-sweep | --tile-sweep]
-        [--json-out FILE]
+    python3 benchmarks/tree_attention.py [--old main|FILE] [--capacity 33792] [--shapes 8b] [--tokens 1,64]
+        [--sweep | --split-sweep | --tile-sweep | --merge-sweep] [--json-out FILE]
 """
 from __future__ import annotations
 
@@ -257,7 +264,7 @@ def compiled_info() -> str:
         return f"  (no compile info: {exc!r})"
 
 
-def run_table(old, capacity: int, flush: Flush, json_rows: list) -> None:
+def run_table(old, capacity: int, flush: Flush, json_rows: list, shapes: list[str], tokens: list[int] | None) -> None:
     gen = torch.Generator().manual_seed(0)
     ceil = Ceilings.measure()
     print(f"ceilings: read {ceil.read_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul {ceil.matmul_flop_per_s / 1e12:.0f} TFLOP/s")
@@ -267,6 +274,8 @@ def run_table(old, capacity: int, flush: Flush, json_rows: list) -> None:
           f" {'old cold':>8} {'new cold':>8} {'new/old':>7} {'sdpa':>8} {'bound':>7} {'new/bnd':>7} {'sdpa/bnd':>8}"
           f" {'diff':>8}")
     for case in cases():
+        if case.shape not in shapes or (tokens is not None and case.t not in tokens):
+            continue
         x = Inputs(case, capacity, old, gen)
         diff = (x.new().float() - x.old(old).float()).abs().max().item()
         old_hot, old_cold = hot_cold(lambda: x.old(old), flush)
@@ -366,6 +375,46 @@ def run_tile_sweep(old, capacity: int, flush: Flush) -> list:
     return rows
 
 
+MERGE_SWEEP = ((8, 4), (16, 4), (16, 8), (32, 8))  # (AR_SPLITS_BLOCK, AR_MERGE_WARPS)
+
+
+def run_merge_sweep(old, capacity: int, flush: Flush) -> list:
+    """The AR call with its merge serial or folding splits side by side (speed only), cold µs,
+    beside the previous kernel; whether each variant's output is the serial merge's, bitwise."""
+    gen = torch.Generator().manual_seed(4)
+    rows = []
+    names = ["serial"] + [f"{b}x{w}w" for b, w in MERGE_SWEEP]
+    print(f"\nAR merge sweep (capacity {capacity}, split {tree_attention.split_len_for(capacity)} keys): cold µs, "
+          f"serial merge, then splits side by side (splits a block x warps); default block "
+          f"{tree_attention.AR_SPLITS_BLOCK}, {tree_attention.AR_MERGE_WARPS} warps, serial up to "
+          f"{tree_attention.AR_SERIAL_SPLITS} splits")
+    saved = {n: getattr(tree_attention, n) for n in ("AR_SERIAL_SPLITS", "AR_SPLITS_BLOCK", "AR_SPLITS_BLOCK_ELEMS",
+                                                     "AR_MERGE_WARPS")}
+    for case in [Case(s, 1, c) for s in HEADS for c in (512, 1200, 2048, 4096, 8192, 16384, 32000)]:
+        x = Inputs(case, capacity, old, gen)
+        us, outs = {}, {}
+        for name in names:
+            if name == "serial":
+                tree_attention.AR_SERIAL_SPLITS = 1 << 30
+            else:
+                block, warps = MERGE_SWEEP[names.index(name) - 1]
+                tree_attention.AR_SERIAL_SPLITS = 0
+                tree_attention.AR_SPLITS_BLOCK, tree_attention.AR_SPLITS_BLOCK_ELEMS = block, block * HEAD_DIM
+                tree_attention.AR_MERGE_WARPS = warps
+            outs[name] = x.new().clone()
+            us[name] = per_call_us(x.new, flush)
+            for n, v in saved.items():
+                setattr(tree_attention, n, v)
+        default = per_call_us(x.new, flush)
+        same = all(torch.equal(o, outs["serial"]) for o in outs.values())
+        old_us = per_call_us(lambda: x.old(old), flush)
+        rows.append({**asdict(case), "new_cold_us": us, "default_cold_us": default, "old_cold_us": old_us,
+                     "same_bits": same})
+        print(f"{case.shape:>5} ctx={case.context:<6}" + " ".join(f"{n}: {u:.1f}" for n, u in us.items())
+              + f"  default: {default:.1f}  (old {old_us:.1f})  same: {same}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", default="main", help="the previous kernel: a git revision, or its saved file (no .git)")
@@ -376,6 +425,10 @@ def main() -> None:
                     help="only the split length x stages sweep (T = 1 and verify calls, cold)")
     ap.add_argument("--tile-sweep", action="store_true",
                     help="only the AR call at AR_TILE_PROGRAMS 8 / 16 / 32 / 64 (cold)")
+    ap.add_argument("--merge-sweep", action="store_true",
+                    help="only the AR call with its merge serial or splits side by side (cold)")
+    ap.add_argument("--shapes", default=",".join(HEADS), help="the table's shapes (comma-separated: 1.5b, 8b)")
+    ap.add_argument("--tokens", default=None, help="the table's new-token counts T (comma-separated; default all)")
     ap.add_argument("--json-out", default=os.path.join(os.environ.get("OUT", "."), "attention_bench.json"))
     args = ap.parse_args()
     old = load_old(args.old)
@@ -387,11 +440,19 @@ def main() -> None:
         rows = run_tile_sweep(old, args.capacity, flush)
         Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "tile_sweep": rows}))
         return
+    if args.merge_sweep:
+        rows = run_merge_sweep(old, args.capacity, flush)
+        Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "merge_sweep": rows}))
+        return
     if args.split_sweep:
         rows = run_split_sweep(old, args.capacity, flush)
         Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "split_sweep": rows}))
         return
-    run_table(old, args.capacity, flush, rows)
+    shapes = args.shapes.split(",")
+    if unknown := [s for s in shapes if s not in HEADS]:
+        ap.error(f"unknown shape {unknown[0]!r}: the shapes are {', '.join(HEADS)}")
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+    run_table(old, args.capacity, flush, rows, shapes, tokens)
     print("compiled:\n" + compiled_info())
     sweep = run_sweep(old, args.capacity, flush) if args.sweep else None
     Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "rows": rows,

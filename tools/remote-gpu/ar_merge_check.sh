@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The AR call's merge with a row's splits folded side by side, on one GPU (≤ 300 s), from the
+# repository root, results under $OUT/armerge/:
+#   1. the attention and merge tests (bitwise: rows against their AR step, the side-by-side merge
+#      against the serial one, bf16 at the 8B shape up to 33,792 keys);
+#   2. benchmarks/tree_attention.py against the previous kernel (the 8B shape: the AR call and
+#      verify(16 / 64 / 128) at 512 / 2048 / 8192 keys), then --merge-sweep;
+#   3. the engine's AR step and verify calls, this tree against the previous one (ABBA), with the
+#      AR step over its weights+KV bound at 512 and 8192.
+#
+#   PY="python3" PY_OLD="/path/to/old/venv/bin/python" bash tools/remote-gpu/ar_merge_check.sh
+# PY: this tree's python (default python3); PY_OLD: the previous tree's (its jetspec_chat importable).
+# The previous kernel file: $OLD_KERNEL, else .stage/old_tree_attention.py, else PY_OLD's, else git main's.
+set -u
+PY=${PY:-python3}
+PY_OLD=${PY_OLD:-}
+dir=${OUT:-.}/armerge
+mkdir -p "$dir"
+start=$SECONDS
+
+echo "== tests" | tee "$dir/tests.txt"
+timeout 100 $PY -m pytest -q -x -p no:cacheprovider tests/kernels -k "attention or merge" 2>&1 | tail -15 | tee -a "$dir/tests.txt"
+
+old=${OLD_KERNEL:-}
+if [ -z "$old" ] && [ -f .stage/old_tree_attention.py ]; then old=.stage/old_tree_attention.py; fi
+if [ -z "$old" ] && [ -n "$PY_OLD" ]; then
+  old=$(cd /tmp && $PY_OLD -c "import jetspec_chat.kernels.tree_attention as m; print(m.__file__)" 2>/dev/null)
+fi
+old=${old:-main}
+echo "== attention benchmark (previous kernel: $old), at $((SECONDS - start)) s" | tee "$dir/bench.txt"
+timeout 70 $PY benchmarks/tree_attention.py --old "$old" --shapes 8b --tokens 1,16,64,128 \
+  --json-out "$dir/attention_bench.json" 2>&1 | tail -25 | tee -a "$dir/bench.txt"
+timeout 45 $PY benchmarks/tree_attention.py --old "$old" --merge-sweep \
+  --json-out "$dir/merge_sweep.json" 2>&1 | tail -20 | tee -a "$dir/bench.txt"
+
+echo "== engine, at $((SECONDS - start)) s" | tee "$dir/engine.txt"
+if [ -z "$PY_OLD" ]; then echo "no PY_OLD: engine A/B skipped" | tee -a "$dir/engine.txt"; exit 0; fi
+args="random:Qwen/Qwen3-8B --draft-head random:5 --engine-only --contexts 512,8192 --tree-sizes 1,64,128"
+for run in new-1 old-1 old-2 new-2; do
+  left=$((290 - (SECONDS - start)))
+  if [ "$left" -lt 40 ]; then echo "$run skipped: ${left} s left" | tee -a "$dir/engine.txt"; continue; fi
+  case $run in new*) py=$PY ;; *) py=$PY_OLD ;; esac
+  timeout "$left" $py -m jetspec_chat bench $args --json-out "$dir/engine-$run.json" > "$dir/engine-$run.log" 2>&1 \
+    || { echo "$run failed or ran out of time:"; tail -5 "$dir/engine-$run.log"; } | tee -a "$dir/engine.txt"
+done
+$PY - "$dir" <<'PYEOF' 2>&1 | tee -a "$dir/engine.txt"
+import json, statistics, sys
+from pathlib import Path
+d = Path(sys.argv[1])
+runs = {}
+for f in sorted(d.glob("engine-*.json")):
+    model = json.loads(f.read_text())["models"][0]
+    for c in model["contexts"]:
+        m = {"AR step": c["ar_step_ms"]["median"], "AR/(weights+KV bound)": c["ar_step_ms"]["median"] / c["ar_bound_kv_ms"]}
+        m |= {f"verify({v['nodes']})": v["ms"]["median"] for v in c["verify"]}
+        for k, v in m.items():
+            runs.setdefault((c["context"], k), {}).setdefault(f.stem.split("-")[1], []).append(v)
+print(f"{'ctx':>5} {'measure':<24} {'old':>9} {'new':>9} {'new/old':>8}   (medians over runs; ms, or ×)")
+for (ctx, k), v in runs.items():
+    if "old" in v and "new" in v:
+        o, n = statistics.median(v["old"]), statistics.median(v["new"])
+        print(f"{ctx:>5} {k:<24} {o:9.3f} {n:9.3f} {n / o:8.3f}   runs old {len(v['old'])}, new {len(v['new'])}")
+PYEOF
+echo "done at $((SECONDS - start)) s" | tee -a "$dir/engine.txt"
