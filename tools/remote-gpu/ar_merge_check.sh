@@ -40,7 +40,8 @@ for run in new-1 old-1 old-2 new-2; do
   left=$((290 - (SECONDS - start)))
   if [ "$left" -lt 40 ]; then echo "$run skipped: ${left} s left" | tee -a "$dir/engine.txt"; continue; fi
   case $run in new*) py=$PY ;; *) py=$PY_OLD ;; esac
-  timeout "$left" $py -m jetspec_chat bench $args --json-out "$dir/engine-$run.json" > "$dir/engine-$run.log" 2>&1 \
+  # -P: the working directory (this tree) off sys.path, so each python imports its own package.
+  timeout "$left" $py -P -m jetspec_chat bench $args --json-out "$dir/engine-$run.json" > "$dir/engine-$run.log" 2>&1 \
     || { echo "$run failed or ran out of time:"; tail -5 "$dir/engine-$run.log"; } | tee -a "$dir/engine.txt"
 done
 $PY - "$dir" <<'PYEOF' 2>&1 | tee -a "$dir/engine.txt"
