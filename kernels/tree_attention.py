@@ -35,7 +35,9 @@ its bits, so the work can be cut as suits each call:
   * Flat programs (TREE, small trees with a short prefix: FLAT_TILES, FLAT_MAX_CHAINS) store each
     prefix tile's partial for a query tile's rows, in place of the split programs' chain.
   * `_merge_kernel` folds, per row, each split's state then its tiles' partials, split by split.
-    A CHUNK row of one split is written by its split program directly.
+    A CHUNK row of one split is written by its split program directly. An AR row of more than
+    AR_SERIAL_SPLITS splits has its splits' tiles folded side by side, the split states stored,
+    then folded in order: the same folds, two short chains instead of one long one.
 fp32 scores, softmax and accumulation (exp2 with the scale folded in); output in q's dtype.
 fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless.
 """
