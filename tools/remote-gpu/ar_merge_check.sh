@@ -35,13 +35,19 @@ timeout 45 $PY benchmarks/tree_attention.py --old "$old" --merge-sweep \
 
 echo "== engine, at $((SECONDS - start)) s" | tee "$dir/engine.txt"
 if [ -z "$PY_OLD" ]; then echo "no PY_OLD: engine A/B skipped" | tee -a "$dir/engine.txt"; exit 0; fi
+# Which package each python imports: -P keeps the working directory (this tree) off sys.path, so
+# PY_OLD cannot pick up this tree's jetspec_chat/; PY runs with -P where it imports this tree so.
+probe="import jetspec_chat.kernels.tree_attention as m; print(m.__file__, hasattr(m, 'AR_SERIAL_SPLITS'))"
+new_flag=-P
+case "$($PY -P -c "$probe" 2>&1)" in *" True") ;; *) new_flag= ;; esac
+echo "new: $($PY $new_flag -c "$probe" 2>&1 | tail -1) | old: $($PY_OLD -P -c "$probe" 2>&1 | tail -1)" \
+  "(True: the side-by-side merge)" | tee -a "$dir/engine.txt"
 args="random:Qwen/Qwen3-8B --draft-head random:5 --engine-only --contexts 512,8192 --tree-sizes 1,64,128"
 for run in new-1 old-1 old-2 new-2; do
   left=$((290 - (SECONDS - start)))
   if [ "$left" -lt 40 ]; then echo "$run skipped: ${left} s left" | tee -a "$dir/engine.txt"; continue; fi
-  case $run in new*) py=$PY ;; *) py=$PY_OLD ;; esac
-  # -P: the working directory (this tree) off sys.path, so each python imports its own package.
-  timeout "$left" $py -P -m jetspec_chat bench $args --json-out "$dir/engine-$run.json" > "$dir/engine-$run.log" 2>&1 \
+  case $run in new*) py="$PY $new_flag" ;; *) py="$PY_OLD -P" ;; esac
+  timeout "$left" $py -m jetspec_chat bench $args --json-out "$dir/engine-$run.json" > "$dir/engine-$run.log" 2>&1 \
     || { echo "$run failed or ran out of time:"; tail -5 "$dir/engine-$run.log"; } | tee -a "$dir/engine.txt"
 done
 $PY - "$dir" <<'PYEOF' 2>&1 | tee -a "$dir/engine.txt"
