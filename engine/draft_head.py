@@ -30,7 +30,7 @@ from ..kernels import add_rms_norm, paged_tree_attention, prefix_tensor, visible
 from .errors import DraftHeadError
 from .kv_cache import BLOCK_SIZE as KV_BLOCK
 from .kv_cache import TrackedLength
-from .layers import MLP, AttentionWeights, Linear, RMSNorm, Rotary, hf_parameters, init_random_, linear
+from .layers import MLP, AttentionWeights, Linear, RMSNorm, Rotary, hf_parameters, init_random_, lm_head_logits
 from .model_config import ModelConfig
 
 CAUSAL_KEYS = ("causal_head", "causal", "is_causal")  # JetSpec, vLLM, SGLang spellings
@@ -288,9 +288,10 @@ class DraftHead(nn.Module):
 
     def draft_logits(
         self, cache: DraftKVCache, anchor: torch.Tensor, depth: int, embed: nn.Embedding, lm_head_weight: torch.Tensor,
-        length: int | torch.Tensor | None = None,
+        length: int | torch.Tensor | None = None, vocab_split=None,
     ) -> torch.Tensor:
         """fp32 logits for depths 1..depth: [depth, vocab]. `anchor` is a 0-d token id tensor.
+        `lm_head_weight`, `vocab_split`: the target's (TargetModel.lm_head_weight, .vocab_split).
 
         The block [anchor, MASK x D] sits at positions length.. and sees the first `length`
         context rows (default: the cache's length; a device scalar inside a CUDA graph). Its own
@@ -322,7 +323,7 @@ class DraftHead(nn.Module):
             x, h = add_rms_norm(attn.o_proj.forward_partials(o.reshape(b, -1)), h, layer.post_attention_layernorm.weight, eps)
             next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             x, h = add_rms_norm(layer.mlp.forward_partials(x), h, next_norm.weight, eps)
-        return linear(x[1 : depth + 1], lm_head_weight).float()  # x is the final-normed block
+        return lm_head_logits(x[1 : depth + 1], lm_head_weight, vocab_split)  # x is the final-normed block
 
     # -- weights ---------------------------------------------------------------------------
     def init_random(self, seed: int, std: float = 0.02) -> None:

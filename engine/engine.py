@@ -196,10 +196,7 @@ class SpecEngine:
                 self.target, self.kv, self.tap_layers, self.anchor, self.max_depth or 0, self.draft_kv, append
             )
             if self.head is not None:
-                self.drafter = DraftRunner(
-                    self.head, self.draft_kv, self.target.model.embed_tokens, self.target.lm_head_weight(), self.anchor,
-                    self.verify,
-                )
+                self.drafter = DraftRunner(self.head, self.draft_kv, self.target, self.anchor, self.verify)
         except torch.OutOfMemoryError:
             self.kv = self.draft_kv = self.verify = self.drafter = None
             raise DeviceMemoryError(

@@ -251,11 +251,10 @@ class DraftRunner:
     step) and the draft's attention kernel reads only the rows it needs, so no graph depends on
     the context and a round launches nothing between the draft and verify replays."""
 
-    def __init__(
-        self, head: DraftHead, cache: DraftKVCache, embed: torch.nn.Embedding, lm_head_weight: torch.Tensor,
-        anchor: torch.Tensor, verify: VerifyRunner,
-    ):
-        self.head, self.cache, self.embed, self.lm_head_weight = head, cache, embed, lm_head_weight
+    def __init__(self, head: DraftHead, cache: DraftKVCache, target: TargetModel, anchor: torch.Tensor, verify: VerifyRunner):
+        # The head drafts through the target's embedding and lm_head (under tensor parallelism
+        # this rank's vocabulary rows, gathered: target.vocab_split).
+        self.head, self.cache, self.target = head, cache, target
         self.verify = verify
         self.device = cache.k.device
         self.use_graphs = self.device.type == "cuda"
@@ -266,7 +265,9 @@ class DraftRunner:
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
     def _logp(self, anchor: torch.Tensor, depth: int, length) -> torch.Tensor:
-        logits = self.head.draft_logits(self.cache, anchor, depth, self.embed, self.lm_head_weight, length)
+        t = self.target
+        logits = self.head.draft_logits(self.cache, anchor, depth, t.model.embed_tokens, t.lm_head_weight(), length,
+                                        t.vocab_split)
         return torch.log_softmax(logits, dim=-1)
 
     def _replay(self, key: tuple, fn: Callable[[], object], anchor: torch.Tensor):
@@ -296,7 +297,7 @@ class DraftRunner:
             mark("draft_ms")
             tree, staged = build(anchor, logp, budget, width), False
         else:
-            size = fixed_tree_size(algo, budget, width, depth, self.lm_head_weight.shape[0])
+            size = fixed_tree_size(algo, budget, width, depth, self.target.cfg.vocab_size)
             b = self.verify.bucket(size)  # created here, outside the capture's side stream
 
             def fn() -> Tree:

@@ -58,6 +58,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_split=None) -> torch.Tensor:
+    """fp32 logits [..., V] of `hidden` through an lm_head `weight` (argmax and sampling always
+    happen in fp32). Under tensor parallelism `weight` holds this rank's rows of the vocabulary
+    and `vocab_split` (a parallel.VocabSplit) gathers every rank's slice into the whole row."""
+    part = linear(hidden, weight)
+    return part.float() if vocab_split is None else vocab_split.gather(part)
+
+
 def linear_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | Partials:
     """`linear` for a consumer that also takes `Partials` (add_rms_norm, qkv_rope_write): where
     the Triton GEMM takes its split launch (AR, small trees) the K-group sums come back unsummed

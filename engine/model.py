@@ -29,7 +29,7 @@ from .layers import (
     SparseMoeBlock,
     hf_parameters,
     init_random_,
-    linear,
+    lm_head_logits,
 )
 from .model_config import ModelConfig
 from .mxfp4 import BLOCKS_SUFFIX, SCALES_SUFFIX, dequantize_mxfp4
@@ -85,6 +85,10 @@ class ForwardBatch:
 
 
 class TargetModel(nn.Module):
+    # Under tensor parallelism (parallel.shard_target): how this rank's vocabulary rows of the
+    # lm_head are gathered into whole logits. None: the rank holds the whole lm_head.
+    vocab_split = None
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -95,7 +99,13 @@ class TargetModel(nn.Module):
 
     # -- weights ---------------------------------------------------------------------------
     def lm_head_weight(self) -> torch.Tensor:
-        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        """The lm_head rows this rank computes: all of them, or under tensor parallelism its
+        `vocab_split` rows (a tied embedding stays whole for the lookup; its rows are a view)."""
+        if self.lm_head is not None:
+            return self.lm_head.weight  # already this rank's rows (parallel.shard_target)
+        embed = self.model.embed_tokens.weight
+        split = self.vocab_split
+        return embed if split is None else embed.narrow(0, split.rank * split.rows, split.rows)
 
     def init_random(self, seed: int, std: float = 0.02, shard=None) -> None:
         """`shard`: see init_random_."""
@@ -198,8 +208,8 @@ class TargetModel(nn.Module):
         return x, tapped
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits (argmax and sampling always happen in fp32)."""
-        return linear(hidden, self.lm_head_weight()).float()
+        """fp32 logits [..., V] (layers.lm_head_logits)."""
+        return lm_head_logits(hidden, self.lm_head_weight(), self.vocab_split)
 
 
 def _read_part(stored, dim: int, shard) -> torch.Tensor:

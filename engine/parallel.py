@@ -1,14 +1,18 @@
-"""Tensor parallelism: the target's weights split over N ranks, and the one collective it needs.
+"""Tensor parallelism: the target's weights split over N ranks, and the two exchanges it needs.
 
-Every rank holds the whole model outside the decoder layers (embedding, final norm, lm_head)
-and the whole draft head; inside each layer it holds 1/N of the attention heads (q/k/v rows of
-`qkv_proj`, the matching columns of `o_proj`, its KV heads of the paged cache) and 1/N of the
+Every rank holds the embedding, the final norm and the whole draft head; of the lm_head it
+holds 1/N of the vocabulary (rows [r V/N, (r+1) V/N); a tied lm_head is that view of the whole
+embedding), and the target's and the draft's logits are one all-gather of the ranks' slices
+(`VocabSplit`: values moved, none added, so every logit keeps the bits its rank's GEMM gave
+it). The vocabulary must divide by N, as the heads must. Inside each layer a rank holds 1/N of
+the attention heads (q/k/v rows of `qkv_proj`, the matching columns of `o_proj`, its KV heads
+of the paged cache) and 1/N of the
 MLP's intermediate columns (rows of `gate_up_proj`, columns of `down_proj`; for a MoE layer the
 same 1/N of every expert's columns, the router whole). The two row-parallel products per layer
 (o_proj, down_proj / the MoE experts) leave each rank a partial sum of the layer's output; the
 ranks exchange them (every rank gets all N partials, `gather_partials`) and every rank adds the
 N partials in rank order in fp32 (the add is fused into the next residual add + norm). That sum is the same bits on every rank (so every rank computes the
-same hidden states, draft and accepted tokens without further messages) and the same bits for a
+same hidden states, hence after the logits' gather the same draft and accepted tokens) and the same bits for a
 row whether it runs alone (an AR step) or among many (a verify tree): speculative decoding stays
 token-identical to AR under TP in bf16 as well. An all-reduce gives neither guarantee (NCCL
 picks its ring/tree order by message size).
@@ -173,6 +177,34 @@ def gather_partials(partial: torch.Tensor, world: int, exchange: SymmetricExchan
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+@dataclasses.dataclass(frozen=True)
+class VocabSplit:
+    """The lm_head split by vocabulary: rank r computes the logits of rows [r * rows, (r + 1) *
+    rows), then `gather` puts the N slices side by side in rank order. The gather only moves
+    values, so each logit is the bits the rank's GEMM gave it; the batch-invariant GEMM sums a
+    row-slice of a weight in the same order as the whole weight wherever both have the same
+    K blocks and groups (kernels.matmul.choose_config: the lm_head's N tiles fill the SMs, so one
+    group), which tests/engine/test_parallel.py checks for every shipped vocabulary."""
+
+    rank: int
+    world: int
+    rows: int  # vocabulary rows per rank (the vocabulary divides: check_splits)
+
+    def gather(self, part: torch.Tensor) -> torch.Tensor:
+        """This rank's logits [..., rows] -> every rank's, fp32 [..., world * rows]: one
+        all-gather of the [M, rows] slices (capturable in a CUDA graph), then one copy that puts
+        rank r's slice at columns r * rows.. of each row and converts to fp32 (the copy the
+        whole lm_head's `.float()` makes anyway)."""
+        lead = part.shape[:-1]
+        part = part.reshape(-1, self.rows).contiguous()
+        m = part.shape[0]
+        parts = part.new_empty((self.world * m, self.rows))
+        _all_gather_single(parts, part)
+        out = torch.empty((m, self.world, self.rows), dtype=torch.float32, device=part.device)
+        out.copy_(parts.view(self.world, m, self.rows).transpose(0, 1))
+        return out.view(*lead, self.world * self.rows)
+
+
 class RowParallelLinear(Linear):
     """A Linear holding 1/N of the input columns: the local product, then `gather_partials`
     (through `exchange` where one is open, in its slot `slot`: 0 for o_proj, 1 for down_proj)."""
@@ -241,6 +273,7 @@ def check_splits(cfg, world: int) -> None:
             raise ValueError("its linear-attention layers have no tensor-parallel split yet")
         if cfg.attention_sinks or cfg.o_proj_bias or cfg.moe_kind != "qwen3":
             raise ValueError("its attention sinks, o_proj bias or MoE kind have no tensor-parallel split yet")
+    _share(cfg.vocab_size, world, "the vocabulary")  # every shipped one divides by 8
     _share(cfg.num_kv_heads, world, "the KV heads")
     _share(cfg.num_heads, world, "the attention heads")
     if any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers)):
@@ -266,10 +299,13 @@ class Shard:
         (".self_attn.o_proj.weight", 1),
         (".gate_proj.weight", 0), (".up_proj.weight", 0), (".down_proj.weight", 1),  # MLP and every expert
     )
+    LM_HEAD = "lm_head.weight"  # split by vocabulary rows (an untied lm_head; a tied one is the embedding's)
 
     def take(self, name: str) -> int | None:
         """The dimension along which this rank holds 1/world of checkpoint tensor `name`, or
-        None: the rank holds all of it (embedding, norms, router, lm_head)."""
+        None: the rank holds all of it (embedding, norms, router)."""
+        if name == self.LM_HEAD:
+            return 0
         if ".layers." not in name:
             return None
         return next((dim for suffix, dim in self.SPLIT_DIMS if name.endswith(suffix)), None)
@@ -281,8 +317,9 @@ class Shard:
 
 
 def shard_target(model: TargetModel, rank: int, world: int) -> None:
-    """Keep this rank's share of every decoder layer (module docstring), in place; `model.cfg`
-    becomes the rank's view (its heads and widths), from which the KV cache is sized."""
+    """Keep this rank's share of every decoder layer and of the lm_head's vocabulary (module
+    docstring), in place; `model.cfg` becomes the rank's view (its heads and widths, the whole
+    vocabulary), from which the KV cache is sized."""
     cfg = model.cfg
     check_splits(cfg, world)
     hd = cfg.head_dim
@@ -321,6 +358,12 @@ def shard_target(model: TargetModel, rank: int, world: int) -> None:
                 mlp.gate_up_proj.parts = {"gate_proj": n, "up_proj": n}
                 mlp.gate_up_proj.out_features = 2 * n
                 mlp.down_proj = _row_parallel(mlp.down_proj.weight[:, cols], world, slot=1)
+        if world > 1:  # the lm_head's vocabulary rows (a tied one's are a view of the whole embedding)
+            vocab_rows = cfg.vocab_size // world
+            model.vocab_split = VocabSplit(rank, world, vocab_rows)
+            if model.lm_head is not None:
+                model.lm_head.weight = _param(model.lm_head.weight[rank * vocab_rows : (rank + 1) * vocab_rows])
+                model.lm_head.out_features = vocab_rows
     model.cfg = dataclasses.replace(
         cfg, num_heads=nh, num_kv_heads=nkv,
         intermediate_size=cfg.intermediate_size // world if any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers))

@@ -5,7 +5,8 @@ shard-on-load; random weights draw the same numbers) and holds a full SpecEngine
 `TPEngine` stands in for its SpecEngine and sends each call that runs the model (generate,
 reset, set_max_context, allocate) to the workers before running it itself; a worker runs the
 same call on its own engine (`_follow`). Inside an answer the ranks meet at every row-parallel
-product (the exchange of partial sums) and once per round boundary, where rank 0 hands over the round's
+product (the exchange of partial sums), at every gather of logits (the lm_head is split by
+vocabulary) and once per round boundary, where rank 0 hands over the round's
 generation parameters (a live spec change) and whether the answer was cancelled
 (`SpecEngine.round_sync`). Everything else (tree, acceptance, stops) is computed identically on
 every rank from identical hidden states.

@@ -35,16 +35,22 @@ def _bytes(t) -> int:
 
 def expected_weight_bytes(target: nn.Module, rows: int) -> float:
     """Expected weight bytes a forward over `rows` tokens reads: every non-expert weight once
-    (attention, norms, routers, dense MLPs, lm_head), `rows` rows of the input embedding (a tied
-    lm_head reads the whole matrix anyway), and per MoE layer its expected distinct experts
+    (attention, norms, routers, dense MLPs, lm_head: this rank's rows under tensor parallelism),
+    `rows` rows of the input embedding (a whole tied lm_head reads the whole matrix anyway), and per MoE layer its expected distinct experts
     (uniform routing) times one expert's bytes (its weights and, for gpt-oss, its biases). Equals all the weights for a dense model."""
     cfg = target.cfg
     embed = target.model.embed_tokens.weight
     experts = [m for m in target.modules() if isinstance(m, EXPERT_STACKS)]
     expert_params = {id(p) for m in experts for p in m.parameters()}
     dense = sum(_bytes(p) for p in target.parameters() if p is not embed and id(p) not in expert_params)
-    tied = target.lm_head_weight() is embed
-    embed_bytes = _bytes(embed) if tied else min(rows, embed.shape[0]) * embed.shape[1] * embed.element_size()
+    lookups = min(rows, embed.shape[0]) * embed.shape[1] * embed.element_size()
+    lm_head = target.lm_head_weight()
+    if target.lm_head is not None:  # untied: its weight is among `dense`
+        embed_bytes = lookups
+    elif lm_head.shape[0] == embed.shape[0]:  # tied and whole: the lookups fall inside it
+        embed_bytes = _bytes(embed)
+    else:  # tied, this rank's vocabulary rows (tensor parallelism): they and the lookups
+        embed_bytes = _bytes(lm_head) + lookups
     moe = 0.0
     for m in experts:
         one_expert = sum(_bytes(p) for p in m.parameters()) // m.gate_up_proj.shape[0]  # gpt-oss: biases too

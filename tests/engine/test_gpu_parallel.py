@@ -92,3 +92,22 @@ def test_symmetric_exchange_equals_the_all_gather(tmp_path):
     graph (new inputs each replay)."""
     same = run_two_ranks(_exchange_rank, str(tmp_path / "same.pt"))
     assert len(same) == 30 and all(same), same
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_vocabulary_slice_of_the_lm_head_gives_the_whole_lm_heads_bits(world):
+    """Each rank's GEMM over its vocabulary rows (bf16, the batch-invariant Triton GEMM) gives
+    every logit the bits the whole lm_head gives it, at the Qwen3-8B shape and every row count a
+    round uses: the gathered logits are the whole lm_head's."""
+    from jetspec_chat.engine.layers import linear
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    vocab, hidden = 151936, 4096
+    weight = (torch.randn(vocab, hidden, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    rows = vocab // world
+    for m in (1, 16, 64, 128, 256):
+        x = torch.randn(m, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+        whole = linear(x, weight)
+        for rank in range(world):
+            part = linear(x, weight[rank * rows : (rank + 1) * rows])
+            assert torch.equal(part, whole[:, rank * rows : (rank + 1) * rows]), (m, rank)

@@ -1,5 +1,6 @@
-"""Tensor parallelism on the CPU (gloo, 2 processes): the fixed-order reduction, TP=2 logits
-against TP=1 on the same weights, lossless generation through the CLI, a dead worker."""
+"""Tensor parallelism on the CPU (gloo, 2 processes): the fixed-order reduction, the lm_head
+split by vocabulary, TP=2 logits against TP=1 on the same weights, lossless generation through
+the CLI, a dead worker."""
 from __future__ import annotations
 
 import json
@@ -63,7 +64,67 @@ def _load(name: str):
 
 
 MODELS = ("random:tiny-qwen3", "random:tiny-qwen3-moe")
+TIED = "random:tiny-qwen2"  # its lm_head is the embedding
 TOKENS = torch.tensor([3, 141, 59, 26, 5, 358, 97, 9])
+
+
+def test_a_vocabulary_that_does_not_divide_is_refused():
+    import dataclasses
+
+    from jetspec_chat.engine.model_config import ModelConfig
+    from jetspec_chat.engine.models.model_sources import resolve_model
+    from jetspec_chat.engine.parallel import check_splits
+
+    cfg = dataclasses.replace(ModelConfig.from_hf(resolve_model("random:tiny-qwen3").hf_config), vocab_size=511)
+    check_splits(cfg, 1)
+    with pytest.raises(ValueError, match=r"the vocabulary \(511\) does not split over 2 ranks"):
+        check_splits(cfg, 2)
+
+
+def test_a_vocabulary_slice_keeps_the_gemm_sum_order():
+    # Each rank's lm_head GEMM sums every logit in the order the whole lm_head's does (same K
+    # blocks and K groups), so the gathered logits are the whole lm_head's bits, for every
+    # shipped (vocabulary, hidden) at 2, 4 and 8 ranks.
+    from jetspec_chat.engine.model_config import ModelConfig
+    from jetspec_chat.engine.models.model_sources import list_random, resolve_model
+    from jetspec_chat.kernels.matmul import choose_config
+
+    cfgs = [ModelConfig.from_hf(resolve_model(f"random:{name}").hf_config) for name in list_random()]
+    shapes = {(cfg.vocab_size, cfg.hidden_size) for cfg in cfgs}
+    assert (151936, 4096) in shapes  # the Qwen3-8B
+    for vocab, k in sorted(shapes):
+        whole = choose_config(vocab, k)
+        for world in (2, 4, 8):
+            part = choose_config(vocab // world, k)
+            assert (part.block_k, part.num_groups(k)) == (whole.block_k, whole.num_groups(k)), (vocab, k, world)
+
+
+@pytest.mark.parametrize("name", (*MODELS, TIED))
+def test_a_rank_holds_its_vocabulary_rows(name):
+    # Untied: a [V/N, H] weight of its own; tied: a view of the whole embedding's rows. The
+    # bench's per-rank bytes count the rank's rows.
+    from jetspec_chat.bench.moe_bytes import expected_weight_bytes
+    from jetspec_chat.engine.parallel import shard_target
+
+    whole = _load(name)
+    vocab, hidden = whole.lm_head_weight().shape
+    embed = whole.model.embed_tokens.weight
+    for rank in range(2):
+        part = _load(name)
+        shard_target(part, rank, 2)
+        w = part.lm_head_weight()
+        assert w.shape == (vocab // 2, hidden) and part.cfg.vocab_size == vocab
+        assert torch.equal(w, whole.lm_head_weight()[rank * vocab // 2 : (rank + 1) * vocab // 2])
+        own = part.model.embed_tokens.weight
+        assert own.shape == embed.shape
+        if part.lm_head is None:
+            assert w.untyped_storage().data_ptr() == own.untyped_storage().data_ptr()  # no copy
+        if part.cfg.moe_layers:  # (its bytes count expected experts)
+            continue
+        saved = expected_weight_bytes(whole, 1) - expected_weight_bytes(part, 1)
+        layer_bytes = sum(p.numel() * 4 for p in whole.model.layers.parameters()) - \
+            sum(p.numel() * 4 for p in part.model.layers.parameters())
+        assert saved == layer_bytes + vocab // 2 * hidden * 4 - (hidden * 4 if part.lm_head is None else 0)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -148,16 +209,38 @@ def build_shard_like(model):
     return other
 
 
+def _draft_logp(model, name: str, whole_cfg) -> torch.Tensor:
+    """The engine's draft log-probs (DraftRunner: the head through the target's lm_head) for a
+    random head on random context taps."""
+    from jetspec_chat.engine.draft_head import DraftKVCache
+    from jetspec_chat.engine.graphs import DraftRunner
+    from jetspec_chat.engine.models.loader import load_draft_head
+    from jetspec_chat.engine.models.model_sources import resolve_model
+
+    cpu = torch.device("cpu")
+    head, _ = load_draft_head("random", resolve_model(name), whole_cfg, cpu, torch.float32)
+    cache = DraftKVCache(head.cfg, 64, cpu, torch.float32)
+    width = len(head.cfg.target_layer_ids) * whole_cfg.hidden_size
+    with torch.inference_mode():
+        head.append_context(cache, torch.randn(6, width, generator=torch.Generator().manual_seed(2)))
+        return DraftRunner(head, cache, model, torch.tensor(7), verify=None).logp(torch.tensor(7), 3)
+
+
 def _tp_rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     from jetspec_chat.engine.parallel import init_ranks, shard_target
 
     init_ranks(rank, 2, port, torch.device("cpu"))
     logits = {}
-    for name in MODELS:
+    hidden = torch.randn(9, 64, generator=torch.Generator().manual_seed(1))
+    for name in (*MODELS, TIED):
         model = _load(name)
+        whole_cfg = model.cfg
         shard_target(model, rank, 2)
         logits[name] = _forward_logits(model, TOKENS)
+        with torch.inference_mode():  # the gathered lm_head alone, on the same hidden states
+            logits[name, "head"] = [model.logits(hidden[:m]) for m in (1, 2, 9)]
+        logits[name, "draft"] = _draft_logp(model, name, whole_cfg)
     if rank == 0:
         torch.save(logits, out)
     torch.distributed.destroy_process_group()
@@ -165,9 +248,19 @@ def _tp_rank(rank: int, port: int, out: str) -> None:
 
 def test_tp2_logits_equal_tp1(tmp_path):
     got = run_two_ranks(_tp_rank, str(tmp_path / "logits.pt"))
-    for name in MODELS:
-        want = _forward_logits(_load(name), TOKENS)
+    hidden = torch.randn(9, 64, generator=torch.Generator().manual_seed(1))
+    for name in (*MODELS, TIED):
+        whole = _load(name)
+        want = _forward_logits(whole, TOKENS)
+        # The forward's row-parallel sums add the ranks' partials in another order: close.
         torch.testing.assert_close(got[name], want, rtol=1e-5, atol=1e-5)
+        # The lm_head split by vocabulary and gathered: the whole lm_head's bits.
+        with torch.inference_mode():
+            for m, logits in zip((1, 2, 9), got[name, "head"]):
+                assert logits.dtype == torch.float32 and logits.is_contiguous()
+                assert torch.equal(logits, whole.logits(hidden[:m])), (name, m)
+        # The draft head's logits through the split lm_head: the same bits too.
+        assert torch.equal(got[name, "draft"], _draft_logp(whole, name, whole.cfg)), name
 
 
 def _generate(model: str, *extra: str) -> dict:
@@ -179,7 +272,7 @@ def _generate(model: str, *extra: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", (*MODELS, TIED))
 def test_generate_tp2_is_lossless(model):
     out = _generate(model, "--check-lossless")
     assert out["tp"] == 2 and out["spec"] and out["new_tokens"] == 8
