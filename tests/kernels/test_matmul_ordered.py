@@ -82,6 +82,17 @@ def test_rows_alone_equal_rows_among_many():
         assert same_bits(linear_ordered(x[r:r + 1], w, b, config=SMALL)[0], full[r]), f"row {r} alone"
 
 
+def test_fp16_strided_weight_view_and_out(poisoned_alloc):
+    """fp16; the weight a row slice of a bigger one, the output columns of a wider buffer: the
+    linear's bits, and the buffer's other columns untouched."""
+    x, big_w, b = (t.half() for t in problem(33, 160, 200, seed=11))
+    w, b = big_w[40:120], b[:80]
+    wide = torch.zeros(33, 100, dtype=torch.float16, device=DEVICE)
+    got = linear_ordered(x, w, b, out=wide[:, 10:90], config=SMALL)
+    assert same_bits(got, linear_triton(x, w.contiguous(), b, config=SMALL))
+    assert wide[:, :10].eq(0).all() and wide[:, 90:].eq(0).all()
+
+
 def test_flags_are_back_to_zero_and_a_second_call_is_the_same():
     """Every tile's flag ends at zero (the last group resets it, even from a stale value), so a
     second call (a CUDA-graph replay) starts clean and gives the same bits."""
