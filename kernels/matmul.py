@@ -583,8 +583,11 @@ def linear_ordered(
     config = config or choose_config(n, k)
     groups = config.num_groups(k)
     block_m = block_m or block_m_for(m, groups, split=True)
-    assert block_m in (BLOCK_M, WIDE_BLOCK_M), f"block_m {block_m}"
-    launch_ordered(x, weight, bias, out, block_m=block_m, block_n=block_n or config.block_n, block_k=config.block_k,
+    block_n = block_n or config.block_n
+    assert block_m in (BLOCK_M, WIDE_BLOCK_M), f"block_m {block_m}: 64 or 128"
+    assert block_n in (16, 32, 64, 128, 256), f"block_n {block_n}: a power of two from 16 to 256"
+    assert programs_per_sm is None or programs_per_sm >= 1, f"programs_per_sm {programs_per_sm}: at least 1"
+    launch_ordered(x, weight, bias, out, block_m=block_m, block_n=block_n, block_k=config.block_k,
                    group_blocks=config.group_blocks(k), groups=groups, num_warps=warps_for(block_m, config),
                    num_stages=stages_for(block_m, config), programs_per_sm=programs_per_sm)
     return out
