@@ -46,7 +46,6 @@ from dataclasses import dataclass
 import torch
 
 from .launch import interpreting, launch_args, wait_for_previous
-from .matmul_ordered import launch_ordered
 from .matmul_tma import available as tma_available
 from .matmul_tma import launch_tma
 from .matmul_ws import available as ws_available
@@ -554,45 +553,6 @@ def linear_ws(
     return out
 
 
-def linear_ordered(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    *,
-    config: LinearConfig | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    programs_per_sm: int | None = None,
-) -> torch.Tensor:
-    """x [M, K] @ weight[N, K].T (+ bias) -> [M, N] through the persistent kernel whose K groups
-    meet in order (matmul_ordered.py), bitwise `linear_triton(x, weight, bias, config=config)`:
-    the same K blocks and groups, added in group order through an fp32 running total per tile.
-    block_m (64 or 128; default `block_m_for`'s as for a split launch: its units are as many),
-    block_n (default config.block_n; on Hopper any multiple of 8 up to 256 gives the same bits,
-    as for `linear_ws`), programs_per_sm (default: as many as fit an SM): speed only."""
-    x, weight, bias = _operands(x, weight, bias)
-    m, k = x.shape
-    n = weight.shape[0]
-    if out is None:
-        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1, "out: [M, N], x's dtype"
-    if m == 0 or n == 0:
-        return out
-    assert k > 0, "K = 0"
-    config = config or choose_config(n, k)
-    groups = config.num_groups(k)
-    block_m = block_m or block_m_for(m, groups, split=True)
-    block_n = block_n or config.block_n
-    assert block_m in (BLOCK_M, WIDE_BLOCK_M), f"block_m {block_m}: 64 or 128"
-    assert block_n in (16, 32, 64, 128, 256), f"block_n {block_n}: a power of two from 16 to 256"
-    assert programs_per_sm is None or programs_per_sm >= 1, f"programs_per_sm {programs_per_sm}: at least 1"
-    launch_ordered(x, weight, bias, out, block_m=block_m, block_n=block_n, block_k=config.block_k,
-                   group_blocks=config.group_blocks(k), groups=groups, num_warps=warps_for(block_m, config),
-                   num_stages=stages_for(block_m, config), programs_per_sm=programs_per_sm)
-    return out
-
-
 def _operands(x, weight, bias):
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -678,7 +638,6 @@ __all__ = [
     "choose_config",
     "groups_for",
     "linear_partials",
-    "linear_ordered",
     "linear_partials_triton",
     "linear_ref",
     "linear_tma",
