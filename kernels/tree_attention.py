@@ -295,6 +295,19 @@ if triton is not None:
         return row_valid, tok, kv * GROUP + rows % GROUP, length
 
     @triton.jit
+    def _fold_stored(m, l, a, M, L, A, at, use, d, HEAD_DIM: tl.constexpr):
+        """(m, l, a) with the state stored at `at` (M, L, A: a split's or a tile's) folded in where
+        `use`, unchanged elsewhere: the merge's one fold of a stored state."""
+        xm = tl.load(M + at, mask=use, other=float("-inf"))
+        xl = tl.load(L + at, mask=use, other=0.0)
+        xa = tl.load(A + at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
+        fm, c1, c2 = _fold_weights(m, xm)
+        l = tl.where(use, l * c1 + xl * c2, l)
+        a = tl.where(use, a * c1 + xa * c2, a)
+        m = tl.where(use, fm, m)
+        return m, l, a
+
+    @triton.jit
     def _fold_splits_apart(
         CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits,
         HEAD_DIM: tl.constexpr, SPLIT_TILES: tl.constexpr, SPLITS_BLOCK: tl.constexpr,
@@ -356,13 +369,7 @@ if triton is not None:
                     j = lo + k
                     use = (j >= tail_start) & (j < n_tiles)
                     tile_at = ((j - tail_start) * T + t) * N_HEADS + h
-                    xm = tl.load(TL_M + tile_at, mask=use, other=float("-inf"))
-                    xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
-                    xa = tl.load(TL_A + tile_at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
-                    fm, c1, c2 = _fold_weights(sm, xm)
-                    sl = tl.where(use, sl * c1 + xl * c2, sl)
-                    sa = tl.where(use, sa * c1 + xa * c2, sa)
-                    sm = tl.where(use, fm, sm)
+                    sm, sl, sa = _fold_stored(sm, sl, sa, TL_M, TL_L, TL_A, tile_at, use, d, HEAD_DIM)
             fm, c1, c2 = _fold_weights(m, sm)
             den = den * c1 + sl * c2
             a = a * c1 + sa * c2
@@ -384,13 +391,7 @@ if triton is not None:
             for i in tl.static_range(SPLITS_BLOCK):
                 use = first + i < n_splits
                 at = ((first + i) * T + t) * N_HEADS + h
-                sm = tl.load(CH_M + at, mask=use, other=float("-inf"))
-                sl = tl.load(CH_L + at, mask=use, other=0.0)
-                sa = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
-                fm, c1, c2 = _fold_weights(m, sm)
-                den = tl.where(use, den * c1 + sl * c2, den)
-                a = tl.where(use, a * c1 + sa * c2, a)
-                m = tl.where(use, fm, m)
+                m, den, a = _fold_stored(m, den, a, CH_M, CH_L, CH_A, at, use, d, HEAD_DIM)
         return m, den, a
 
     # T is never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for every T.
