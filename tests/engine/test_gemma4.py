@@ -102,7 +102,15 @@ def test_embeddings_are_scaled_for_the_target_and_the_draft_head():
     ids = torch.tensor([3, 300])
     assert torch.equal(embed(ids), embed.weight[ids] * 8.0)  # sqrt(hidden 64), exact in every dtype
     engine.allocate()
-    assert engine.drafter.embed is embed
+    passed = []  # the embedding the drafter hands the head: the target's scaled one
+
+    def spy(cache, anchor, depth, embed_tokens, *rest):
+        passed.append(embed_tokens)
+        return torch.zeros(depth, engine.target.cfg.vocab_size)
+
+    engine.head.draft_logits = spy
+    engine.drafter.logp(engine.anchor, 2)
+    assert passed == [embed]
 
 
 def test_heads_wider_than_the_gpu_kernel_takes_are_refused_on_cuda_in_one_sentence_before_any_allocation():
