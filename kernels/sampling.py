@@ -266,8 +266,8 @@ if triton is not None:
         m = tl.load(M + row)
         acc = tl.zeros([BLOCK], tl.float64)
         for s in range(0, CHUNK, BLOCK):
-            offs = chunk * CHUNK + s + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf"))
+            offs, inside = _chunk_offsets(chunk, s, V, CHUNK, BLOCK)
+            x = tl.load(x_row + offs, mask=inside, other=float("-inf"))
             acc += _weight(x, m, USE_LIBDEVICE)
         tl.store(PART + row * chunks + chunk, tl.sum(acc, 0))
 
