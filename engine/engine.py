@@ -282,11 +282,13 @@ class SpecEngine:
 
     def _room_for_two(self, launched: "_Launched", answer: Answer) -> bool:
         """Whether another round may be launched before `launched` is collected: that round
-        cannot end the answer by its length (a round adds at most its tree's node count), and
-        the context holds it and a round of the largest bucket after it (then the host's stale
-        length limits neither round's depth)."""
-        return (len(answer.ids) + launched.size < answer.max_new
-                and self.kv.length + launched.size + SCRATCH_ROWS + 1 <= self.max_context)
+        cannot end the answer by its length (a round adds at most its tree's node count); the
+        context has room for the next round even if `launched` adds its most (the check
+        `_next_round` makes with the host's length, which lags by `launched`'s tokens); and the
+        next round's tree, as deep as the stale length allows, stays inside the positions."""
+        most = self.kv.length + launched.size
+        return (len(answer.ids) + launched.size < answer.max_new and most + 1 <= self.max_context
+                and most + SCRATCH_ROWS < self.target.cfg.max_position_embeddings)
 
     def _launch(self, params: GenerationParams, generator: torch.Generator | None) -> "_Launched":
         """A round's work, enqueued (on CUDA nothing waits for it; elsewhere it has run)."""
