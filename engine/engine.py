@@ -131,6 +131,9 @@ class SpecEngine:
         # While a RoundEvent is out: whether the next round is already launched (a live tree
         # change made now applies one round later; the app's worker says which round).
         self.round_ahead = False
+        # Whether a round may be queued before the previous one is collected (`_generate`); off
+        # only for drafts that read the host's committed tokens (the tests' oracle drafts).
+        self.queue_rounds = True
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -392,7 +395,7 @@ class SpecEngine:
         # seen the round before. Not where that round could end the answer by its length or two
         # rounds might not fit the context (`_room_for_two`); dropped, rolled back, where the
         # answer ends at a stop token.
-        queue = ahead and self.verify.use_graphs
+        queue = ahead and self.verify.use_graphs and self.queue_rounds
         launched: _Launched | None = None
         queued: _Launched | None = None
         t_round = t_next = t_queued = 0.0

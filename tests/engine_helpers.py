@@ -111,11 +111,12 @@ class OracleDraft:
         return torch.stack(out)
 
     def __enter__(self):
-        self.engine.head.draft_logits = self
+        # It reads the host's committed tokens, which a queued round's draft would outrun.
+        self.engine.head.draft_logits, self.engine.queue_rounds = self, False
         return self
 
     def __exit__(self, *exc):
-        self.engine.head.draft_logits = self.original
+        self.engine.head.draft_logits, self.engine.queue_rounds = self.original, True
 
 
 class NoHostReads(TorchDispatchMode):
