@@ -53,9 +53,12 @@ CONTEXT_FULL = "the context is full ({} tokens); raise --max-context"
 
 @dataclass
 class _Launched:
-    """A round enqueued by Engine._launch and not yet collected."""
+    """A round enqueued by Engine._launch and not yet collected. `ints` receives the packed
+    output (PackedRound.ints) by a copy enqueued right after the round: the next round's graphs
+    rewrite the device buffer, and may be launched before this one is collected."""
 
-    packed: PackedRound
+    ints: torch.Tensor  # on the host (pinned on CUDA, filled once the clock's last event is done)
+    path_len: int
     size: int  # tree nodes
     clock: "_PhaseClock"
 
@@ -128,6 +131,9 @@ class SpecEngine:
         # While a RoundEvent is out: whether the next round is already launched (a live tree
         # change made now applies one round later; the app's worker says which round).
         self.round_ahead = False
+        # Whether a round may be queued before the previous one is collected (`_generate`); off
+        # only for drafts that read the host's committed tokens (the tests' oracle drafts).
+        self.queue_rounds = True
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -277,6 +283,16 @@ class SpecEngine:
         with torch.inference_mode():
             return params, self._launch(params, generator), t, None
 
+    def _room_for_two(self, launched: "_Launched", answer: Answer) -> bool:
+        """Whether another round may be launched before `launched` is collected: that round
+        cannot end the answer by its length (a round adds at most its tree's node count); the
+        context has room for the next round even if `launched` adds its most (the check
+        `_next_round` makes with the host's length, which lags by `launched`'s tokens); and the
+        next round's tree, as deep as the stale length allows, stays inside the positions."""
+        most = self.kv.length + launched.size
+        return (len(answer.ids) + launched.size < answer.max_new and most + 1 <= self.max_context
+                and most + SCRATCH_ROWS < self.target.cfg.max_position_embeddings)
+
     def _launch(self, params: GenerationParams, generator: torch.Generator | None) -> "_Launched":
         """A round's work, enqueued (on CUDA nothing waits for it; elsewhere it has run)."""
         spec, sampling = params.spec, params.sampling
@@ -291,17 +307,21 @@ class SpecEngine:
             tree, staged = self._root, True  # bucket 1 holds the root-only tree; its token is the anchor
         # On CUDA one graph runs the forward, the target's choices (greedy or sampled) and
         # finish_round (accept, KV commit, draft-context append, lengths, packing, next anchor): verify_ms is that graph
-        # and accept_ms only the copy and the host's unpacking. Elsewhere verify_ms ends at the
-        # target's choices.
+        # and accept_ms only the copy of its packed output to the host. Elsewhere verify_ms ends
+        # at the target's choices and accept_ms holds finish_round.
         packed = self.verify.round(tree, staged, sampling, generator, clock.mark)
-        return _Launched(packed, tree.size, clock)
+        # The round's one device->host copy, into a buffer of its own (the graph path's output
+        # buffer is the next round's too); from pinned memory on CUDA, so it runs in the stream.
+        ints = torch.empty(packed.ints.shape, dtype=packed.ints.dtype, pin_memory=packed.ints.is_cuda)
+        ints.copy_(packed.ints, non_blocking=True)
+        clock.mark("accept_ms")  # after the copy: _collect waits for this event
+        return _Launched(ints, packed.path_len, tree.size, clock)
 
     def _collect(self, launched: "_Launched") -> RoundOutput:
-        """Wait for a launched round: its one device->host copy, and the host's lengths follow
-        the device's. Before the next launch, whose graphs reuse the packed output's buffer."""
-        packed, clock = launched.packed, launched.clock
-        r = unpack_round(packed.ints.cpu(), packed.path_len, launched.size)  # the round's only device->host copy
-        clock.mark("accept_ms")
+        """Wait for a launched round (its one device->host copy, enqueued at its launch); the
+        host's lengths follow the device's."""
+        timings = launched.clock.elapsed()  # waits for the round and its one device->host copy
+        r = unpack_round(launched.ints, launched.path_len, launched.size)
         # finish_round advanced the device lengths by the count: the host copies follow.
         self.kv.note_advance(r.count)
         if self.draft_kv is not None:
@@ -313,7 +333,7 @@ class SpecEngine:
             tree_scores=r.scores,
             path=r.path,
             new_tokens=[r.tokens[i] for i in r.path[1:]] + [r.bonus],
-            timings=clock.elapsed(),
+            timings=timings,
         )
 
     # -- generation ------------------------------------------------------------------------
@@ -368,26 +388,44 @@ class SpecEngine:
         # answer), across ranks (every rank runs rank 0's rounds in step), or through a
         # recurrent cache (it rolls back only inside its last round).
         ahead = not answer.stops and self.round_sync is None and not self.verify.recurrent
+        # Queued: on the graph path the round after it is launched too before a round is
+        # collected, so the device does not wait for the host's copy, unpacking and launch
+        # between rounds. Every input of a graphed round is on the device (the anchor, the
+        # lengths, the tree the draft graph stages), so it may be enqueued before the host has
+        # seen the round before. Not where that round could end the answer by its length or two
+        # rounds might not fit the context (`_room_for_two`); dropped, rolled back, where the
+        # answer ends at a stop token.
+        queue = ahead and self.verify.use_graphs and self.queue_rounds
         launched: _Launched | None = None
-        t_round = t_next = 0.0
+        queued: _Launched | None = None
+        t_round = t_next = t_queued = 0.0
         while True:
             if launched is None:
                 params, launched, t_round, end = self._next_round(params, generator, cancel)
                 if launched is None:
                     answer.finish = end
                     break
+            if queue and queued is None and self._room_for_two(launched, answer):
+                params, queued, t_queued, _ = self._next_round(params, generator, cancel)
             with torch.inference_mode():
                 out = self._collect(launched)
             launched = None
             base = self.kv.length - len(out.new_tokens)  # committed length before this round
             keep = answer.room_for(out.new_tokens)
-            if keep < len(out.new_tokens):
+            if queued is not None and answer.finish is not None:
+                with torch.inference_mode():  # the answer ended in this round: drop the queued one
+                    self._collect(queued)
+                queued = None
+                self.rollback(base + keep)
+            elif keep < len(out.new_tokens):
                 self.rollback(base + keep)  # the answer ended mid-round: drop the surplus rows
             kept = out.new_tokens[:keep]
             self.tokens.extend(kept)
             t_done = time.perf_counter()
             end = None  # why the answer ends before the next round, found ahead
-            if ahead and answer.finish is None:
+            if queued is not None:  # it becomes the round ahead; its time runs from this one's end
+                launched, t_next, queued = queued, max(t_queued, t_done), None
+            elif ahead and answer.finish is None:
                 params, launched, t_next, end = self._next_round(params, generator, cancel)
             new_text = answer.add(kept)
             accept_lengths.append(keep)
