@@ -405,8 +405,9 @@ if triton is not None:
                 m, den, a = _fold_stored(m, den, a, CH_M, CH_L, CH_A, at, use, d, HEAD_DIM)
         return m, den, a
 
-    # T is never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for every T.
-    @triton.jit(do_not_specialize=["T"])
+    # T and SPLIT_PROGRAMS are never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for
+    # every T and cache size (SPLIT_PROGRAMS 16 would otherwise get a binary of its own, %16).
+    @triton.jit(do_not_specialize=["T", "SPLIT_PROGRAMS"])
     def _tree_attn_kernel(
         Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, SINKS,
         T, N_HEADS, SPLIT_LEN, SPLIT_PROGRAMS, TILE_STRIDE, qk_scale,
