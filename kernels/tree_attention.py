@@ -24,8 +24,8 @@ its bits, so the work can be cut as suits each call:
     (token, query head of the group) pair, row = token * GROUP + g. BLOCK_M, BLOCK_N, the warps
     and the dot instruction never change: a score or a P@V product of one row is the same
     number whatever the other rows of the tile hold.
-  * Split programs (per query tile, one per split up to SPLIT_PROGRAMS_CAP, each walking every
-    cap-th split of the row group's past that) fold a split's tiles that all their rows share,
+  * Split programs (min(splits, SPLIT_PROGRAMS_CAP) per query tile, program p taking the tile's
+    splits p, p + cap, ... one after another) fold a split's tiles that all their rows share,
     in registers, and store the state: tiles wholly inside the prefix (one tl.dot serves all
     rows), and in CHUNK mode (`VisibleKeys.shared`: prefill chunks, draft blocks) the tiles past
     the prefix too, whose keys the rows share.
