@@ -39,12 +39,16 @@ the same split length.
 (AR_SPLITS_BLOCK) and warps (AR_MERGE_WARPS), beside the previous kernel; "same" says whether
 every variant's output equals the serial merge's bit for bit.
 
+--grid-sweep (alone) times verify calls (T = 16 / 64 / 128 at 512 / 2048 / 8192 keys) and causal
+chunks, cold, at SPLIT_PROGRAMS_CAP 4 / 8 / 16 / uncapped (split programs a query tile), beside the
+previous kernel; "same" says whether every cap's output equals the uncapped grid's bit for bit.
+
 --shapes / --tokens keep only those rows of the table (e.g. --shapes 8b --tokens 1,16,64,128).
 
 Runs from the repository root without installing the package.
 
     python3 benchmarks/tree_attention.py [--old main|FILE] [--capacity 33792] [--shapes 8b] [--tokens 1,64]
-        [--sweep | --split-sweep | --tile-sweep | --merge-sweep] [--json-out FILE]
+        [--sweep | --split-sweep | --tile-sweep | --merge-sweep | --grid-sweep] [--json-out FILE]
 """
 from __future__ import annotations
 
@@ -415,6 +419,39 @@ def run_merge_sweep(old, capacity: int, flush: Flush) -> list:
     return rows
 
 
+GRID_SWEEP_CAPS = (4, 8, 16, None)  # SPLIT_PROGRAMS_CAP; None: a program per split (uncapped)
+GRID_SWEEP_CASES = [Case(s, t, c) for s in HEADS for t in (16, 64, 128) for c in (512, 2048, 8192)] + [
+    Case(s, t, c, "causal") for s in HEADS for t, c in ((16, 512), (512, 0), (512, 3000))]
+
+
+def run_grid_sweep(old, capacity: int, flush: Flush) -> list:
+    """Verify calls and causal chunks at SPLIT_PROGRAMS_CAP 4 / 8 / 16 / uncapped (speed only),
+    cold µs, beside the previous kernel; whether each cap's output equals the uncapped one's, bitwise."""
+    gen = torch.Generator().manual_seed(5)
+    rows = []
+    splits = -(-capacity // tree_attention.split_len_for(capacity))
+    names = [f"cap {c}" if c else "uncapped" for c in GRID_SWEEP_CAPS]
+    print(f"\nsplit programs grid sweep (capacity {capacity}: {splits} splits of "
+          f"{tree_attention.split_len_for(capacity)} keys): cold µs at " + ", ".join(names)
+          + f"; default cap {tree_attention.SPLIT_PROGRAMS_CAP}")
+    default = tree_attention.SPLIT_PROGRAMS_CAP
+    for case in GRID_SWEEP_CASES:
+        x = Inputs(case, capacity, old, gen)
+        us, outs = {}, {}
+        for name, cap in zip(names, GRID_SWEEP_CAPS):
+            tree_attention.SPLIT_PROGRAMS_CAP = cap or (1 << 30)
+            outs[name] = x.new().clone()
+            us[name] = per_call_us(x.new, flush)
+        tree_attention.SPLIT_PROGRAMS_CAP = default
+        same = all(torch.equal(o, outs["uncapped"]) for o in outs.values())
+        old_us = per_call_us(lambda: x.old(old), flush)
+        rows.append({**asdict(case), "new_cold_us": us, "old_cold_us": old_us, "same_bits": same})
+        print(f"{case.shape:>5} T={case.t:<4} ctx={case.context:<5} {case.mask:>6} "
+              + " ".join(f"{n}: {u:.1f}" for n, u in us.items())
+              + f"  (old {old_us:.1f})  same: {same}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", default="main", help="the previous kernel: a git revision, or its saved file (no .git)")
@@ -427,6 +464,8 @@ def main() -> None:
                     help="only the AR call at AR_TILE_PROGRAMS 8 / 16 / 32 / 64 (cold)")
     ap.add_argument("--merge-sweep", action="store_true",
                     help="only the AR call with its merge serial or splits side by side (cold)")
+    ap.add_argument("--grid-sweep", action="store_true",
+                    help="only verify calls and causal chunks at SPLIT_PROGRAMS_CAP 4 / 8 / 16 / uncapped (cold)")
     ap.add_argument("--shapes", default=",".join(HEADS), help="the table's shapes (comma-separated: 1.5b, 8b)")
     ap.add_argument("--tokens", default=None, help="the table's new-token counts T (comma-separated; default all)")
     ap.add_argument("--json-out", default=os.path.join(os.environ.get("OUT", "."), "attention_bench.json"))
@@ -443,6 +482,10 @@ def main() -> None:
     if args.merge_sweep:
         rows = run_merge_sweep(old, args.capacity, flush)
         Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "merge_sweep": rows}))
+        return
+    if args.grid_sweep:
+        rows = run_grid_sweep(old, args.capacity, flush)
+        Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "grid_sweep": rows}))
         return
     if args.split_sweep:
         rows = run_split_sweep(old, args.capacity, flush)

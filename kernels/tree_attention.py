@@ -24,10 +24,11 @@ its bits, so the work can be cut as suits each call:
     (token, query head of the group) pair, row = token * GROUP + g. BLOCK_M, BLOCK_N, the warps
     and the dot instruction never change: a score or a P@V product of one row is the same
     number whatever the other rows of the tile hold.
-  * Split programs (one per query tile and split) fold the split's tiles that all their rows
-    share, in registers, and store the state: tiles wholly inside the prefix (one tl.dot serves
-    all rows), and in CHUNK mode (`VisibleKeys.shared`: prefill chunks, draft blocks) the tiles
-    past the prefix too, whose keys the rows share.
+  * Split programs (min(splits, SPLIT_PROGRAMS_CAP) per query tile, program p taking the tile's
+    splits p, p + cap, ... one after another) fold a split's tiles that all their rows share,
+    in registers, and store the state: tiles wholly inside the prefix (one tl.dot serves all
+    rows), and in CHUNK mode (`VisibleKeys.shared`: prefill chunks, draft blocks) the tiles past
+    the prefix too, whose keys the rows share.
   * Tile programs store single tiles' partials: in TREE mode one per token, for the tiles past
     the prefix (each token's own keys, its ancestors; in parallel rather than stepped one token
     after another in one program), in AR mode (T = 1) every tile of the row, spread over
@@ -84,6 +85,11 @@ MIN_SPLIT_LEN = 256
 MAX_SPLITS = 64
 # Programs per KV head of an AR call; program p takes tiles p, p + 32, ... (speed only).
 AR_TILE_PROGRAMS = 32
+# Split programs per query tile of a verify or chunk call, at most (speed only): program p takes
+# the tile's splits p, p + cap, ... that have work. Without a cap the grid grew with the cache (an
+# app cache of 33,792 rows: 59 a query tile, of which one has work at 512 keys); 16 still gives
+# each split of an 8,192-key row (15 splits of 576) a program of its own.
+SPLIT_PROGRAMS_CAP = 16
 # An AR call's merge (speed only, the bits are the same): a row of more than AR_SERIAL_SPLITS
 # splits folds its splits' tiles side by side, AR_SPLITS_BLOCK_ELEMS // head_dim splits at once
 # (at most AR_SPLITS_BLOCK), on AR_MERGE_WARPS warps, then the split states in order; shorter rows
@@ -164,6 +170,11 @@ def split_len_for(capacity: int) -> int:
     call's T or prefix_len, so every row of a given length is split the same way."""
     per = -(-capacity // MAX_SPLITS)
     return max(MIN_SPLIT_LEN, -(-per // BLOCK_N) * BLOCK_N)
+
+
+def split_programs_per_tile(num_splits: int) -> int:
+    """Split programs a query tile gets for a cache of `num_splits` splits (shapes only)."""
+    return max(1, min(num_splits, SPLIT_PROGRAMS_CAP))
 
 
 # ----------------------------------------------------------------------------- triton kernels
@@ -394,11 +405,12 @@ if triton is not None:
                 m, den, a = _fold_stored(m, den, a, CH_M, CH_L, CH_A, at, use, d, HEAD_DIM)
         return m, den, a
 
-    # T is never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for every T.
-    @triton.jit(do_not_specialize=["T"])
+    # T and SPLIT_PROGRAMS are never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for
+    # every T and cache size (SPLIT_PROGRAMS 16 would otherwise get a binary of its own, %16).
+    @triton.jit(do_not_specialize=["T", "SPLIT_PROGRAMS"])
     def _tree_attn_kernel(
         Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, SINKS,
-        T, N_HEADS, SPLIT_LEN, NUM_SPLITS, TILE_STRIDE, qk_scale,
+        T, N_HEADS, SPLIT_LEN, SPLIT_PROGRAMS, TILE_STRIDE, qk_scale,
         stride_qt, stride_qh,
         stride_kb, stride_ks, stride_kh,
         stride_vb, stride_vs, stride_vh,
@@ -422,83 +434,90 @@ if triton is not None:
             dv = tl.program_id(2) * (HEAD_DIM // V_SPLIT) + tl.arange(0, HEAD_DIM // V_SPLIT)
         cols = tl.arange(0, BLOCK_N)
         n_query_tiles = tl.cdiv(T * GROUP, BLOCK_M)
-        n_split_programs = 0 if MODE == AR_MODE else NUM_SPLITS * n_query_tiles
+        n_split_programs = 0 if MODE == AR_MODE else SPLIT_PROGRAMS * n_query_tiles
         n_flat_programs = FLAT_TILES * n_query_tiles if MODE == TREE_MODE else 0
         # TREE with a short prefix: its tiles' partials are stored one by one (flat programs, in
         # parallel) rather than folded in a chain by the split programs (`_tile_slots_start`).
         flat = prefix_tiles_end // BLOCK_N <= FLAT_TILES
 
         if pid < n_split_programs:
-            # A split program: query tile pid % n, split pid // n (split 0's programs first). It
-            # folds the split's tiles that all its rows share (TREE: those wholly inside the
-            # prefix, unless `flat`; CHUNK: all) in order and stores the state, or, for a CHUNK
-            # row of one split, the output.
-            split = pid // n_query_tiles
-            row_valid, tok, head, length = _query_rows(COUNT, prefix, pid % n_query_tiles, kv, T, GROUP, BLOCK_M)
-            lo = split * SPLIT_LEN
-            hi = tl.minimum(lo + SPLIT_LEN, tl.max(length, 0))
-            shared_end = tl.minimum(hi, prefix_tiles_end)
+            # A split program: query tile pid % n, and of that tile's splits with work those from
+            # pid // n on, every SPLIT_PROGRAMS-th (split 0's programs first; a short row's
+            # programs past its last split return at once). Per split it folds the split's tiles
+            # that all its rows share (TREE: those wholly inside the prefix, unless `flat`;
+            # CHUNK: all) in order and stores the state, or, for a CHUNK row of one split, the
+            # output: the same code per split whichever program runs it, so the same bits.
+            query_tile = pid % n_query_tiles
+            row_valid, tok, head, length = _query_rows(COUNT, prefix, query_tile, kv, T, GROUP, BLOCK_M)
+            row_end = tl.max(length, 0)
             if MODE == CHUNK_MODE:
-                end = hi
+                work_end = row_end
             else:
-                end = tl.where(flat, lo, shared_end)
-            if lo < end:
+                work_end = tl.where(flat, 0, tl.minimum(row_end, prefix_tiles_end))
+            first_split = pid // n_query_tiles
+            n_work_splits = tl.cdiv(work_end, SPLIT_LEN)  # each has lo < end below
+            if first_split < n_work_splits:
                 q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                             mask=row_valid[:, None], other=0.0)
-                m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-                l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-                acc = tl.zeros([BLOCK_M, HEAD_DIM // V_SPLIT], dtype=tl.float32)
-                # Tiles wholly inside the prefix: the same keys for every row (all visible).
-                for start in range(lo, shared_end, BLOCK_N):
-                    pos = start + cols
-                    kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d, dv,
-                                          stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                          BLOCK_SIZE, False, PAGED)
-                    visible = _row_sees(pos, length, WINDOW)
-                    m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION)
-                if MODE == CHUNK_MODE:
-                    # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
-                    # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
-                    for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
+                for split in range(first_split, n_work_splits, SPLIT_PROGRAMS):
+                    lo = split * SPLIT_LEN
+                    hi = tl.minimum(lo + SPLIT_LEN, row_end)
+                    shared_end = tl.minimum(hi, prefix_tiles_end)
+                    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+                    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+                    acc = tl.zeros([BLOCK_M, HEAD_DIM // V_SPLIT], dtype=tl.float32)
+                    # Tiles wholly inside the prefix: the same keys for every row (all visible).
+                    for start in range(lo, shared_end, BLOCK_N):
                         pos = start + cols
-                        sees = _row_sees(pos, length, WINDOW) & row_valid[:, None]  # [BLOCK_M, BLOCK_N]
-                        depth = pos - prefix
-                        new = sees & (depth >= 0)[None, :]
-                        idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
-                        key_pos = tl.where(new, prefix + idx, pos[None, :])  # where row r's key sits
-                        top = tl.max(tl.where(sees, key_pos, -1), 0)
-                        bottom = tl.min(tl.where(sees, key_pos, 2147483647), 0)
-                        if tl.min(((top == bottom) | (top < 0)).to(tl.int32), 0) == 1:
-                            # Every row that sees a column sees the same key there (causal, full).
-                            kt, v = _load_kv_tile(K, V, BT, top, top >= 0, kv, d, dv,
-                                                  stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                                  BLOCK_SIZE, True, PAGED)
-                            m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, sees, qk_scale, PRECISION)
-                        else:
-                            # Rows disagree (not what a CHUNK caller promised): a step per token;
-                            # the other rows fold the empty partial, which keeps them exactly.
-                            for tau in range((pid % n_query_tiles) * BLOCK_M // GROUP,
-                                             tl.minimum(((pid % n_query_tiles) * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1) + 1):
-                                mine = (tok == tau)[:, None] & sees
-                                keys = tl.max(tl.where(mine, key_pos, -1), 0)
-                                if tl.max(keys, 0) >= 0:
-                                    kt, v = _load_kv_tile(K, V, BT, keys, keys >= 0, kv, d, dv,
-                                                          stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                                          stride_vh, BLOCK_SIZE, True, PAGED)
-                                    m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, mine, qk_scale, PRECISION)
-                mine_here = row_valid & (lo < length)
-                direct = mine_here & (tl.cdiv(length, SPLIT_LEN) == 1) & (MODE == CHUNK_MODE)
-                l_out, a_out = l_i, acc  # a direct row's final state (the stored state stays without the sink)
-                if HAS_SINKS:
-                    c1, c2 = _sink_weights(m_i, SINKS, head)
-                    l_out = l_i * c1 + c2
-                    a_out = acc * c1[:, None]
-                out = a_out / tl.where(l_out > 0.0, l_out, 1.0)[:, None]
-                o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
-                tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=direct[:, None])
-                state = mine_here & ~direct
-                at = (split * T + tok) * N_HEADS + head  # [NUM_SPLITS, T, N_HEADS]
-                _store_partial(CH_M, CH_L, CH_A, at, m_i, l_i, acc, state, dv, HEAD_DIM, V_SPLIT)
+                        kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d, dv,
+                                              stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                              BLOCK_SIZE, False, PAGED)
+                        visible = _row_sees(pos, length, WINDOW)
+                        m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION)
+                    if MODE == CHUNK_MODE:
+                        # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
+                        # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
+                        for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
+                            pos = start + cols
+                            sees = _row_sees(pos, length, WINDOW) & row_valid[:, None]  # [BLOCK_M, BLOCK_N]
+                            depth = pos - prefix
+                            new = sees & (depth >= 0)[None, :]
+                            idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
+                            key_pos = tl.where(new, prefix + idx, pos[None, :])  # where row r's key sits
+                            top = tl.max(tl.where(sees, key_pos, -1), 0)
+                            bottom = tl.min(tl.where(sees, key_pos, 2147483647), 0)
+                            if tl.min(((top == bottom) | (top < 0)).to(tl.int32), 0) == 1:
+                                # Every row that sees a column sees the same key there (causal, full).
+                                kt, v = _load_kv_tile(K, V, BT, top, top >= 0, kv, d, dv,
+                                                      stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                                      BLOCK_SIZE, True, PAGED)
+                                m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, sees, qk_scale, PRECISION)
+                            else:
+                                # Rows disagree (not what a CHUNK caller promised): a step per token;
+                                # the other rows fold the empty partial, which keeps them exactly.
+                                for tau in range(query_tile * BLOCK_M // GROUP,
+                                                 tl.minimum((query_tile * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1) + 1):
+                                    mine = (tok == tau)[:, None] & sees
+                                    keys = tl.max(tl.where(mine, key_pos, -1), 0)
+                                    if tl.max(keys, 0) >= 0:
+                                        kt, v = _load_kv_tile(K, V, BT, keys, keys >= 0, kv, d, dv,
+                                                              stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                                              stride_vh, BLOCK_SIZE, True, PAGED)
+                                        m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, mine, qk_scale,
+                                                                   PRECISION)
+                    mine_here = row_valid & (lo < length)
+                    direct = mine_here & (tl.cdiv(length, SPLIT_LEN) == 1) & (MODE == CHUNK_MODE)
+                    l_out, a_out = l_i, acc  # a direct row's final state (the stored state stays without the sink)
+                    if HAS_SINKS:
+                        c1, c2 = _sink_weights(m_i, SINKS, head)
+                        l_out = l_i * c1 + c2
+                        a_out = acc * c1[:, None]
+                    out = a_out / tl.where(l_out > 0.0, l_out, 1.0)[:, None]
+                    o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
+                    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=direct[:, None])
+                    state = mine_here & ~direct
+                    at = (split * T + tok) * N_HEADS + head  # [NUM_SPLITS, T, N_HEADS]
+                    _store_partial(CH_M, CH_L, CH_A, at, m_i, l_i, acc, state, dv, HEAD_DIM, V_SPLIT)
         elif pid < n_split_programs + n_flat_programs:
             # A flat program (TREE, `flat`): prefix tile j of query tile pid % n, its partial
             # stored for the merge (tile slot j: with `flat` the slots start at tile 0).
@@ -699,8 +718,8 @@ def paged_tree_attention_triton(
     assert out.shape == q.shape and out.stride(-1) == 1, "out must be [T, n_heads, head_dim]"
     if t == 0:
         return out
-    # Grid and partials cover the longest row the cache can hold (shapes only: graph-safe);
-    # programs past a row's length return at once.
+    # The partials cover the longest row the cache can hold, the grid at most SPLIT_PROGRAMS_CAP
+    # split programs a query tile (shapes only: graph-safe); programs past a row's splits return at once.
     num_splits = -(-capacity // split_len)
     if t == 1:  # every tile of the row in parallel programs
         mode, tile_slots, tile_programs = AR_MODE, -(-capacity // block_n), AR_TILE_PROGRAMS
@@ -709,7 +728,7 @@ def paged_tree_attention_triton(
     else:  # a tree: a program per token for the tiles past the prefix
         mode, tile_slots, tile_programs = TREE_MODE, (t + block_n - 2) // block_n + 1, t
     query_tiles = triton.cdiv(t * group, BLOCK_M)
-    split_programs = 0 if mode == AR_MODE else num_splits * query_tiles
+    split_programs = 0 if mode == AR_MODE else split_programs_per_tile(num_splits) * query_tiles
     # Flat prefix programs where the chains would be few (0: none; the merge then finds no flat slots).
     flat_tiles = FLAT_TILES if mode == TREE_MODE and query_tiles * n_kv <= FLAT_MAX_CHAINS else 0
     flat_programs = flat_tiles * query_tiles
@@ -731,7 +750,8 @@ def paged_tree_attention_triton(
     _tree_attn_kernel[(n_kv, split_programs + flat_programs + tile_programs, cfg.v_split)](
         q, k_pool, v_pool, prefix if block_table is None else block_table,  # an unread stand-in
         prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, sink_arg,
-        t, n_heads, split_len, num_splits, AR_TILE_PROGRAMS if mode == AR_MODE else 1, scale * LOG2E,
+        t, n_heads, split_len, split_programs_per_tile(num_splits), AR_TILE_PROGRAMS if mode == AR_MODE else 1,
+        scale * LOG2E,
         q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),

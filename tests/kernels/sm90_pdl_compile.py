@@ -103,7 +103,7 @@ def kernels():
                   dict(GROUPS=3, HAS_BIAS=True, HAS_QNORM=False, HAS_KNORM=False, HALF=64), 1)
     attn = dict(Q=p16, K=p16, V=p16, BT="*i32", PREFIX="*i32", ORDER="*i32", COUNT="*i32", OUT=p16,
                 CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, SINKS=p32, T=i32, N_HEADS=i32, SPLIT_LEN=i32,
-                NUM_SPLITS=i32, TILE_STRIDE=i32, qk_scale="fp32") | ints(
+                SPLIT_PROGRAMS=i32, TILE_STRIDE=i32, qk_scale="fp32") | ints(
         ("stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
          "stride_ot", "stride_oh"), i32)
     # AR, a prefill chunk (shared keys), and a tree (1.5B: GQA group 6) on the engine's caches (no

@@ -26,7 +26,7 @@ from jetspec_chat.kernels import tree_attention as ta  # noqa: E402
 
 POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BT="*i32", PREFIX="*i32", ORDER="*i32", COUNT="*i32", OUT="*bf16",
                 CH_A="*fp32", CH_M="*fp32", CH_L="*fp32", TL_A="*fp32", TL_M="*fp32", TL_L="*fp32", SINKS="*bf16")
-INTS = ("T", "N_HEADS", "SPLIT_LEN", "NUM_SPLITS", "TILE_STRIDE", "stride_qt", "stride_qh", "stride_kb", "stride_ks",
+INTS = ("T", "N_HEADS", "SPLIT_LEN", "SPLIT_PROGRAMS", "TILE_STRIDE", "stride_qt", "stride_qh", "stride_kb", "stride_ks",
         "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_ot", "stride_oh")
 
 
