@@ -69,6 +69,11 @@ REAL_SHAPES = ({f"1.5B-{k}": v for k, v in QWEN25_1_5B.items()} | {f"8B-{k}": v 
 # Row counts on both sides of the 64 -> 128-row switch (block_m_for), for the GPU invariance tests
 GPU_MS = (1, 7, 64, 65, 128, 200, 256)
 LAUNCHES = [(split, bm) for split in (False, True) for bm in (BLOCK_M, WIDE_BLOCK_M)]
+# Wide tiles of one-group weights for the GPU invariance tests (the candidates of
+# `benchmarks/kernels_vs_vendor.py --wide` that differ most from the 64-row launch), grid and TMA.
+GPU_WIDE_TILES = [WideTile(128, 256, 64, 3), WideTile(256, 128, 64, 3), WideTile(128, 256, 128, 2),
+                  WideTile(128, 256, 64, 3, tma=True), WideTile(256, 128, 64, 3, tma=True),
+                  WideTile(128, 128, 64, 3, tma=True, programs_per_sm=2)]
 
 
 def randn(*shape, seed, dtype=torch.bfloat16, scale=1.0, device=DEVICE):
@@ -358,8 +363,10 @@ def test_linear_dispatch_cpu_unchanged():
 @pytest.mark.parametrize("name", list(REAL_SHAPES))
 def test_gpu_m_invariant_real_shapes(name):
     """Qwen2.5-1.5B and Qwen3-8B shapes, bf16: bitwise the same rows at M = 1, 7, 64, 65, 128,
-    200 and 256 (64- and 128-row programs) and every one of the 256 rows alone (M=1); every launch
-    (split / fused, 64 / 128 rows) at M = 1, 65 and 200 gives the same bits; close to cuBLAS."""
+    200 and 256 (64- and 128-row programs, the engine's wide tiles) and every one of the 256 rows
+    alone (M=1); every launch (split / fused, 64 / 128 rows) at M = 1, 65 and 200 gives the same
+    bits, and so does every wide tile of GPU_WIDE_TILES and WIDE_PICKS on the one-group weights
+    at M = 65, 200 and 256; close to cuBLAS."""
     n, k, bias = REAL_SHAPES[name]
     x, w, b = problem(256, n, k, bias, seed=11)
     full = assert_rows_invariant(x, w, b, ms=GPU_MS, alone="all")
@@ -367,6 +374,10 @@ def test_gpu_m_invariant_real_shapes(name):
         for split, bm in LAUNCHES:
             got = linear_triton(x[:m], w, b, split=split, block_m=bm)
             assert torch.equal(got, full[:m]), f"M={m}: split={split} block_m={bm} differs"
+    if choose_config(n, k).num_groups(k) == 1:
+        for tile in GPU_WIDE_TILES + [p.tile for p in WIDE_PICKS.get((n, k), ())]:
+            for m in (65, 200, 256):
+                assert torch.equal(linear_triton(x[:m], w, b, wide=tile), full[:m]), f"M={m}: {tile} differs"
     ref = F.linear(x, w, b)
     torch.testing.assert_close(full.float(), ref.float(), rtol=2e-2, atol=2e-2)
     exact = linear_ref(x, w, b).float()
