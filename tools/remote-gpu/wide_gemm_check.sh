@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$R
 $PY -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 9; }
 $PY -c "import torch, triton, jetspec_chat.kernels.matmul as m; print(torch.__version__, triton.__version__, m.__file__)" \
   | tee -a "$R/gpu.txt"
-timeout 90 $PY -m pytest -q -x -p no:cacheprovider tests/kernels/test_matmul_kernel.py -k "not sm90" > "$R/tests.txt" 2>&1
+timeout 95 $PY -m pytest -q -x -p no:cacheprovider tests/kernels/test_matmul_kernel.py -k "not sm90" > "$R/tests.txt" 2>&1
 echo "===== tests rc=$?"; tail -8 "$R/tests.txt"
-timeout 140 $PY benchmarks/kernels_vs_vendor.py --wide --out "$R" > "$R/wide_sweep_log.txt" 2>&1
+timeout 130 $PY benchmarks/kernels_vs_vendor.py --wide --out "$R" > "$R/wide_sweep_log.txt" 2>&1
 echo "===== wide sweep rc=$?"; grep -v "failed at" "$R/wide_sweep_log.txt" | tail -40; grep -c "failed at" "$R/wide_sweep_log.txt"
