@@ -12,8 +12,10 @@ the output is bitwise the same whatever M is and whatever the other rows hold:
     differently), so a program covers 64 rows with 4 warps (one warpgroup), or, past 64 rows
     (`block_m_for`), 128 rows with 8 warps: two warpgroups, each running the 64-row program's
     m64nNk16 wgmma steps (N = BLOCK_N in both: Triton picks the instruction's N from the tile
-    width per warpgroup) on its own 64 rows. AR (M=1) wastes 63/64 of the MMA work, which is
-    free there: the GEMV is bound by streaming the weight.
+    width per warpgroup) on its own 64 rows. A weight in one K group may take a wider tile past
+    64 rows (`WideTile`: 128 or 256 rows, up to 256 columns, 64- or 128-deep K blocks): each of
+    its elements is one chain of k16 steps over K in order whatever the tile. AR (M=1) wastes
+    63/64 of the MMA work, which is free there: the GEMV is bound by streaming the weight.
   * K is cut into `groups` consecutive groups of whole BLOCK_K blocks (a function of N and K).
     Each group is accumulated alone in fp32 (tl.dot over its blocks in order, from zero), and
     the group sums are added in group order to a zero fp32 total; the bias is added once to
@@ -176,7 +178,7 @@ def default_wide_tile(m: int, n: int, config: LinearConfig) -> WideTile:
     """A one-group weight's launch past BLOCK_M rows where WIDE_PICKS lists none: 128-row programs
     of the config's tile width and WIDE_NUM_STAGES stages (`block_m_for`, `stages_for`), in the TMA
     form where the output has at least TMA_MIN_TILES tiles, two programs an SM."""
-    tma = _cdiv(m, WIDE_BLOCK_M) * _cdiv(n, config.block_n) >= TMA_MIN_TILES
+    tma = _many_tiles(m, n, WIDE_BLOCK_M, config)
     return WideTile(block_m=WIDE_BLOCK_M, block_n=config.block_n, block_k=config.block_k, stages=WIDE_NUM_STAGES,
                     tma=tma, programs_per_sm=2 if tma else 1)
 
@@ -335,8 +337,11 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
 def use_tma(m: int, n: int, k: int, config: LinearConfig, block_m: int | None, device: torch.device) -> bool:
     """Whether a fused launch runs the persistent TMA form (TMA_MIN_TILES; speed only, never bits)."""
     block_m = block_m or block_m_for(m, config.num_groups(k), False)
-    if block_m != WIDE_BLOCK_M or not tma_available(device):
-        return False
+    return block_m == WIDE_BLOCK_M and tma_available(device) and _many_tiles(m, n, block_m, config)
+
+
+def _many_tiles(m: int, n: int, block_m: int, config: LinearConfig) -> bool:
+    """Whether the output has TMA_MIN_TILES tiles or more (where the TMA form won)."""
     return _cdiv(m, block_m) * _cdiv(n, config.block_n) >= TMA_MIN_TILES
 
 
