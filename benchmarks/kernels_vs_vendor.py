@@ -20,18 +20,32 @@ Qwen3-30B-A3B (the dense linears; its experts run in kernels/moe.py) for M in {1
 Times: median over CUDA-graph replays of 16 back-to-back calls, rotating over enough weight
 copies to exceed the L2, in µs per call.
 
+--wide sweeps instead the wide tiles of the weights in one K group (kernels.matmul.WideTile: the
+gate_ups and lm_heads of the three models, WIDE_SHAPES) at M = 64, 128, 192, 256: cuBLAS, the
+engine's launch and every WIDE_CANDIDATES tile (g: `_linear_kernel`'s grid, t: the persistent
+TMA-fed form; BLOCK_M x BLOCK_N [x BLOCK_K] s stages [p programs an SM]) in µs, the fastest
+candidate against both, and `bits`: 'ok' when every candidate's output equals the engine's launch
+bitwise at that M and the engine's first, middle and last rows equal their M = 1 calls (else the
+candidates that differ). It ends with the WIDE_PICKS entries the timings suggest (the fastest
+candidate with equal bits, where it beats the engine's launch by >= 5%), as Python, and writes
+the table and its JSON to --out (default $OUT/gemm1g when $OUT is set).
+
   python3 benchmarks/kernels_vs_vendor.py [--models 1.5b,8b,30b] [--rows 1,16,64,128,256] [--tma] [--no-ws]
+  python3 benchmarks/kernels_vs_vendor.py --wide [--models 1.5b,8b,30b] [--rows 64,128,192,256] [--out DIR]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 import statistics
+from pathlib import Path
 
 import torch
 
 from jetspec_chat.kernels import matmul_ws
-from jetspec_chat.kernels.matmul import choose_config, linear_tma, linear_triton, linear_ws
+from jetspec_chat.kernels.matmul import WideTile, choose_config, linear_tma, linear_triton, linear_ws
 
 SHAPES = {  # (name, N, K)
     "1.5b": [("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960),
@@ -57,6 +71,30 @@ WS_VARIANTS = {  # name -> linear_ws keywords, from (config, M)
     "wsN": lambda config, m: dict(block_n=min(256, 2 * config.block_n)),
     "ws2": lambda config, m: dict(programs_per_sm=2, block_m=64),
 }
+# The weights in one K group (gate_up, lm_head: `WideTile`'s) and the wide tiles swept over them.
+WIDE_SHAPES = {
+    "1.5b": [("gate_up", 17920, 1536), ("lm_head", 151936, 1536)],
+    "8b": [("gate_up", 24576, 4096), ("lm_head", 151936, 4096)],
+    "30b": [("lm_head", 151936, 2048)],
+}
+
+
+def _wide_name(t: WideTile) -> str:
+    name = f"{'t' if t.tma else 'g'}{t.block_m}x{t.block_n}" + (f"x{t.block_k}" if t.block_k != 64 else "")
+    return name + f"s{t.stages}" + (f"p{t.programs_per_sm}" if t.programs_per_sm != 1 else "")
+
+
+WIDE_CANDIDATES = {_wide_name(t): t for t in [
+    WideTile(128, 256, 64, 2), WideTile(128, 256, 64, 3), WideTile(128, 256, 64, 4),
+    WideTile(256, 128, 64, 3), WideTile(256, 128, 64, 4),
+    WideTile(128, 256, 128, 2), WideTile(256, 128, 128, 2),
+    WideTile(128, 128, 64, 4),
+    WideTile(128, 256, 64, 3, tma=True), WideTile(128, 256, 64, 4, tma=True),
+    WideTile(256, 128, 64, 3, tma=True), WideTile(256, 128, 64, 4, tma=True),
+    WideTile(128, 256, 128, 2, tma=True),
+    WideTile(128, 128, 64, 4, tma=True), WideTile(128, 128, 64, 2, tma=True, programs_per_sm=2),
+]}
+PICK_GAIN = 0.95  # a suggested pick beats the engine's launch by >= 5%
 CALLS = 16  # calls per graph replay
 L2_BYTES = 50e6
 
@@ -101,14 +139,106 @@ def ceilings() -> tuple[float, float]:
     return bw, 2 * 8192**3 / (t * 1e-6)
 
 
+def wide_sweep(models: list[str], rows: list[int], out_dir: Path | None) -> None:
+    """The --wide table (module docstring): every WIDE_CANDIDATES tile beside cuBLAS and the
+    engine's launch at the one-group shapes, with the bits column and the suggested picks."""
+    names = list(WIDE_CANDIDATES)
+    w = max(map(len, names))
+    head = f"{'model':5} {'linear':8} {'N':>6} {'K':>5} {'M':>4} {'cublas':>7} {'engine':>7}"
+    head += "".join(f" {v:>{w}}" for v in names) + f" {'best':>{w}} {'best/cub':>8} {'best/eng':>8}  bits"
+    print(head, flush=True)
+    lines, records = [head], []
+    for model in models:
+        for name, n, k in WIDE_SHAPES[model]:
+            if choose_config(n, k).num_groups(k) != 1:
+                print(f"  {model} {name}: its weight has K groups, no wide tile", flush=True)
+                continue
+            wbytes = 2 * n * k
+            copies = max(1, min(32, int(3 * L2_BYTES // wbytes) + 1))
+            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            for m in rows:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+                engine_y = linear_triton(x, weights[0])
+                engine_ok = all(torch.equal(linear_triton(x[r:r + 1], weights[0])[0], engine_y[r])
+                                for r in sorted({0, m // 2, m - 1}))
+                t_engine = graph_time_us(lambda i: linear_triton(x, weights[i], out=outs[i]), copies)
+                t_cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T, out=outs[i]), copies)
+                times, same = {}, {}
+                for v, tile in WIDE_CANDIDATES.items():
+                    try:
+                        same[v] = torch.equal(linear_triton(x, weights[0], wide=tile), engine_y)
+                        times[v] = graph_time_us(lambda i, t=tile: linear_triton(x, weights[i], out=outs[i], wide=t), copies)
+                    except Exception as e:  # a candidate that does not compile or run here: reported, not fatal
+                        print(f"  {v} failed at {name} M={m}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                        same[v], times[v] = None, float("nan")
+                ok = [v for v in names if same[v] and times[v] == times[v]]
+                best = min(ok, key=times.get) if ok else None
+                t_best = times[best] if best else float("nan")
+                differ = [v for v in names if same[v] is False]
+                bits = "ok" if engine_ok and not differ else ("ROWS " if not engine_ok else "") + " ".join(differ)
+                line = f"{model:5} {name:8} {n:6} {k:5} {m:4} {t_cublas:7.1f} {t_engine:7.1f}"
+                line += "".join(f" {times[v]:{w}.1f}" for v in names)
+                line += f" {best or '-':>{w}} {t_best / t_cublas:8.2f} {t_best / t_engine:8.2f}  {bits}"
+                print(line, flush=True)
+                lines.append(line)
+                records.append(dict(model=model, linear=name, n=n, k=k, m=m, cublas_us=t_cublas, engine_us=t_engine,
+                                    candidates={v: dict(us=times[v], same_bits=same[v]) for v in names},
+                                    engine_rows_equal_m1=engine_ok, best=best))
+            del weights
+            torch.cuda.empty_cache()
+            write_wide(out_dir, lines, records, rows)  # after every shape: a run cut short keeps what it measured
+    print("\n".join(write_wide(out_dir, lines, records, rows)[len(lines):]))
+
+
+def write_wide(out_dir: Path | None, lines: list[str], records: list[dict], rows: list[int]) -> list[str]:
+    """The table so far with the suggested picks, written with its JSON to out_dir (if given)."""
+    text = lines + ["", f"device {torch.cuda.get_device_name()}", "",
+                    "suggested WIDE_PICKS (fastest candidate with equal bits, >= 5% faster than the engine's launch):",
+                    suggested_picks(records, rows)]
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "wide_sweep.txt").write_text("\n".join(text) + "\n")
+        (out_dir / "wide_sweep.json").write_text(json.dumps(dict(
+            device=torch.cuda.get_device_name(), tiles={v: dataclasses.asdict(t) for v, t in WIDE_CANDIDATES.items()},
+            rows=records), indent=1))
+    return text
+
+
+def suggested_picks(records: list[dict], rows: list[int]) -> str:
+    """WIDE_PICKS entries, as Python: per shape and measured M > 64, the fastest candidate with
+    equal bits where it beats the engine's launch by >= 5%, for rows (previous measured M, M]."""
+    text = []
+    for (n, k) in dict.fromkeys((r["n"], r["k"]) for r in records):
+        entries = []
+        for r in (r for r in records if (r["n"], r["k"]) == (n, k) and r["m"] > 64 and r["best"]):
+            if r["candidates"][r["best"]]["us"] <= PICK_GAIN * r["engine_us"]:
+                after = max([m for m in rows if m < r["m"]] + [64])
+                t = WIDE_CANDIDATES[r["best"]]
+                entries.append(f"        WidePick({after}, {r['m']}, WideTile({t.block_m}, {t.block_n}, {t.block_k}, "
+                               f"{t.stages}, tma={t.tma}, programs_per_sm={t.programs_per_sm})),"
+                               f"  # {r['engine_us']:.1f} -> {r['candidates'][r['best']]['us']:.1f} us")
+        if entries:
+            text += [f"    ({n}, {k}): ("] + entries + ["    ),"]
+    return "\n".join(text) if text else "    (none)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="1.5b,8b,30b")
-    ap.add_argument("--rows", default="1,16,64,128,256")
+    ap.add_argument("--rows", default=None, help="row counts (default 1,16,64,128,256; with --wide 64,128,192,256)")
     ap.add_argument("--tma", action="store_true", help="also the TMA-fed kernel's variants")
     ap.add_argument("--no-ws", action="store_true", help="leave out the warp-specialized kernel")
+    ap.add_argument("--wide", action="store_true", help="sweep the wide tiles of the one-group weights instead")
+    ap.add_argument("--out", default=None, help="folder for the --wide table and JSON (default $OUT/gemm1g)")
     args = ap.parse_args()
     torch.manual_seed(0)
+    if args.wide:
+        out = args.out or (os.path.join(os.environ["OUT"], "gemm1g") if os.environ.get("OUT") else None)
+        wide_sweep(args.models.split(","), [int(r) for r in (args.rows or "64,128,192,256").split(",")],
+                   Path(out) if out else None)
+        return
+    args.rows = args.rows or "1,16,64,128,256"
     bw, rate = ceilings()
     print(f"device {torch.cuda.get_device_name()}  read {bw / 1e12:.2f} TB/s  bf16 matmul {rate / 1e12:.0f} TFLOP/s")
     tma_v = {**TMA_VARIANTS, **WIDE_VARIANTS} if args.tma else {}

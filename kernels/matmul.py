@@ -12,8 +12,10 @@ the output is bitwise the same whatever M is and whatever the other rows hold:
     differently), so a program covers 64 rows with 4 warps (one warpgroup), or, past 64 rows
     (`block_m_for`), 128 rows with 8 warps: two warpgroups, each running the 64-row program's
     m64nNk16 wgmma steps (N = BLOCK_N in both: Triton picks the instruction's N from the tile
-    width per warpgroup) on its own 64 rows. AR (M=1) wastes 63/64 of the MMA work, which is
-    free there: the GEMV is bound by streaming the weight.
+    width per warpgroup) on its own 64 rows. A weight in one K group may take a wider tile past
+    64 rows (`WideTile`: 128 or 256 rows, up to 256 columns, 64- or 128-deep K blocks): each of
+    its elements is one chain of k16 steps over K in order whatever the tile. AR (M=1) wastes
+    63/64 of the MMA work, which is free there: the GEMV is bound by streaming the weight.
   * K is cut into `groups` consecutive groups of whole BLOCK_K blocks (a function of N and K).
     Each group is accumulated alone in fp32 (tl.dot over its blocks in order, from zero), and
     the group sums are added in group order to a zero fp32 total; the bias is added once to
@@ -62,6 +64,7 @@ except ImportError:  # pragma: no cover - exercised only without triton
 BLOCK_M = 64  # rows per warpgroup, for every M: see the module docstring (wgmma on Hopper)
 WIDE_BLOCK_M = 128  # rows per program past BLOCK_M rows: two warpgroups (`block_m_for`)
 WIDE_NUM_STAGES = 3  # `stages_for`
+WIDE_WARPS = 8  # warps of a `WideTile` program: two warpgroups
 SUM_BLOCK = 256  # columns per program of the group-sum pass
 
 # The GPU the rules are written for: an H100/H200 has 132 SMs. A constant, not the device's
@@ -129,6 +132,83 @@ def ws_pick(m: int, n: int, k: int) -> dict | None:
         if pick.after_rows < m <= pick.up_to_rows:
             return dict(pick.options)
     return None
+
+
+@dataclass(frozen=True)
+class WideTile:
+    """The launch of a weight in ONE K group for more than BLOCK_M rows: speed only, never bits.
+    Such an output element is one fp32 chain of m64nNk16 wgmma steps over K in order (then the
+    bias, then the cast), and the chain is the same whatever the tile: every 64 rows are one
+    warpgroup's slab (num_warps WIDE_WARPS, warps stacked on M: [8, 1]), a wider BLOCK_N only
+    widens each instruction's N (measured on Hopper: not a bit changes), and with one group a
+    BLOCK_K of 128 is the same k16 steps as two blocks of 64. block_m: 128 (each warpgroup 64
+    rows) or 256 (each 128 rows, two m64 slabs); block_n up to 256; tma: the persistent TMA-fed
+    form (matmul_tma.py: the same tl.dot on the same tiles) with programs_per_sm programs an SM,
+    else `_linear_kernel`'s grid (also where the TMA form cannot run: the interpreter, pre-sm_90)."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    stages: int = WIDE_NUM_STAGES
+    tma: bool = False
+    programs_per_sm: int = 1
+
+    def shared_bytes(self) -> int:
+        """The stage ring's shared memory (bf16/fp16 x and weight tiles)."""
+        return 2 * self.block_k * (self.block_m + self.block_n) * self.stages
+
+
+@dataclass(frozen=True)
+class WidePick:
+    """The wide tile a one-group weight takes for rows in (after_rows, up_to_rows]."""
+
+    after_rows: int
+    up_to_rows: int
+    tile: WideTile
+
+
+# The wide tiles of one-group weights by (N, K) and rows (`wide_tile_for`; speed only, never
+# bits): picked from `python3 benchmarks/kernels_vs_vendor.py --wide` (the fastest candidate
+# whose every row equals the engine's launch bitwise). A shape or row count not listed takes
+# `default_wide_tile`. Rows listed here must not also be in WS_PICKS (a test checks).
+# H200, 2026-11-27 (kernels_vs_vendor.py --wide on 60312c3, µs per call: engine's launch -> pick; every
+# candidate bitwise equal to the engine's launch at every point). At 256 rows the gate_ups found no
+# tile 5% faster (1.5B 37.6 vs best 37.3, 8B 92.0 vs 88.8; cuBLAS 22.6 / 75.7).
+WIDE_PICKS: dict[tuple[int, int], tuple[WidePick, ...]] = {
+    # Qwen2.5-1.5B gate_up at 65-128 rows: 25.0 -> 21.7
+    (17920, 1536): (WidePick(64, 128, WideTile(128, 256, 64, 4, tma=True, programs_per_sm=1)),),
+    # Qwen2.5 lm_head (K 1536) at 129-192 rows: 258.4 -> 207.7
+    (151936, 1536): (WidePick(128, 192, WideTile(128, 256, 64, 3, tma=True, programs_per_sm=1)),),
+    # Qwen3-8B gate_up at 65-128 rows: 62.9 -> 57.8
+    (24576, 4096): (WidePick(64, 128, WideTile(128, 256, 64, 4, tma=True, programs_per_sm=1)),),
+    # Qwen3-8B lm_head: 129-192 rows 701.4 -> 513.1; 193-256 rows 602.2 -> 536.6
+    (151936, 4096): (WidePick(128, 192, WideTile(128, 256, 64, 3, tma=True, programs_per_sm=1)),
+                     WidePick(192, 256, WideTile(256, 128, 64, 4, tma=True, programs_per_sm=1))),
+    # Qwen3-30B-A3B lm_head: 129-192 rows 336.2 -> 276.6; 193-256 rows 300.7 -> 280.7
+    (151936, 2048): (WidePick(128, 192, WideTile(128, 256, 64, 3, tma=True, programs_per_sm=1)),
+                     WidePick(192, 256, WideTile(256, 128, 64, 4, tma=True, programs_per_sm=1))),
+}
+
+
+def default_wide_tile(m: int, n: int, config: LinearConfig) -> WideTile:
+    """A one-group weight's launch past BLOCK_M rows where WIDE_PICKS lists none: 128-row programs
+    of the config's tile width and WIDE_NUM_STAGES stages (`block_m_for`, `stages_for`), in the TMA
+    form where the output has at least TMA_MIN_TILES tiles, two programs an SM."""
+    tma = _many_tiles(m, n, WIDE_BLOCK_M, config)
+    return WideTile(block_m=WIDE_BLOCK_M, block_n=config.block_n, block_k=config.block_k, stages=WIDE_NUM_STAGES,
+                    tma=tma, programs_per_sm=2 if tma else 1)
+
+
+def wide_tile_for(m: int, n: int, k: int, config: LinearConfig) -> WideTile | None:
+    """The wide tile for M rows of an [N, K] weight: None at M <= BLOCK_M (the AR step and small
+    trees keep the 64-row launch) and for weights in several K groups (their launches are
+    `use_split` / `block_m_for`'s); else WIDE_PICKS's entry for these rows, or `default_wide_tile`."""
+    if m <= BLOCK_M or config.num_groups(k) != 1:
+        return None
+    for pick in WIDE_PICKS.get((n, k), ()):
+        if pick.after_rows < m <= pick.up_to_rows:
+            return pick.tile
+    return default_wide_tile(m, n, config)
 
 
 @dataclass(frozen=True)
@@ -273,8 +353,11 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
 def use_tma(m: int, n: int, k: int, config: LinearConfig, block_m: int | None, device: torch.device) -> bool:
     """Whether a fused launch runs the persistent TMA form (TMA_MIN_TILES; speed only, never bits)."""
     block_m = block_m or block_m_for(m, config.num_groups(k), False)
-    if block_m != WIDE_BLOCK_M or not tma_available(device):
-        return False
+    return block_m == WIDE_BLOCK_M and tma_available(device) and _many_tiles(m, n, block_m, config)
+
+
+def _many_tiles(m: int, n: int, block_m: int, config: LinearConfig) -> bool:
+    """Whether the output has TMA_MIN_TILES tiles or more (where the TMA form won)."""
     return _cdiv(m, block_m) * _cdiv(n, config.block_n) >= TMA_MIN_TILES
 
 
@@ -405,19 +488,23 @@ def linear_triton(
     split: bool | None = None,
     block_m: int | None = None,
     tma: bool | None = None,
+    wide: WideTile | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype, batch-invariant (module
     docstring). weight may be a row slice of a bigger weight (any row stride, unit column
     stride); x needs a unit column stride (else it is copied). out: an [M, N] destination with a
-    unit column stride. config / split / block_m / tma override `choose_config` / `use_split` /
-    `block_m_for` / `use_tma` (benchmarks and tests; split, block_m and tma never change the
-    result, config does; tma=True only where `use_tma`'s device check holds)."""
+    unit column stride. config / split / block_m / tma / wide override `choose_config` /
+    `use_split` / `block_m_for` / `use_tma` / `wide_tile_for` (benchmarks and tests; split,
+    block_m, tma and wide never change the result, config does; tma=True only where `use_tma`'s
+    device check holds; wide only for a weight in one K group). Given split, block_m or tma, a
+    one-group weight takes `_linear_kernel`'s or `linear_tma`'s launch with the config's tile, not
+    `wide_tile_for`'s."""
     x, weight, bias = _operands(x, weight, bias)
     m, n = x.shape[0], weight.shape[0]
     if out is None:
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1, "out: [M, N], x's dtype"
-    _launch(x, weight, bias, out, config=config, split=split, block_m=block_m, tma=tma)
+    _launch(x, weight, bias, out, config=config, split=split, block_m=block_m, tma=tma, wide=wide)
     return out
 
 
@@ -440,9 +527,10 @@ def linear_partials_triton(
     picked = _ws_picked(x, weight) if split is None and block_m is None else None
     if picked is not None and m > 0:
         return linear_ws(x, weight, bias, config=config, partials=True, **picked)
-    split = use_split(m, n, k, config) if split is None else (split and config.num_groups(k) > 1)
-    if not split or m == 0:
-        return linear_triton(x, weight, bias, config=config, split=False, block_m=block_m)
+    chosen = use_split(m, n, k, config) if split is None else (split and config.num_groups(k) > 1)
+    if not chosen or m == 0:
+        # split=None keeps linear_triton's own choices (a one-group weight's `wide_tile_for`).
+        return linear_triton(x, weight, bias, config=config, split=None if split is None else False, block_m=block_m)
     if _ws_applies(x, weight):
         return linear_ws(x, weight, bias, config=config, split=True, block_m=block_m, partials=True)
     partials = torch.empty(config.num_groups(k), m, n, device=x.device, dtype=torch.float32)
@@ -569,7 +657,7 @@ def _operands(x, weight, bias):
     return x, weight, bias
 
 
-def _launch(x, weight, bias, out, *, config, split, block_m, tma=None) -> None:
+def _launch(x, weight, bias, out, *, config, split, block_m, tma=None, wide=None) -> None:
     """The GEMM of x [M, K] and weight [N, K] into out [M, N]."""
     m, k = x.shape
     n = weight.shape[0]
@@ -577,13 +665,22 @@ def _launch(x, weight, bias, out, *, config, split, block_m, tma=None) -> None:
         return
     config = config or choose_config(n, k)
     groups = config.num_groups(k)
-    picked = _ws_picked(x, weight) if split is None and block_m is None and tma is None else None
+    if wide is not None:
+        assert groups == 1, f"a wide tile is for weights in one K group ({groups} groups)"
+        _launch_wide(x, weight, bias, out, wide)
+        return
+    defaults = split is None and block_m is None and tma is None
+    picked = _ws_picked(x, weight) if defaults else None
     if picked is not None:
         linear_ws(x, weight, bias, out, config=config, **picked)
         return
     split = use_split(m, n, k, config) if split is None else (split and groups > 1)
     if _ws_applies(x, weight):
         linear_ws(x, weight, bias, out, config=config, split=split, block_m=block_m)
+        return
+    wide = wide_tile_for(m, n, k, config) if defaults else None
+    if wide is not None:
+        _launch_wide(x, weight, bias, out, wide)
         return
     if tma is None:
         tma = not split and use_tma(m, n, k, config, block_m, x.device)
@@ -604,6 +701,27 @@ def _sum_groups(partials: torch.Tensor, bias: torch.Tensor | None, out: torch.Te
         partials, b, out, m, n, out.stride(0),
         GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=2, enable_fp_fusion=False,
         **launch_args(out.device, m),
+    )
+
+
+def _launch_wide(x, weight, bias, out, tile: WideTile) -> None:
+    """A one-group weight's GEMM in a `WideTile` (its docstring: the same bits as any other tile)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert tile.block_m in (2 * BLOCK_M, 4 * BLOCK_M) and tile.block_n <= 256, f"wide tile {tile}"
+    k_blocks = _cdiv(k, tile.block_k)
+    if tile.tma and tma_available(x.device):
+        launch_tma(x, weight, bias, out, block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k,
+                   group_blocks=k_blocks, one_group=True, num_warps=WIDE_WARPS, num_stages=tile.stages,
+                   programs_per_sm=tile.programs_per_sm)
+        return
+    b = bias if bias is not None else out  # unused without HAS_BIAS
+    grid = (_cdiv(m, tile.block_m), _cdiv(n, tile.block_n))
+    _linear_kernel[grid](
+        x, weight, b, out, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_blocks, k_blocks,
+        UPCAST=interpreting(), SPLIT=False, ONE_GROUP=True, HAS_BIAS=bias is not None, EVEN_K=k % tile.block_k == 0,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+        num_warps=WIDE_WARPS, num_stages=tile.stages, enable_fp_fusion=False, **launch_args(x.device, m),
     )
 
 
@@ -632,6 +750,7 @@ def _launch_gemm(x, weight, bias, out, partials, *, config, split, block_m) -> N
 __all__ = [
     "BLOCK_M",
     "WIDE_BLOCK_M",
+    "WIDE_PICKS",
     "LinearConfig",
     "Partials",
     "block_m_for",
@@ -646,4 +765,8 @@ __all__ = [
     "rule_config",
     "use_tma",
     "use_split",
+    "WidePick",
+    "WideTile",
+    "default_wide_tile",
+    "wide_tile_for",
 ]

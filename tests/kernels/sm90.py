@@ -1,6 +1,7 @@
 """Shared pieces of the offline sm_90 compile checks (no GPU): the resource usage of a compiled
-kernel, and running one of the `sm90_*_compile.py` scripts from a test. The scripts run in a
-subprocess because the compiler needs the real triton.jit, not the interpreter's."""
+kernel, the forms of its wgmma instructions, and running one of the `sm90_*_compile.py` scripts
+from a test. The scripts run in a subprocess because the compiler needs the real triton.jit, not
+the interpreter's."""
 from __future__ import annotations
 
 import json
@@ -26,6 +27,15 @@ def resource_usage(kernel) -> dict:
     local = re.search(r"LOCAL:(\d+)", usage)
     return dict(regs=int(regs.group(1)) if regs else None, local=int(local.group(1)) if local else None,
                 shared=kernel.metadata.shared)
+
+
+def wgmma_forms(ptx: str) -> list[str]:
+    """The distinct wgmma instructions of the PTX with registers, operand lists and the
+    instruction's N blanked: what must match between two tilings of the same arithmetic (operands
+    from shared memory, types, scale and transpose flags)."""
+    ops = [line.strip() for line in ptx.splitlines() if "wgmma.mma_async" in line]
+    return sorted({re.sub(r"n\d+k16", "nNk16", re.sub(r"%\w+", "%r", re.sub(r"\{[^}]*\}", "{}", op))) for op in ops})
+
 
 
 def run_compile_script(name: str, args: list[str]) -> list[dict]:

@@ -22,7 +22,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sm90 import resource_usage  # noqa: E402  (tests/kernels/sm90.py: the script's folder is on sys.path)
+from sm90 import resource_usage, wgmma_forms  # noqa: E402  (tests/kernels/sm90.py: the script's folder is on sys.path)
 from jetspec_chat.kernels import matmul  # noqa: E402
 
 INTS = ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "group_blocks", "k_blocks")
@@ -30,7 +30,6 @@ FLAGS = ("UPCAST", "SPLIT", "ONE_GROUP", "HAS_BIAS", "EVEN_K", "BLOCK_M", "BLOCK
 
 
 def compile_variant(block_m: int, block_n: int, block_k: int, stages: int, warps: int, split: bool, one_group: bool) -> dict:
-    config = matmul.LinearConfig(block_n=block_n, block_k=block_k, groups=1 if one_group else 2, num_stages=stages)
     sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "P": "*fp32"}
     sig |= {name: "i32" for name in INTS} | {name: "constexpr" for name in FLAGS}
     consts = dict(UPCAST=False, SPLIT=split, ONE_GROUP=one_group, HAS_BIAS=False, EVEN_K=True,
@@ -39,16 +38,17 @@ def compile_variant(block_m: int, block_n: int, block_k: int, stages: int, warps
     src = ASTSource(fn=matmul._linear_kernel, signature=sig, constexprs=consts,
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=warps, num_stages=matmul.stages_for(block_m, config), enable_fp_fusion=False,
+                            options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=False,
                                          launch_pdl=True))
     mma = set()
     for layout in re.findall(r"nvidia_mma<\{([^}]*)\}>", kernel.asm["ttgir"]):
-        warps = re.search(r"warpsPerCTA = \[([\d, ]+)\]", layout).group(1)
+        per_cta = re.search(r"warpsPerCTA = \[([\d, ]+)\]", layout).group(1)
         instr = re.search(r"instrShape = \[([\d, ]+)\]", layout).group(1)
-        mma.add(tuple(int(v) for v in (warps + ", " + instr).split(", ")))
-    wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)", kernel.asm["ptx"])))
-    return dict(block_m=block_m, block_n=block_n, block_k=block_k, warps=warps, split=split, one_group=one_group,
-                mma=sorted(mma), wgmma=wgmma, **resource_usage(kernel))
+        mma.add(tuple(int(v) for v in (per_cta + ", " + instr).split(", ")))
+    ptx = kernel.asm["ptx"]
+    wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)", ptx)))
+    return dict(block_m=block_m, block_n=block_n, block_k=block_k, stages=stages, warps=warps, split=split,
+                one_group=one_group, mma=sorted(mma), wgmma=wgmma, forms=wgmma_forms(ptx), **resource_usage(kernel))
 
 
 if __name__ == "__main__":

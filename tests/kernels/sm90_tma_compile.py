@@ -20,7 +20,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sm90 import resource_usage  # noqa: E402
+from sm90 import resource_usage, wgmma_forms  # noqa: E402
 from jetspec_chat.kernels import matmul_tma  # noqa: E402
 
 INTS = ("M", "N", "stride_ym", "group_blocks", "k_blocks", "programs")
@@ -44,7 +44,7 @@ def compile_variant(block_m: int, block_n: int, block_k: int, stages: int, warps
     ptx = kernel.asm["ptx"]
     wgmma = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\w+)", ptx)))
     return dict(block_m=block_m, block_n=block_n, block_k=block_k, warps=warps, one_group=one_group, mma=sorted(mma),
-                wgmma=wgmma, tma="cp.async.bulk.tensor" in ptx, **resource_usage(kernel))
+                wgmma=wgmma, forms=wgmma_forms(ptx), tma="cp.async.bulk.tensor" in ptx, **resource_usage(kernel))
 
 
 if __name__ == "__main__":

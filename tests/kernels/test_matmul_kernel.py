@@ -28,12 +28,18 @@ from jetspec_chat.kernels.matmul import (  # noqa: E402
     BLOCK_M,
     TUNED,
     WIDE_BLOCK_M,
+    WIDE_PICKS,
+    WS_PICKS,
     LinearConfig,
+    WideTile,
     block_m_for,
     choose_config,
+    default_wide_tile,
     linear_partials,
     rule_config,
+    stages_for,
     use_split,
+    wide_tile_for,
 )
 
 CUDA = torch.cuda.is_available()
@@ -63,6 +69,11 @@ REAL_SHAPES = ({f"1.5B-{k}": v for k, v in QWEN25_1_5B.items()} | {f"8B-{k}": v 
 # Row counts on both sides of the 64 -> 128-row switch (block_m_for), for the GPU invariance tests
 GPU_MS = (1, 7, 64, 65, 128, 200, 256)
 LAUNCHES = [(split, bm) for split in (False, True) for bm in (BLOCK_M, WIDE_BLOCK_M)]
+# Wide tiles of one-group weights for the GPU invariance tests (the candidates of
+# `benchmarks/kernels_vs_vendor.py --wide` that differ most from the 64-row launch), grid and TMA.
+GPU_WIDE_TILES = [WideTile(128, 256, 64, 3), WideTile(256, 128, 64, 3), WideTile(128, 256, 128, 2),
+                  WideTile(128, 256, 64, 3, tma=True), WideTile(256, 128, 64, 3, tma=True),
+                  WideTile(128, 128, 64, 3, tma=True, programs_per_sm=2)]
 
 
 def randn(*shape, seed, dtype=torch.bfloat16, scale=1.0, device=DEVICE):
@@ -180,8 +191,8 @@ def test_sm90_wide_tile_runs_the_same_wgmma():
     for (n, k), c in TUNED.items():
         one = c.num_groups(k) == 1
         variants.add((c.block_n, c.block_k, c.num_stages, int(not one), int(one)))
-    args = [f"{bm},{bn},{bk},{stages},{warps},{split},{one}" for bn, bk, stages, split, one in sorted(variants)
-            for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
+    args = [f"{bm},{bn},{bk},{stages_for(bm, LinearConfig(bn, bk, 1, num_stages=stages))},{warps},{split},{one}"
+            for bn, bk, stages, split, one in sorted(variants) for bm, warps in ((BLOCK_M, 4), (WIDE_BLOCK_M, 8))]
     out = run_compile_script("sm90_linear_compile.py", args)
     assert len(out) == len(args)
     for narrow, wide in zip(out[::2], out[1::2]):
@@ -189,6 +200,82 @@ def test_sm90_wide_tile_runs_the_same_wgmma():
         assert narrow["mma"] == [[4, 1, 16, bn, 16]] and wide["mma"] == [[8, 1, 16, bn, 16]], (narrow, wide)
         assert narrow["wgmma"] == wide["wgmma"] and len(wide["wgmma"]) == 1 and f"m64n{bn}k16" in wide["wgmma"][0]
         assert narrow["local"] == 0 and wide["local"] == 0, (narrow, wide)
+
+
+# Wide tiles (WideTile) of a one-group weight, as the interpreter runs them: 128 and 256 rows, 64
+# to 256 columns, 64- and 128-deep K blocks (K = 192: a ragged last block at 128).
+ONE_GROUP = LinearConfig(block_n=32, block_k=32, groups=1)
+WIDE_CPU_TILES = [WideTile(128, 64, 64, 3), WideTile(128, 256, 64, 2), WideTile(256, 128, 128, 2),
+                  WideTile(256, 64, 64, 2, tma=True)]
+
+
+@pytest.mark.parametrize("tile", WIDE_CPU_TILES, ids=lambda t: f"{t.block_m}x{t.block_n}x{t.block_k}")
+def test_wide_tiles_give_the_64_row_launch_bits(tile, ordered_dot, poisoned_alloc):
+    """Every row of a wide-tile launch (M = 1, 65, 200, 260: ragged tiles of either height) equals
+    the 64-row launch's, bitwise, with a bias and a ragged N (80: one 256-wide tile wraps its
+    columns) and K; every element written (NaN-poisoned outputs). The dot adds its products in K
+    order (ordered_dot), as one fp32 chain over K, so a 128-deep K block must equal two 64-deep
+    ones here, as the k16 wgmma chain does on the GPU. (The TMA form runs the grid kernel here.)"""
+    x, w, b = problem(260, 80, 192, True, seed=21)
+    expect = linear_triton(x, w, b, config=ONE_GROUP, split=False, block_m=BLOCK_M)
+    for m in (1, 65, 200, 260):
+        got = linear_triton(x[:m], w, b, config=ONE_GROUP, wide=tile)
+        assert torch.equal(got, expect[:m]), f"M={m}: {tile} differs from the 64-row launch"
+
+
+def test_wide_tile_rule():
+    """wide_tile_for: none up to 64 rows (the AR step and small trees keep their launch) and for
+    weights in K groups; past 64 rows WIDE_PICKS's entry or today's 128-row launch (the TMA form
+    for the lm_heads). Every WIDE_PICKS entry is a one-group weight's, a tile the kernel takes
+    (two warpgroups, at most 256 wide, its stage ring within an SM's 227 KB of shared memory per
+    program), and none shares rows with a WS_PICKS entry of the same shape (that one would win)."""
+    lm_head, gate_up, down = (151936, 1536), (17920, 1536), (1536, 8960)
+    for m in (1, 16, 64):
+        assert wide_tile_for(m, *lm_head, choose_config(*lm_head)) is None
+    assert wide_tile_for(256, *down, choose_config(*down)) is None
+    if gate_up not in WIDE_PICKS:
+        tile = wide_tile_for(200, *gate_up, choose_config(*gate_up))
+        assert tile == WideTile(WIDE_BLOCK_M, 64, 64, 3, tma=False)
+    if lm_head not in WIDE_PICKS:
+        assert wide_tile_for(128, *lm_head, choose_config(*lm_head)).tma
+    assert default_wide_tile(65, 80, ONE_GROUP) == WideTile(WIDE_BLOCK_M, 32, 32, 3)
+    for (n, k), picks in WIDE_PICKS.items():
+        assert choose_config(n, k).num_groups(k) == 1, (n, k)
+        for p in picks:
+            t = p.tile
+            assert BLOCK_M <= p.after_rows < p.up_to_rows, (n, k, p)
+            assert t.block_m in (128, 256) and t.block_n in (64, 128, 256) and t.block_k in (64, 128), (n, k, p)
+            assert t.shared_bytes() * t.programs_per_sm <= 227 * 1024, (n, k, p)
+            for ws in WS_PICKS.get((n, k), ()):
+                assert p.up_to_rows <= ws.after_rows or ws.up_to_rows <= p.after_rows, (n, k, p, ws)
+
+
+# The wide tiles compiled offline for sm_90 (with WIDE_PICKS's): the cuBLAS-class 128 x 256 and
+# 256 x 128 tiles, 64- and 128-deep K blocks, the stage counts that fit.
+SM90_WIDE_TILES = [WideTile(128, 256, 64, 3), WideTile(128, 256, 64, 4), WideTile(256, 128, 64, 3),
+                   WideTile(128, 256, 128, 2), WideTile(256, 128, 128, 2), WideTile(128, 128, 128, 3)]
+
+
+def test_sm90_wide_tiles_run_the_same_wgmma():
+    """Offline sm_90 compiles (no GPU) of the wide tiles (SM90_WIDE_TILES and WIDE_PICKS's), grid
+    and TMA forms, against the 64-row one-group launch: warps stacked on M ([8, 1]: each
+    warpgroup its own 64-row slabs), one wgmma m64nNk16 with N the tile's width, and the same
+    instruction form (bf16 operands from shared memory, fp32 accumulator, the same scale and
+    transpose flags); no local-memory spills; shared memory within an SM's."""
+    pytest.importorskip("triton.backends.nvidia")
+    tiles = sorted(set(SM90_WIDE_TILES) | {p.tile for picks in WIDE_PICKS.values() for p in picks},
+                   key=lambda t: (t.block_m, t.block_n, t.block_k, t.stages))
+    args = ["64,64,64,4,4,0,1"] + [f"{t.block_m},{t.block_n},{t.block_k},{t.stages},8,0,1" for t in tiles]
+    narrow, *wide = run_compile_script("sm90_linear_compile.py", args)
+    tma = run_compile_script("sm90_tma_compile.py",
+                             [f"{t.block_m},{t.block_n},{t.block_k},{t.stages},8,1" for t in tiles])
+    assert narrow["mma"] == [[4, 1, 16, 64, 16]] and len(narrow["forms"]) == 1, narrow
+    for t, grid, fed in zip(tiles, wide, tma):
+        for got in (grid, fed):
+            assert got["mma"] == [[8, 1, 16, t.block_n, 16]], (t, got)
+            assert got["wgmma"] == [f"m64n{t.block_n}k16"] and got["forms"] == narrow["forms"], (t, got)
+            assert got["local"] == 0 and got["shared"] <= 227 * 1024, (t, got)
+        assert fed["tma"], (t, fed)
 
 
 @pytest.mark.parametrize("config", [SMALL, None], ids=["small", "default"])
@@ -276,8 +363,10 @@ def test_linear_dispatch_cpu_unchanged():
 @pytest.mark.parametrize("name", list(REAL_SHAPES))
 def test_gpu_m_invariant_real_shapes(name):
     """Qwen2.5-1.5B and Qwen3-8B shapes, bf16: bitwise the same rows at M = 1, 7, 64, 65, 128,
-    200 and 256 (64- and 128-row programs) and every one of the 256 rows alone (M=1); every launch
-    (split / fused, 64 / 128 rows) at M = 1, 65 and 200 gives the same bits; close to cuBLAS."""
+    200 and 256 (64- and 128-row programs, the engine's wide tiles) and every one of the 256 rows
+    alone (M=1); every launch (split / fused, 64 / 128 rows) at M = 1, 65 and 200 gives the same
+    bits, and so does every wide tile of GPU_WIDE_TILES and WIDE_PICKS on the one-group weights
+    at M = 65, 200 and 256; close to cuBLAS."""
     n, k, bias = REAL_SHAPES[name]
     x, w, b = problem(256, n, k, bias, seed=11)
     full = assert_rows_invariant(x, w, b, ms=GPU_MS, alone="all")
@@ -285,6 +374,10 @@ def test_gpu_m_invariant_real_shapes(name):
         for split, bm in LAUNCHES:
             got = linear_triton(x[:m], w, b, split=split, block_m=bm)
             assert torch.equal(got, full[:m]), f"M={m}: split={split} block_m={bm} differs"
+    if choose_config(n, k).num_groups(k) == 1:
+        for tile in GPU_WIDE_TILES + [p.tile for p in WIDE_PICKS.get((n, k), ())]:
+            for m in (65, 200, 256):
+                assert torch.equal(linear_triton(x[:m], w, b, wide=tile), full[:m]), f"M={m}: {tile} differs"
     ref = F.linear(x, w, b)
     torch.testing.assert_close(full.float(), ref.float(), rtol=2e-2, atol=2e-2)
     exact = linear_ref(x, w, b).float()
