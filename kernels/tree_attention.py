@@ -37,7 +37,9 @@ its bits, so the work can be cut as suits each call:
   * `_merge_kernel` folds, per row, each split's state then its tiles' partials, split by split.
     A CHUNK row of one split is written by its split program directly. An AR row of more than
     AR_SERIAL_SPLITS splits has its splits' tiles folded side by side, the split states stored,
-    then folded in order: the same folds, two short chains instead of one long one.
+    then folded in order: the same folds, two short chains instead of one long one. A verify or
+    chunk row's leading splits without tile partials, where more than VERIFY_SERIAL_SPLITS, have
+    their stored states loaded in blocks (all in flight) and then folded in order.
 fp32 scores, softmax and accumulation (exp2 with the scale folded in); output in q's dtype.
 fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless.
 """
@@ -102,6 +104,9 @@ AR_MERGE_WARPS = 4
 VERIFY_SERIAL_SPLITS = 2
 VERIFY_SPLITS_BLOCK = 16
 VERIFY_SPLITS_BLOCK_ELEMS = 2048
+# Registers a thread the verify merge may take (None: the compiler's choice, 64 at head 128, which
+# keeps about 4 states' loads ahead of the folds; 128 lets it issue about 10 before the first).
+VERIFY_MERGE_MAX_REGISTERS = None
 # A tree whose prefix has at most this many whole tiles stores each prefix tile's partial from a
 # program of its own (the merge folds them) instead of folding them in a chain (speed only).
 FLAT_TILES = 16
@@ -142,6 +147,7 @@ class MergeConfig(NamedTuple):
     splits_block: int  # split states loaded at once (0: every row split after split)
     serial_splits: int  # rows of at most this many state-only splits fold split after split
     num_warps: int
+    max_registers: int | None = None  # a thread's (None: the compiler's choice)
 
 
 def merge_config(ar: bool, num_splits: int, head_dim: int) -> MergeConfig:
@@ -153,7 +159,7 @@ def merge_config(ar: bool, num_splits: int, head_dim: int) -> MergeConfig:
                           AR_MERGE_WARPS)
     else:
         cfg = MergeConfig(min(VERIFY_SPLITS_BLOCK, max(1, VERIFY_SPLITS_BLOCK_ELEMS // head_dim)),
-                          VERIFY_SERIAL_SPLITS, 1)
+                          VERIFY_SERIAL_SPLITS, 1, VERIFY_MERGE_MAX_REGISTERS)
     return cfg if num_splits > cfg.serial_splits else MergeConfig(0, cfg.serial_splits, 1)
 
 
@@ -805,6 +811,7 @@ def paged_tree_attention_triton(
             HEAD_DIM=head_dim, BLOCK_N=block_n, SPLIT_TILES=split_len // block_n, MODE=mode, FLAT_TILES=flat_tiles,
             HAS_SINKS=sinks is not None, SPLITS_BLOCK=merge.splits_block, SERIAL_SPLITS=merge.serial_splits,
             num_warps=merge.num_warps, enable_fp_fusion=False, **launch_args(q.device, t),
+            **({} if merge.max_registers is None else {"maxnreg": merge.max_registers}),
         )
     return out
 

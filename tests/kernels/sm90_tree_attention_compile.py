@@ -70,7 +70,8 @@ def compile_merge(head_dim: int, mode: int, capacity: int = 32768) -> dict:
     src = ASTSource(fn=ta._merge_kernel, signature=sig, constexprs=consts,
                     attrs={(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(
-        num_warps=merge.num_warps, enable_fp_fusion=False, launch_pdl=True))
+        num_warps=merge.num_warps, enable_fp_fusion=False, launch_pdl=True,
+        **({} if merge.max_registers is None else {"maxnreg": merge.max_registers})))
     return dict(head_dim=head_dim, kernel="merge", mode=("AR", "TREE", "CHUNK")[mode], split_tiles=split_tiles,
                 splits_block=merge.splits_block, warps=merge.num_warps, **resource_usage(kernel))
 
