@@ -22,7 +22,8 @@ from test_kernels import DEVICE, make_inputs  # noqa: E402
 N_HEADS, N_KV, SPLIT_LEN = 4, 2, 128
 
 
-def call(t, prefix_len, head_dim, *, mask, serial_splits, block, window=0, sinks=None, seed=0, monkeypatch):
+def call(t, prefix_len, head_dim, *, mask, serial_splits, block, window=0, sinks=None, seed=0, split_len=SPLIT_LEN,
+         monkeypatch):
     """One call over prefix_len committed keys and t new tokens (a random tree or a causal chunk),
     and the reference's result."""
     q, k_pool, v_pool, block_table, tree_mask = make_inputs(t, prefix_len, N_HEADS, N_KV, head_dim, seed=seed,
@@ -31,7 +32,7 @@ def call(t, prefix_len, head_dim, *, mask, serial_splits, block, window=0, sinks
     monkeypatch.setattr(tree_attention, "VERIFY_SPLITS_BLOCK", block)
     keys = visible_keys(tree_mask, shared=mask == "causal")
     out = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, keys, head_dim ** -0.5,
-                                      split_len=SPLIT_LEN, window=window, sinks=sinks)
+                                      split_len=split_len, window=window, sinks=sinks)
     ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, head_dim ** -0.5,
                                    window, sinks)
     return out, ref
@@ -53,6 +54,11 @@ def assert_same_bits(t, prefix_len, head_dim=16, *, block=16, **kw):
                                                  (5, 2200, 16)])
 def test_tree_rows_keep_the_bits(t, prefix_len, block, monkeypatch, poisoned_alloc):
     assert_same_bits(t, prefix_len, block=block, mask="tree", seed=prefix_len + block, monkeypatch=monkeypatch)
+
+
+def test_tree_rows_of_two_state_splits_keep_the_bits(monkeypatch, poisoned_alloc):
+    # 512-key splits: a 1100-key prefix (17 whole tiles) leaves 2 splits without tile partials.
+    assert_same_bits(5, 1100, block=4, mask="tree", seed=3, split_len=512, monkeypatch=monkeypatch)
 
 
 @pytest.mark.parametrize("window,sinks", [(100, False), (300, True)])
