@@ -449,8 +449,11 @@ def run_verify_merge_sweep(capacity: int, flush: Flush, shapes: list[str], token
                 block, registers = VERIFY_MERGE_SWEEP[names.index(name) - 1]
                 tree_attention.VERIFY_SPLITS_BLOCK, tree_attention.VERIFY_SPLITS_BLOCK_ELEMS = block, block * HEAD_DIM
                 tree_attention.VERIFY_MERGE_MAX_REGISTERS = registers
-            outs[name] = x.new().clone()
-            us[name] = per_call_us(x.new, flush)
+            try:
+                outs[name] = x.new().clone()
+                us[name] = per_call_us(x.new, flush)
+            except Exception as exc:  # noqa: BLE001 - a variant this Triton cannot build: say so, go on
+                print(f"  {name} failed: {exc!r}"[:300], flush=True)
             for n, v in saved.items():
                 setattr(tree_attention, n, v)
         default = per_call_us(x.new, flush)
