@@ -43,12 +43,18 @@ every variant's output equals the serial merge's bit for bit.
 chunks, cold, at SPLIT_PROGRAMS_CAP 4 / 8 / 16 / uncapped (split programs a query tile), beside the
 previous kernel; "same" says whether every cap's output equals the uncapped grid's bit for bit.
 
+--verify-merge-sweep (alone) times verify calls (T = 16-256 at 512 / 2048 / 8192 keys), cold, with
+their merge loading a row's split states one after another (VERIFY_SERIAL_SPLITS past any row) and
+in blocks (VERIFY_SPLITS_BLOCK states, optionally VERIFY_MERGE_MAX_REGISTERS), then as the module
+sets it ("default"); "same" says whether every variant's output equals the serial merge's bit
+for bit. --shapes / --tokens narrow it.
+
 --shapes / --tokens keep only those rows of the table (e.g. --shapes 8b --tokens 1,16,64,128).
 
 Runs from the repository root without installing the package.
 
     python3 benchmarks/tree_attention.py [--old main|FILE] [--capacity 33792] [--shapes 8b] [--tokens 1,64]
-        [--sweep | --split-sweep | --tile-sweep | --merge-sweep | --grid-sweep] [--json-out FILE]
+        [--sweep | --split-sweep | --tile-sweep | --merge-sweep | --grid-sweep | --verify-merge-sweep] [--json-out FILE]
 """
 from __future__ import annotations
 
@@ -449,6 +455,48 @@ def run_grid_sweep(old, capacity: int, flush: Flush) -> list:
         print(f"{case.shape:>5} T={case.t:<4} ctx={case.context:<5} {case.mask:>6} "
               + " ".join(f"{n}: {u:.1f}" for n, u in us.items())
               + f"  (old {old_us:.1f})  same: {same}", flush=True)
+
+
+VERIFY_MERGE_SWEEP = ((4, None), (8, None), (16, None), (16, 128))  # (VERIFY_SPLITS_BLOCK, VERIFY_MERGE_MAX_REGISTERS)
+
+
+def run_verify_merge_sweep(capacity: int, flush: Flush, shapes: list[str], tokens: list[int] | None) -> list:
+    """Verify calls (random trees) with their merge loading one split state after another
+    (VERIFY_SERIAL_SPLITS past any row) or blocks of states (speed only), cold µs; whether each
+    variant's output is the serial merge's, bitwise."""
+    gen = torch.Generator().manual_seed(5)
+    rows = []
+    names = ["serial"] + [f"{b}" + (f"/{r}r" if r else "") for b, r in VERIFY_MERGE_SWEEP]
+    print(f"\nverify merge sweep (capacity {capacity}, split {tree_attention.split_len_for(capacity)} keys): cold µs, "
+          f"serial merge, then blocks of split states (states a block[/registers a thread]); default block "
+          f"{tree_attention.VERIFY_SPLITS_BLOCK}, registers {tree_attention.VERIFY_MERGE_MAX_REGISTERS}, serial up to "
+          f"{tree_attention.VERIFY_SERIAL_SPLITS} splits")
+    knobs = ("VERIFY_SERIAL_SPLITS", "VERIFY_SPLITS_BLOCK", "VERIFY_SPLITS_BLOCK_ELEMS", "VERIFY_MERGE_MAX_REGISTERS")
+    saved = {n: getattr(tree_attention, n) for n in knobs}
+    for case in [Case(s, t, c) for s in HEADS for t in (16, 64, 128, 256) for c in (512, 2048, 8192)]:
+        if case.shape not in shapes or (tokens is not None and case.t not in tokens):
+            continue
+        x = Inputs(case, capacity, tree_attention, gen)
+        us, outs = {}, {}
+        for name in names:
+            if name == "serial":
+                tree_attention.VERIFY_SERIAL_SPLITS = 1 << 30
+            else:
+                block, registers = VERIFY_MERGE_SWEEP[names.index(name) - 1]
+                tree_attention.VERIFY_SPLITS_BLOCK, tree_attention.VERIFY_SPLITS_BLOCK_ELEMS = block, block * HEAD_DIM
+                tree_attention.VERIFY_MERGE_MAX_REGISTERS = registers
+            try:
+                outs[name] = x.new().clone()
+                us[name] = per_call_us(x.new, flush)
+            except Exception as exc:  # noqa: BLE001 - a variant this Triton cannot build: say so, go on
+                print(f"  {name} failed: {exc!r}"[:300], flush=True)
+            for n, v in saved.items():
+                setattr(tree_attention, n, v)
+        default = per_call_us(x.new, flush)
+        same = all(torch.equal(o, outs["serial"]) for o in outs.values()) and torch.equal(x.new(), outs["serial"])
+        rows.append({**asdict(case), "new_cold_us": us, "default_cold_us": default, "same_bits": same})
+        print(f"{case.shape:>5} T={case.t:<4} ctx={case.context:<5} " + " ".join(f"{n}: {u:.1f}" for n, u in us.items())
+              + f"  default: {default:.1f} ({default / us['serial']:.2f}x serial)  same: {same}", flush=True)
     return rows
 
 
@@ -466,6 +514,8 @@ def main() -> None:
                     help="only the AR call with its merge serial or splits side by side (cold)")
     ap.add_argument("--grid-sweep", action="store_true",
                     help="only verify calls and causal chunks at SPLIT_PROGRAMS_CAP 4 / 8 / 16 / uncapped (cold)")
+    ap.add_argument("--verify-merge-sweep", action="store_true",
+                    help="only verify calls with their merge serial or loading blocks of split states (cold)")
     ap.add_argument("--shapes", default=",".join(HEADS), help="the table's shapes (comma-separated: 1.5b, 8b)")
     ap.add_argument("--tokens", default=None, help="the table's new-token counts T (comma-separated; default all)")
     ap.add_argument("--json-out", default=os.path.join(os.environ.get("OUT", "."), "attention_bench.json"))
@@ -486,6 +536,11 @@ def main() -> None:
     if args.grid_sweep:
         rows = run_grid_sweep(old, args.capacity, flush)
         Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "grid_sweep": rows}))
+        return
+    if args.verify_merge_sweep:
+        tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+        rows = run_verify_merge_sweep(args.capacity, flush, args.shapes.split(","), tokens)
+        Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "verify_merge_sweep": rows}))
         return
     if args.split_sweep:
         rows = run_split_sweep(old, args.capacity, flush)

@@ -38,7 +38,9 @@ its bits, so the work can be cut as suits each call:
   * `_merge_kernel` folds, per row, each split's state then its tiles' partials, split by split.
     A CHUNK row of one split is written by its split program directly. An AR row of more than
     AR_SERIAL_SPLITS splits has its splits' tiles folded side by side, the split states stored,
-    then folded in order: the same folds, two short chains instead of one long one.
+    then folded in order: the same folds, two short chains instead of one long one. A verify or
+    chunk row's leading splits without tile partials, where more than VERIFY_SERIAL_SPLITS, have
+    their stored states loaded in blocks (all in flight) and then folded in order.
 fp32 scores, softmax and accumulation (exp2 with the scale folded in); output in q's dtype.
 fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless.
 """
@@ -99,6 +101,18 @@ AR_SERIAL_SPLITS = 2
 AR_SPLITS_BLOCK = 16
 AR_SPLITS_BLOCK_ELEMS = 2048
 AR_MERGE_WARPS = 4
+# A verify or chunk call's merge (TREE, CHUNK; speed only, the bits are the same): a row of more
+# than VERIFY_SERIAL_SPLITS splits without tile partials (a verify row's splits below the tree's
+# tiles, every split of a chunk row) loads their states VERIFY_SPLITS_BLOCK_ELEMS // head_dim at
+# a time (at most VERIFY_SPLITS_BLOCK; one warp: 64 registers a thread at head 128), all in
+# flight, then folds them in order; shorter rows load each split's state while folding the last.
+# Compiled in only where the cache holds more than VERIFY_SERIAL_SPLITS splits.
+VERIFY_SERIAL_SPLITS = 2
+VERIFY_SPLITS_BLOCK = 16
+VERIFY_SPLITS_BLOCK_ELEMS = 2048
+# Registers a thread the verify merge may take (None: the compiler's choice, 64 at head 128, which
+# keeps about 4 states' loads ahead of the folds; 128 lets it issue about 10 before the first).
+VERIFY_MERGE_MAX_REGISTERS = None
 # A tree whose prefix has at most this many whole tiles stores each prefix tile's partial from a
 # program of its own (the merge folds them) instead of folding them in a chain (speed only).
 FLAT_TILES = 16
@@ -131,6 +145,28 @@ def tile_config(head_dim: int) -> TileConfig:
     if head_dim <= 256:
         return TileConfig(BLOCK_N, NUM_WARPS, NUM_STAGES, AR_NUM_STAGES, 1)
     return TileConfig(WIDE_BLOCK_N, WIDE_NUM_WARPS, WIDE_STAGES, WIDE_STAGES, WIDE_V_SPLIT)
+
+
+class MergeConfig(NamedTuple):
+    """How `_merge_kernel` folds a call's long rows (speed only; shapes only)."""
+
+    splits_block: int  # split states loaded at once (0: every row split after split)
+    serial_splits: int  # rows of at most this many state-only splits fold split after split
+    num_warps: int
+    max_registers: int | None = None  # a thread's (None: the compiler's choice)
+
+
+def merge_config(ar: bool, num_splits: int, head_dim: int) -> MergeConfig:
+    """The merge's launch for an AR call (ar) or a verify / chunk call on a cache of num_splits
+    splits: the AR_* or VERIFY_* constants above; blocks of states only where a row can have more
+    than the serial number of splits."""
+    if ar:
+        cfg = MergeConfig(min(AR_SPLITS_BLOCK, max(1, AR_SPLITS_BLOCK_ELEMS // head_dim)), AR_SERIAL_SPLITS,
+                          AR_MERGE_WARPS)
+    else:
+        cfg = MergeConfig(min(VERIFY_SPLITS_BLOCK, max(1, VERIFY_SPLITS_BLOCK_ELEMS // head_dim)),
+                          VERIFY_SERIAL_SPLITS, 1, VERIFY_MERGE_MAX_REGISTERS)
+    return cfg if num_splits > cfg.serial_splits else MergeConfig(0, cfg.serial_splits, 1)
 
 
 class VisibleKeys(NamedTuple):
@@ -306,17 +342,29 @@ if triton is not None:
         return row_valid, tok, kv * GROUP + rows % GROUP, length
 
     @triton.jit
-    def _fold_stored(m, l, a, M, L, A, at, use, d, HEAD_DIM: tl.constexpr):
-        """(m, l, a) with the state stored at `at` (M, L, A: a split's or a tile's) folded in where
-        `use`, unchanged elsewhere: the merge's one fold of a stored state."""
+    def _load_stored(M, L, A, at, use, d, HEAD_DIM: tl.constexpr):
+        """The state stored at `at` (M, L, A: a split's or a tile's) where `use`, else the empty
+        state (-inf, 0, 0)."""
         xm = tl.load(M + at, mask=use, other=float("-inf"))
         xl = tl.load(L + at, mask=use, other=0.0)
         xa = tl.load(A + at * HEAD_DIM + d, mask=d < tl.where(use, HEAD_DIM, 0), other=0.0)
+        return xm, xl, xa
+
+    @triton.jit
+    def _fold_loaded(m, l, a, xm, xl, xa, use):
+        """(m, l, a) with a loaded state (xm, xl, xa) folded in where `use`, unchanged elsewhere:
+        the merge's one fold of a stored state."""
         fm, c1, c2 = _fold_weights(m, xm)
         l = tl.where(use, l * c1 + xl * c2, l)
         a = tl.where(use, a * c1 + xa * c2, a)
         m = tl.where(use, fm, m)
         return m, l, a
+
+    @triton.jit
+    def _fold_stored(m, l, a, M, L, A, at, use, d, HEAD_DIM: tl.constexpr):
+        """(m, l, a) with the state stored at `at` folded in where `use` (`_fold_loaded`)."""
+        xm, xl, xa = _load_stored(M, L, A, at, use, d, HEAD_DIM)
+        return _fold_loaded(m, l, a, xm, xl, xa, use)
 
     @triton.jit
     def _fold_splits_apart(
@@ -352,21 +400,20 @@ if triton is not None:
 
     @triton.jit
     def _fold_splits_in_turn(
-        CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits, tail_start,
+        CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits, tail_start, first, m, den, a,
         HEAD_DIM: tl.constexpr, SPLIT_TILES: tl.constexpr,
     ):
-        """Row t, head h's state (m, l, a): split by split, the split's state (CH_*, where its
-        tiles are below tail_start) then its tile partials (TL_*, from tail_start) folded in
-        order, the result folded into the row's. See `_merge_kernel`."""
+        """Row t, head h's state (m, den, a: the fold of its splits before `first`) with splits
+        first.. folded in: split by split, the split's state (CH_*, where its tiles are below
+        tail_start) then its tile partials (TL_*, from tail_start) folded in order, the result
+        folded into the row's. See `_merge_kernel`."""
         d = tl.arange(0, HEAD_DIM)
-        m = float("-inf")
-        den = 0.0
-        a = tl.zeros([HEAD_DIM], dtype=tl.float32)
-        has_next = 0 < tail_start  # split 0's state
-        next_m = tl.load(CH_M + t * N_HEADS + h, mask=has_next, other=float("-inf"))
-        next_l = tl.load(CH_L + t * N_HEADS + h, mask=has_next, other=0.0)
-        next_a = tl.load(CH_A + (t * N_HEADS + h) * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
-        for s in range(0, n_splits):
+        has_next = first * SPLIT_TILES < tail_start  # split first's state
+        at = (first * T + t) * N_HEADS + h
+        next_m = tl.load(CH_M + at, mask=has_next, other=float("-inf"))
+        next_l = tl.load(CH_L + at, mask=has_next, other=0.0)
+        next_a = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
+        for s in range(first, n_splits):
             lo = s * SPLIT_TILES
             sm, sl, sa = next_m, next_l, next_a
             # The next split's state, in flight while this one folds.
@@ -391,18 +438,26 @@ if triton is not None:
     def _fold_split_states(
         CH_A, CH_M, CH_L, t, h, T, N_HEADS, n_splits, HEAD_DIM: tl.constexpr, SPLITS_BLOCK: tl.constexpr,
     ):
-        """Row t, head h's state: its n_splits split states (CH_*) folded in order, SPLITS_BLOCK
-        of them loaded at once (a static loop: their loads all in flight before the first fold).
-        Per split the operations of `_fold_splits_in_turn`'s fold of a split's state."""
+        """Row t, head h's state: its first n_splits split states (CH_*) folded in order from the
+        empty state (-inf, 0, 0; none: that state), SPLITS_BLOCK of them loaded at once (a static
+        loop: their loads all in flight before the first fold). Per split the operations of
+        `_fold_splits_in_turn`'s fold of a split's state."""
         d = tl.arange(0, HEAD_DIM)
         m = float("-inf")
         den = 0.0
         a = tl.zeros([HEAD_DIM], dtype=tl.float32)
         for first in range(0, n_splits, SPLITS_BLOCK):
+            # Every load of the block first, in the program's order too (the compiler does not
+            # move a load above the previous fold: interleaved, they would be a chain of load
+            # latencies again), unpredicated (a warp has 7 predicates): past the row's last
+            # split, the last split's state again, loaded and not folded.
+            block = ()
             for i in tl.static_range(SPLITS_BLOCK):
-                use = first + i < n_splits
-                at = ((first + i) * T + t) * N_HEADS + h
-                m, den, a = _fold_stored(m, den, a, CH_M, CH_L, CH_A, at, use, d, HEAD_DIM)
+                at = (tl.minimum(first + i, n_splits - 1) * T + t) * N_HEADS + h
+                block = block + ((tl.load(CH_M + at), tl.load(CH_L + at), tl.load(CH_A + at * HEAD_DIM + d)),)
+            for i in tl.static_range(SPLITS_BLOCK):
+                xm, xl, xa = block[i]
+                m, den, a = _fold_loaded(m, den, a, xm, xl, xa, first + i < n_splits)
         return m, den, a
 
     # T and SPLIT_PROGRAMS are never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for
@@ -586,11 +641,13 @@ if triton is not None:
         loads and masked folds. Same operands, same arithmetic: the bits are those of folding
         every slot.
 
-        SPLITS_BLOCK > 0 (AR calls on a cache of many splits): a row of more than SERIAL_SPLITS
-        splits has its splits' tile folds done side by side instead (`_fold_splits_apart`), the
-        split states stored in CH_* and folded in order from there (`_fold_split_states`): the
-        same folds of the same operands, so the same bits, in two short chains instead of one
-        of a fold per tile."""
+        SPLITS_BLOCK > 0 (a cache of more than SERIAL_SPLITS splits): a row whose leading
+        splits without tile partials number more than SERIAL_SPLITS folds their states from
+        blocks of SPLITS_BLOCK loads in flight at once (`_fold_split_states`), then the rest in
+        turn. Those splits: TREE, the splits below the first tile slot; CHUNK, every split; AR,
+        every split, once `_fold_splits_apart` has folded each split's tiles side by side and
+        stored the split states in CH_*. The same folds of the same operands in the same order,
+        so the same bits, in short chains instead of one long one."""
         wait_for_previous(PDL)
         t = tl.program_id(0)
         h = tl.program_id(1)
@@ -604,18 +661,25 @@ if triton is not None:
             tail_start = _tile_slots_start(prefix, MODE, FLAT_TILES, BLOCK_N)
         if (MODE != CHUNK_MODE) | (n_splits > 1):
             d = tl.arange(0, HEAD_DIM)
+            m = float("-inf")
+            den = 0.0
+            a = tl.zeros([HEAD_DIM], dtype=tl.float32)
+            first = n_splits * 0  # splits folded from their stored states in blocks (a tensor, as below)
             if SPLITS_BLOCK > 0:
-                if n_splits > SERIAL_SPLITS:
-                    _fold_splits_apart(CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits,
-                                       HEAD_DIM, SPLIT_TILES, SPLITS_BLOCK)
-                    tl.debug_barrier()  # the states, stored by all the program's threads, read back next
-                    m, den, a = _fold_split_states(CH_A, CH_M, CH_L, t, h, T, N_HEADS, n_splits, HEAD_DIM, SPLITS_BLOCK)
+                if MODE == TREE_MODE:
+                    state_splits = tl.minimum(n_splits, tail_start // SPLIT_TILES)
                 else:
-                    m, den, a = _fold_splits_in_turn(CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles,
-                                                     n_splits, tail_start, HEAD_DIM, SPLIT_TILES)
-            else:
-                m, den, a = _fold_splits_in_turn(CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles,
-                                                 n_splits, tail_start, HEAD_DIM, SPLIT_TILES)
+                    state_splits = n_splits
+                if state_splits > SERIAL_SPLITS:
+                    if MODE == AR_MODE:
+                        _fold_splits_apart(CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits,
+                                           HEAD_DIM, SPLIT_TILES, SPLITS_BLOCK)
+                        tl.debug_barrier()  # the states, stored by all the program's threads, read back next
+                    first = state_splits
+                m, den, a = _fold_split_states(CH_A, CH_M, CH_L, t, h, T, N_HEADS, first, HEAD_DIM, SPLITS_BLOCK)
+            # AR: tail_start 0, so a row folded above has nothing left here.
+            m, den, a = _fold_splits_in_turn(CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles,
+                                             n_splits, tail_start, first, m, den, a, HEAD_DIM, SPLIT_TILES)
             if HAS_SINKS:
                 c1, c2 = _sink_weights(m, SINKS, h)
                 den = den * c1 + c2
@@ -733,10 +797,8 @@ def paged_tree_attention_triton(
     flat_tiles = FLAT_TILES if mode == TREE_MODE and query_tiles * n_kv <= FLAT_MAX_CHAINS else 0
     flat_programs = flat_tiles * query_tiles
     tile_slots += flat_tiles  # the prefix tiles' slots, before the tail's
-    # An AR call's merge folds long rows' splits side by side, storing their states (see above).
-    splits_block = min(AR_SPLITS_BLOCK, max(1, AR_SPLITS_BLOCK_ELEMS // head_dim)) \
-        if mode == AR_MODE and num_splits > AR_SERIAL_SPLITS else 0
-    states = num_splits if mode != AR_MODE or splits_block else 0
+    merge = merge_config(mode == AR_MODE, num_splits, head_dim)
+    states = num_splits if mode != AR_MODE or merge.splits_block else 0
 
     def f32(*shape):  # at least one element: a kernel argument must be a real pointer
         return torch.empty(*shape, device=q.device, dtype=torch.float32) if shape[0] else q.new_empty(1, dtype=torch.float32)
@@ -767,8 +829,9 @@ def paged_tree_attention_triton(
         _merge_kernel[(t, n_heads)](
             out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, sink_arg, t, n_heads, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_N=block_n, SPLIT_TILES=split_len // block_n, MODE=mode, FLAT_TILES=flat_tiles,
-            HAS_SINKS=sinks is not None, SPLITS_BLOCK=splits_block, SERIAL_SPLITS=AR_SERIAL_SPLITS,
-            num_warps=AR_MERGE_WARPS if splits_block else 1, enable_fp_fusion=False, **launch_args(q.device, t),
+            HAS_SINKS=sinks is not None, SPLITS_BLOCK=merge.splits_block, SERIAL_SPLITS=merge.serial_splits,
+            num_warps=merge.num_warps, enable_fp_fusion=False, **launch_args(q.device, t),
+            **({} if merge.max_registers is None else {"maxnreg": merge.max_registers}),
         )
     return out
 

@@ -6,8 +6,8 @@ not the interpreter's).
 
     python tests/kernels/sm90_tree_attention_compile.py HEAD_DIM ...
 
-prints one JSON object per (head width, MODE) and two for the merge of a 32768-key cache's
-splits (TREE, AR), one a line.
+prints one JSON object per (head width, MODE) and three for the merge of a 32768-key cache's
+splits (TREE, CHUNK, AR), one a line.
 """
 from __future__ import annotations
 
@@ -50,15 +50,17 @@ def compile_attention(head_dim: int, mode: int, window: int = 0, group: int = 8)
 
 
 def compile_merge(head_dim: int, mode: int, capacity: int = 32768) -> dict:
-    """The merge kernel for a cache of `capacity` keys: TREE (one warp a row and head), or AR (its
-    splits folded side by side, on AR_MERGE_WARPS warps), as the wrapper launches it."""
+    """The merge kernel for a cache of `capacity` keys, as the wrapper launches it
+    (`tree_attention.merge_config`): TREE or CHUNK (one warp a row and head, blocks of split
+    states loaded at once), or AR (its splits folded side by side, on AR_MERGE_WARPS warps)."""
     cfg = ta.tile_config(head_dim)
-    split_tiles = ta.split_len_for(capacity) // cfg.block_n
+    split_len = ta.split_len_for(capacity)
+    split_tiles = split_len // cfg.block_n
     ar = mode == 0
-    splits_block = min(ta.AR_SPLITS_BLOCK, max(1, ta.AR_SPLITS_BLOCK_ELEMS // head_dim)) if ar else 0
+    merge = ta.merge_config(ar, -(-capacity // split_len), head_dim)
     consts = dict(HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, SPLIT_TILES=split_tiles, MODE=mode,
-                  FLAT_TILES=0 if ar else ta.FLAT_TILES, HAS_SINKS=False, SPLITS_BLOCK=splits_block,
-                  SERIAL_SPLITS=ta.AR_SERIAL_SPLITS, PDL=True)
+                  FLAT_TILES=ta.FLAT_TILES if mode == 1 else 0, HAS_SINKS=False, SPLITS_BLOCK=merge.splits_block,
+                  SERIAL_SPLITS=merge.serial_splits, PDL=True)
     pointers = dict(OUT="*bf16", CH_A="*fp32", CH_M="*fp32", CH_L="*fp32", TL_A="*fp32", TL_M="*fp32", TL_L="*fp32",
                     PREFIX="*i32", COUNT="*i32", SINKS="*bf16")
     ints = ("T", "N_HEADS", "stride_ot", "stride_oh")
@@ -68,14 +70,15 @@ def compile_merge(head_dim: int, mode: int, capacity: int = 32768) -> dict:
     src = ASTSource(fn=ta._merge_kernel, signature=sig, constexprs=consts,
                     attrs={(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(
-        num_warps=ta.AR_MERGE_WARPS if ar else 1, enable_fp_fusion=False, launch_pdl=True))
-    return dict(head_dim=head_dim, kernel="merge", mode="AR" if ar else "TREE", split_tiles=split_tiles,
-                splits_block=splits_block, **resource_usage(kernel))
+        num_warps=merge.num_warps, enable_fp_fusion=False, launch_pdl=True,
+        **({} if merge.max_registers is None else {"maxnreg": merge.max_registers})))
+    return dict(head_dim=head_dim, kernel="merge", mode=("AR", "TREE", "CHUNK")[mode], split_tiles=split_tiles,
+                splits_block=merge.splits_block, warps=merge.num_warps, **resource_usage(kernel))
 
 
 if __name__ == "__main__":
     for arg in sys.argv[1:]:
         for mode in (0, 1, 2):  # AR, TREE, CHUNK
             print(json.dumps(compile_attention(int(arg), mode)), flush=True)
-        for mode in (1, 0):  # TREE, AR
+        for mode in (1, 2, 0):  # TREE, CHUNK, AR
             print(json.dumps(compile_merge(int(arg), mode)), flush=True)
