@@ -104,12 +104,14 @@ AR_MERGE_WARPS = 4
 # A verify or chunk call's merge (TREE, CHUNK; speed only, the bits are the same): a row of more
 # than VERIFY_SERIAL_SPLITS splits without tile partials (a verify row's splits below the tree's
 # tiles, every split of a chunk row) loads their states VERIFY_SPLITS_BLOCK_ELEMS // head_dim at
-# a time (at most VERIFY_SPLITS_BLOCK; one warp: 64 registers a thread at head 128), all in
+# a time (at most VERIFY_SPLITS_BLOCK; one warp), all in
 # flight, then folds them in order; shorter rows load each split's state while folding the last.
-# Compiled in only where the cache holds more than VERIFY_SERIAL_SPLITS splits.
+# Compiled in only where the cache holds more than VERIFY_SERIAL_SPLITS splits. Blocks of 4 (H200,
+# --verify-merge-sweep): within 2% of the serial merge where blocks of 16 lost 4-7% (2,048 keys: 3
+# such splits, 16 loads for 3 states), and 0.94-0.95x it at 8,192 keys as blocks of 16.
 VERIFY_SERIAL_SPLITS = 2
-VERIFY_SPLITS_BLOCK = 16
-VERIFY_SPLITS_BLOCK_ELEMS = 2048
+VERIFY_SPLITS_BLOCK = 4
+VERIFY_SPLITS_BLOCK_ELEMS = 512
 # Registers a thread the verify merge may take (None: the compiler's choice, 64 at head 128, which
 # keeps about 4 states' loads ahead of the folds; 128 lets it issue about 10 before the first).
 VERIFY_MERGE_MAX_REGISTERS = None

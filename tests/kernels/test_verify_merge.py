@@ -81,7 +81,7 @@ def test_chunk_rows_keep_the_bits_with_windows_and_sinks(monkeypatch, poisoned_a
 
 
 def test_wide_heads_keep_the_bits(monkeypatch, poisoned_alloc):
-    # 256 wide: VERIFY_SPLITS_BLOCK_ELEMS // 256 = 8 states a block (fp32 at every width on the CPU).
+    # 256 wide: VERIFY_SPLITS_BLOCK_ELEMS // 256 states a block (fp32 at every width on the CPU).
     wide_on_gpu = DEVICE == "cuda" and 256 > tree_attention.MAX_FP32_HEAD_DIM
     if wide_on_gpu:
         pytest.skip("fp32 at 256 wide: the interpreter's case")
