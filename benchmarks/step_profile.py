@@ -1,8 +1,10 @@
 """Where an AR step's time goes: the kernels of one AR step,
 and of one verify(N), under the torch profiler, grouped by kernel name, with the per-step
 launch count, the union of kernel time (busy) and the unprofiled step time (CUDA events).
+With --draft, also one draft forward over the head's block (head + lm_head + log-softmax, the
+engine's draft graph) and one whole round at budget N (draft, tree, verify, acceptance, copy).
 
-    python3 benchmarks/step_profile.py MODEL [MODEL ...] [--context 512] [--nodes 64] [--json OUT]
+    python3 benchmarks/step_profile.py MODEL [MODEL ...] [--context 512] [--nodes 64] [--draft N] [--json OUT]
 
 MODEL is anything `jetspec-chat` loads (`random:Qwen/Qwen3-8B`, a GGUF path, ...); bf16 on CUDA.
 The steps run the way the engine runs them (the verify runner's CUDA graphs), from a state with
@@ -25,6 +27,7 @@ from jetspec_chat.bench.engine_only import _prepare_engine, _random_tree, _State
 from jetspec_chat.bench.gpu_idle import GPU_TRACE_CATS, idle_from_trace, kernel_table
 from jetspec_chat.bench.timing import time_fn
 from jetspec_chat.engine.models.loader import load_engine
+from jetspec_chat.engine.params import GenerationParams, SpecParams
 from jetspec_chat.engine.tree import root_only
 
 LABEL = "jetspec_ar_profile_step"
@@ -84,13 +87,16 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--nodes", type=int, default=64, help="verify(N) profiled beside the AR step (0: none)")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--draft", type=int, default=0,
+                    help="also a draft forward and a whole round at this budget (0: neither)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     out = []
     for spec in args.models:
         engine = load_engine(spec, None, device="cuda", dtype="bfloat16")
         device = engine.torch_device
-        _prepare_engine(engine, args.context + max(args.nodes, 1) + 16, 0)
+        # Rounds commit what they accept: room for ~50 profiled and timed rounds of a whole tree.
+        _prepare_engine(engine, args.context + max(args.nodes, args.draft, 1) + 16 + 64 * args.draft, 0)
         gen = torch.Generator().manual_seed(0)
         state = _State(engine, args.context, gen)
         state.restore()
@@ -109,6 +115,16 @@ def main() -> int:
                     return engine.target.logits(hidden)
 
                 out.append(report(f"{spec} verify({args.nodes})", verify, args.steps, device))
+            if args.draft and engine.head is not None:
+                anchor = torch.tensor(state.tokens[-1], device=device)
+                depth = engine.head.cfg.max_depth
+                out.append(report(f"{spec} draft forward (depth {depth})",
+                                  lambda: engine.drafter.logp(anchor, depth), args.steps, device))
+                params = GenerationParams(spec=SpecParams(budget=args.draft))
+                # Each round commits its accepted tokens: the context grows by a few tokens a round.
+                out.append(report(f"{spec} round at budget {args.draft}", lambda: engine.round(params, None),
+                                  args.steps, device))
+                state.restore()
         del engine
         torch.cuda.empty_cache()
     if args.json:
