@@ -2,6 +2,7 @@
 working tree and on an older revision, alternately, on the same machine, with the ratios.
 
     python3 tools/remote-gpu/engine_ab.py OLD_REV [--rounds 2] [--out DIR] -- BENCH ARGS...
+    python3 tools/remote-gpu/engine_ab.py --old-site DIR [--rounds 2] [--out DIR] -- BENCH ARGS...
 
 e.g. `engine_ab.py b8bab39 -- random:Qwen/Qwen3-8B --draft-head random:5 --contexts 512
 --tree-sizes 1,16,64,128`. The old revision comes from this checkout's git history (`git archive`)
@@ -76,7 +77,8 @@ def measures(report: dict) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("old_rev")
+    ap.add_argument("old_rev", nargs="?", help="the old revision (from git), or a label with --old-site")
+    ap.add_argument("--old-site", type=Path, help="the old package, installed there already (pip install --target)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, help="folder for every run's JSON and the summary")
     ap.add_argument("--old-src", type=Path, help="OLD_REV's tree, extracted already (where git is missing: "
@@ -86,11 +88,14 @@ def main() -> int:
         ap.error("give the bench arguments after --")
     cut = argv.index("--")
     args, bench_args = ap.parse_args(argv[:cut]), argv[cut + 1 :]
+    if args.old_rev is None and args.old_site is None:
+        ap.error("give OLD_REV or --old-site")
+    args.old_rev = args.old_rev or "old"
     work = Path(tempfile.mkdtemp(prefix="engine-ab-"))
     out = args.out or work / "runs"
     out.mkdir(parents=True, exist_ok=True)
     try:
-        site = install_old(args.old_rev, work, args.old_src)
+        site = args.old_site or install_old(args.old_rev, work, args.old_src)
         runs: dict[str, list[dict[str, float]]] = {"new": [], "old": []}
         for r in range(args.rounds):
             for name, where in (("new", None), ("old", site)):
