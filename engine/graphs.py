@@ -265,10 +265,10 @@ class DraftRunner:
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
-    def _logits(self, anchor: torch.Tensor, depth: int, length) -> torch.Tensor:
+    def _logits(self, anchor: torch.Tensor, depth: int, length, upcast: bool = True) -> torch.Tensor:
         t = self.target
         return self.head.draft_logits(self.cache, anchor, depth, t.model.embed_tokens, t.lm_head_weight(), length,
-                                      t.vocab_split)
+                                      t.vocab_split, upcast)
 
     def _logp(self, anchor: torch.Tensor, depth: int, length) -> torch.Tensor:
         return torch.log_softmax(self._logits(anchor, depth, length), dim=-1)
@@ -307,7 +307,9 @@ class DraftRunner:
             b = self.verify.bucket(size)  # created here, outside the capture's side stream
 
             def fn() -> Tree:
-                top_lp, top_tok = top_log_probs(self._logits(self.anchor, depth, self.cache.device_length), k)
+                # the lm_head's bf16 logits as they are: top_log_probs widens them as it reads
+                logits = self._logits(self.anchor, depth, self.cache.device_length, upcast=False)
+                top_lp, top_tok = top_log_probs(logits, k)
                 t = build_accum_top(self.anchor, top_lp, top_tok, budget)
                 assert t.size == size
                 b.load(t)

@@ -118,7 +118,8 @@ def top_log_probs_triton(logits: torch.Tensor, k: int, chunk: int = CHUNK) -> tu
         raise RuntimeError("triton is not installed")
     depth, vocab = logits.shape
     assert 1 <= k <= min(MAX_K, vocab), f"k must be 1..{min(MAX_K, vocab)}, got {k}"
-    assert logits.stride(1) == 1 and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    assert logits.dtype in (torch.float32, torch.bfloat16, torch.float16), logits.dtype
+    logits = logits if logits.stride(1) == 1 else logits.contiguous()
     kp = _pow2(k)
     chunk = max(chunk, kp)
     n_chunks = triton.cdiv(vocab, chunk)
