@@ -288,10 +288,11 @@ class DraftHead(nn.Module):
 
     def draft_logits(
         self, cache: DraftKVCache, anchor: torch.Tensor, depth: int, embed: nn.Embedding, lm_head_weight: torch.Tensor,
-        length: int | torch.Tensor | None = None, vocab_split=None,
+        length: int | torch.Tensor | None = None, vocab_split=None, upcast: bool = True,
     ) -> torch.Tensor:
         """fp32 logits for depths 1..depth: [depth, vocab]. `anchor` is a 0-d token id tensor.
         `lm_head_weight`, `vocab_split`: the target's (TargetModel.lm_head_weight, .vocab_split).
+        `upcast=False`: the lm_head's own dtype where it can (layers.lm_head_logits).
 
         The block [anchor, MASK x D] sits at positions length.. and sees the first `length`
         context rows (default: the cache's length; a device scalar inside a CUDA graph). Its own
@@ -323,7 +324,7 @@ class DraftHead(nn.Module):
             x, h = add_rms_norm(attn.o_proj.forward_partials(o.reshape(b, -1)), h, layer.post_attention_layernorm.weight, eps)
             next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             x, h = add_rms_norm(layer.mlp.forward_partials(x), h, next_norm.weight, eps)
-        return lm_head_logits(x[1 : depth + 1], lm_head_weight, vocab_split)  # x is the final-normed block
+        return lm_head_logits(x[1 : depth + 1], lm_head_weight, vocab_split, upcast)  # x is the final-normed block
 
     # -- weights ---------------------------------------------------------------------------
     def init_random(self, seed: int, std: float = 0.02) -> None:

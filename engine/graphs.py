@@ -20,13 +20,14 @@ from typing import Callable
 
 import torch
 
+from ..kernels import top_log_probs
 from .accept import DraftAppend, PackedRound, finish_round, target_choices
 from .sampling import sample, uniforms
 from .draft_head import DraftHead, DraftKVCache
 from .kv_cache import PagedKVCache
 from .model import ForwardBatch, TargetModel
 from .params import SamplingParams
-from .tree import FIXED_SHAPE_ALGOS, TREE_BUILDERS, Tree, fixed_tree_size
+from .tree import FIXED_SHAPE_ALGOS, TREE_BUILDERS, Tree, build_accum_top, fixed_tree_size, fixed_tree_width
 
 TREE_BUCKETS = (1, 16, 32, 64, 128, 256, 512, 1024)
 SCRATCH_ROWS = TREE_BUCKETS[-1]  # KV rows past the context limit reserved for one padded tree
@@ -264,11 +265,13 @@ class DraftRunner:
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
-    def _logp(self, anchor: torch.Tensor, depth: int, length) -> torch.Tensor:
+    def _logits(self, anchor: torch.Tensor, depth: int, length, upcast: bool = True) -> torch.Tensor:
         t = self.target
-        logits = self.head.draft_logits(self.cache, anchor, depth, t.model.embed_tokens, t.lm_head_weight(), length,
-                                        t.vocab_split)
-        return torch.log_softmax(logits, dim=-1)
+        return self.head.draft_logits(self.cache, anchor, depth, t.model.embed_tokens, t.lm_head_weight(), length,
+                                      t.vocab_split, upcast)
+
+    def _logp(self, anchor: torch.Tensor, depth: int, length) -> torch.Tensor:
+        return torch.log_softmax(self._logits(anchor, depth, length), dim=-1)
 
     def _replay(self, key: tuple, fn: Callable[[], object], anchor: torch.Tensor):
         if anchor is not self.anchor:  # another root (the bench's)
@@ -290,18 +293,24 @@ class DraftRunner:
         verify bucket. Graphed together with the draft when the algorithm has fixed shapes (then
         the tree phase reads 0 ms: it is inside the draft's), and then the same graph writes it
         into the bucket: the key fixes the tree's size, hence its bucket, at capture time.
+        The graph takes each depth's top-k straight from the draft's logits (`top_log_probs`:
+        no whole-vocabulary log-softmax or sort) and builds with `build_accum_top`.
         `mark(phase)` closes a timing phase."""
-        build = TREE_BUILDERS[algo]
         if not self.use_graphs or algo not in FIXED_SHAPE_ALGOS:
             logp = self.logp(anchor, depth)
             mark("draft_ms")
-            tree, staged = build(anchor, logp, budget, width), False
+            tree, staged = TREE_BUILDERS[algo](anchor, logp, budget, width), False
         else:
-            size = fixed_tree_size(algo, budget, width, depth, self.target.cfg.vocab_size)
+            vocab = self.target.cfg.vocab_size
+            size = fixed_tree_size(algo, budget, width, depth, vocab)
+            k = fixed_tree_width(algo, width, vocab)
             b = self.verify.bucket(size)  # created here, outside the capture's side stream
 
             def fn() -> Tree:
-                t = build(self.anchor, self._logp(self.anchor, depth, self.cache.device_length), budget, width)
+                # the lm_head's bf16 logits as they are: top_log_probs widens them as it reads
+                logits = self._logits(self.anchor, depth, self.cache.device_length, upcast=False)
+                top_lp, top_tok = top_log_probs(logits, k)
+                t = build_accum_top(self.anchor, top_lp, top_tok, budget)
                 assert t.size == size
                 b.load(t)
                 return t

@@ -47,12 +47,16 @@ def static_tree_size(budget: int, width: int, depth: int) -> int:
     return total
 
 
+def fixed_tree_width(algo: str, width: int, vocab: int) -> int:
+    """The per-depth top-k a FIXED_SHAPE_ALGOS builder takes: 1 for `chain`, else the width
+    (at most the vocabulary)."""
+    return 1 if algo == "chain" else min(width, vocab)
+
+
 def fixed_tree_size(algo: str, budget: int, width: int, depth: int, vocab: int) -> int:
     """Node count of the tree a FIXED_SHAPE_ALGOS builder returns for these arguments (known
     before building it: the draft graph picks its verify bucket from it)."""
-    if algo == "chain":
-        width = 1
-    return static_tree_size(budget, min(width, vocab), depth) if depth > 0 else 1
+    return static_tree_size(budget, fixed_tree_width(algo, width, vocab), depth) if depth > 0 else 1
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
@@ -65,15 +69,21 @@ def build_accum_logp(root: torch.Tensor, logp: torch.Tensor, budget: int, width:
     """Best-first tree: the `budget` nodes (root included) of highest cumulative log-prob.
 
     root: 0-d token id; logp: [D, V] fp32 log-probs for depths 1..D. One topk over the vocab,
-    then `accum_tree` (one Triton launch on CUDA; ~2 ops per depth elsewhere), whose docstring
-    (kernels/reference.py) defines the node order, ties included.
+    then `build_accum_top`.
     """
-    depth = logp.shape[0]
-    width = min(width, logp.shape[1])
+    top_lp, top_tok = logp.topk(min(width, logp.shape[1]), dim=-1)  # [D, K], each row descending
+    return build_accum_top(root, top_lp, top_tok, budget)
+
+
+def build_accum_top(root: torch.Tensor, top_lp: torch.Tensor, top_tok: torch.Tensor, budget: int) -> Tree:
+    """`build_accum_logp` from each depth's top-K already taken: top_lp [D, K] fp32 log-probs,
+    each row descending, and their token ids top_tok [D, K] (the draft graph's
+    `top_log_probs`). `accum_tree` (one Triton launch on CUDA; ~2 ops per depth elsewhere),
+    whose docstring (kernels/reference.py) defines the node order, ties included."""
+    depth, width = top_lp.shape
     n = static_tree_size(budget, width, depth)
     if n == 1 or depth == 0:
         return root_only(root)
-    top_lp, top_tok = logp.topk(width, dim=-1)  # [D, K], each row descending
     tokens, parents, depths, scores, ancestors = accum_tree(top_lp, top_tok, root, n)
     return Tree(tokens=tokens, parents=parents, depths=depths, scores=scores, ancestors=ancestors, max_depth=depth)
 

@@ -57,6 +57,7 @@ from .reference import (
     rms_normalize_ref,
     rope_ref,
     silu_mul_ref,
+    top_log_probs_ref,
     write_kv_ref,
 )
 from .tree_attention import (
@@ -69,6 +70,7 @@ from .tree_attention import (
     write_kv,
     write_kv_triton,
 )
+from .top_logprobs import top_log_probs, top_log_probs_triton
 from .sampling import (
     nucleus_sample,
     nucleus_sample_in_candidates_triton,
@@ -149,6 +151,9 @@ __all__ = [
     "silu_mul_ref",
     "silu_mul_triton",
     "split_len_for",
+    "top_log_probs",
+    "top_log_probs_ref",
+    "top_log_probs_triton",
     "tree_walk",
     "triton_samples",
     "visible_keys",

@@ -182,6 +182,16 @@ def ancestor_mask_ref(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     return mask.scatter_(1, hops, True)
 
 
+def top_log_probs_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k tokens of highest logit in each row of `logits` [D, V] (any float dtype), in
+    descending order with ties broken by the lower id, and their fp32 log-softmax values:
+    ([D, k] fp32, [D, k] int64). The log-softmax is monotone in the logit, so these are the k
+    largest log-probs (where distinct logits round to one log-prob, the higher logit first)."""
+    x = logits.float()
+    ids = x.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+    return torch.log_softmax(x, dim=-1).gather(1, ids), ids
+
+
 def accum_tree_ref(
     top_lp: torch.Tensor, top_tok: torch.Tensor, root: torch.Tensor, n: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -95,7 +95,7 @@ class OracleDraft:
             self._cache[ids] = (logits - logits.mean()) / logits.std() * 3.0
         return self._cache[ids]
 
-    def __call__(self, cache, anchor, depth, embed, lm_head_weight, length=None, vocab_split=None):
+    def __call__(self, cache, anchor, depth, embed, lm_head_weight, length=None, vocab_split=None, upcast=True):
         ids = list(self.engine.tokens)
         assert ids[-1] == int(anchor)
         out = []

@@ -337,3 +337,17 @@ def test_rope_scaling_is_applied_as_the_reference_does(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(DraftHeadError, match="rope_scaling of type 'longrope' is not supported"):
         load_head_dir(d, CPU, torch.float32)
+
+
+def test_lm_head_logits_without_upcast_are_the_same_numbers_in_the_gemms_dtype():
+    """The draft graph reads the lm_head's 16-bit logits (`upcast=False`) and widens them itself:
+    the same numbers as the fp32 logits, without the copy."""
+    from jetspec_chat.engine.layers import lm_head_logits
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 16, generator=g).to(torch.bfloat16)
+    weight = torch.randn(50, 16, generator=g).to(torch.bfloat16)
+    part = lm_head_logits(hidden, weight, upcast=False)
+    full = lm_head_logits(hidden, weight)
+    assert part.dtype == torch.bfloat16 and full.dtype == torch.float32
+    assert torch.equal(part.float(), full)
