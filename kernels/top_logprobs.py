@@ -39,14 +39,7 @@ MAX_K = 64  # the widest top-k the kernels take (the draft's MAX_WIDTH); wider: 
 CHUNK = 4096  # logits a program of the first pass reads: 38 programs a 152k-token row
 
 if triton is not None:
-
-    @triton.jit
-    def _key(x, index):
-        """int64 key: order-preserving bits of the fp32 logit above (2^31 - 1 - index)."""
-        bits = x.to(tl.int32, bitcast=True)
-        bits = tl.where(x == 0.0, 0, bits)  # -0.0 == 0.0: one key for both
-        bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits
-        return (bits.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
+    from .sort_keys import key_index, key_value, sort_key
 
     @triton.jit
     def _chunk_top_kernel(
@@ -67,7 +60,7 @@ if triton is not None:
         out = row * n_chunks + c
         tl.store(MAXS + out, m)
         tl.store(SUMS + out, tl.sum(w, 0))
-        keys = tl.where(inside, _key(x, idx), NONE)
+        keys = tl.where(inside, sort_key(x, idx), NONE)
         tl.store(CAND + out.to(tl.int64) * KP + tl.arange(0, KP), tl.topk(keys, KP))
 
     @triton.jit
@@ -89,10 +82,8 @@ if triton is not None:
         j = tl.arange(0, NCP * KP)
         keys = tl.load(CAND + row.to(tl.int64) * n_chunks * KP + j, mask=j < n_chunks * KP, other=NONE)
         top = tl.topk(keys, KP)
-        bits = (top >> 32).to(tl.int32)
-        bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        x = bits.to(tl.float32, bitcast=True)
-        ids = 0x7FFFFFFF - (top & 0x7FFFFFFF)
+        x = key_value(top)
+        ids = key_index(top)
         r = tl.arange(0, KP)
         tl.store(VALUES + row * k + r, (x - m) - log_total, mask=r < k)
         tl.store(IDS + row * k + r, ids, mask=r < k)

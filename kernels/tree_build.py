@@ -31,24 +31,7 @@ KERNELS = ("_accum_tree_kernel",)
 SELECT_TILE = 4096  # keys per top-k of the final selection (register budget)
 
 if triton is not None:
-
-    @triton.jit
-    def _encode(score, index):
-        """int64 key: order-preserving bits of the fp32 score above (2^31 - 1 - index)."""
-        bits = score.to(tl.int32, bitcast=True)
-        bits = tl.where(score == 0.0, 0, bits)  # -0.0 == 0.0: one key for both
-        bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits
-        return (bits.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
-
-    @triton.jit
-    def _decode_score(key):
-        bits = (key >> 32).to(tl.int32)
-        bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        return bits.to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _decode_index(key):
-        return 0x7FFFFFFF - (key & 0x7FFFFFFF)
+    from .sort_keys import key_index, key_value, sort_key
 
     @triton.jit
     def _accum_tree_kernel(
@@ -78,9 +61,9 @@ if triton is not None:
             if d == 0:  # depth 1: slot 0 is the root (score 0), the other slots -inf padding
                 prev = tl.where(slot == 0, 0.0, float("-inf"))
             else:
-                prev = _decode_score(tl.load(FRONT + (d - 1) * MP + slot, mask=valid, other=0))
+                prev = key_value(tl.load(FRONT + (d - 1) * MP + slot, mask=valid, other=0))
             lp = tl.load(TOP_LP + d * K + col, mask=valid, other=0.0)
-            keys = tl.where(valid, _encode(prev + lp, slot * K + col), NONE)
+            keys = tl.where(valid, sort_key(prev + lp, slot * K + col), NONE)
             front = tl.topk(keys, MP)  # descending; entries from M on are not in the frontier
             tl.store(FRONT + d * MP + jj, front)
             tl.debug_barrier()  # this depth's frontier row is read by every thread next
@@ -99,14 +82,14 @@ if triton is not None:
         # Nodes 1..M are best[0..M-1]: grid entry g = depth_row * MP + slot.
         node = jj + 1
         sel = jj < m
-        g = _decode_index(best)
+        g = key_index(best)
         row = g // MP
         key = tl.load(FRONT + g, mask=sel, other=0)
-        flat = _decode_index(key)
+        flat = key_index(key)
         pslot, rank = flat // K, flat % K
         tl.store(NODE_OF + g, node, mask=sel)
         tl.store(TOKENS + node, tl.load(TOP_TOK + row * K + rank, mask=sel, other=0), mask=sel)
-        tl.store(SCORES + node, _decode_score(best), mask=sel)
+        tl.store(SCORES + node, key_value(best), mask=sel)
         tl.store(DEPTHS + node, row + 1, mask=sel)
         tl.store(TOKENS, tl.load(ROOT))
         tl.store(PARENTS, -1)
@@ -127,7 +110,7 @@ if triton is not None:
         for _ in range(depth - 1):
             tl.store(anc_row + parent, 1, mask=up)
             key = tl.load(FRONT + (row - 1) * MP + pslot, mask=up, other=0)
-            pslot = _decode_index(key) // K
+            pslot = key_index(key) // K
             row = row - 1
             up = up & (row > 0)
             parent = tl.load(NODE_OF + (row - 1) * MP + pslot, mask=up, other=0)
