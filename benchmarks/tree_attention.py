@@ -28,7 +28,7 @@ torch.matmul), both measured at the start of the run.
 the geometric mean of new/old, and prints the best value (the split length is
 max(256, capacity / MAX_SPLITS): at 8448, 576 / 320 / 256 / 256).
 
---tile-sweep (alone) times the AR call at AR_TILE_PROGRAMS 8-64 (its programs per KV head).
+--tile-sweep (alone) times the AR call at AR_TILE_PROGRAMS 16-128 (its programs per KV head).
 
 --split-sweep (alone) times this tree's kernel at split lengths 64-576 and 2-4 pipeline stages (the
 AR binary's AR_NUM_STAGES for T = 1, NUM_STAGES otherwise), cold, beside the previous kernel at
@@ -361,7 +361,7 @@ def run_split_sweep(old, capacity: int, flush: Flush) -> list:
     return rows
 
 
-TILE_SWEEP = (8, 16, 32, 64)
+TILE_SWEEP = (16, 32, 48, 64, 96, 128)
 
 
 def run_tile_sweep(old, capacity: int, flush: Flush) -> list:
@@ -509,7 +509,7 @@ def main() -> None:
     ap.add_argument("--split-sweep", action="store_true",
                     help="only the split length x stages sweep (T = 1 and verify calls, cold)")
     ap.add_argument("--tile-sweep", action="store_true",
-                    help="only the AR call at AR_TILE_PROGRAMS 8 / 16 / 32 / 64 (cold)")
+                    help="only the AR call at AR_TILE_PROGRAMS 16 to 128 (cold)")
     ap.add_argument("--merge-sweep", action="store_true",
                     help="only the AR call with its merge serial or splits side by side (cold)")
     ap.add_argument("--grid-sweep", action="store_true",
