@@ -169,8 +169,9 @@ class WidePick:
 
 # The wide tiles of one-group weights by (N, K) and rows (`wide_tile_for`; speed only, never
 # bits): picked from `python3 benchmarks/kernels_vs_vendor.py --wide` (the fastest candidate
-# whose every row equals the engine's launch bitwise). A shape or row count not listed takes
-# `default_wide_tile`. Rows listed here must not also be in WS_PICKS (a test checks).
+# whose every row equals the engine's launch bitwise). A shape or row count not listed takes the
+# launch `block_m_for` / `stages_for` / `use_tma` choose. Rows listed here must not also be in
+# WS_PICKS (a test checks).
 # H200, 2026-11-27 (kernels_vs_vendor.py --wide on 60312c3, µs per call: engine's launch -> pick; every
 # candidate bitwise equal to the engine's launch at every point). At 256 rows the gate_ups found no
 # tile 5% faster (1.5B 37.6 vs best 37.3, 8B 92.0 vs 88.8; cuBLAS 22.6 / 75.7).
@@ -190,25 +191,16 @@ WIDE_PICKS: dict[tuple[int, int], tuple[WidePick, ...]] = {
 }
 
 
-def default_wide_tile(m: int, n: int, config: LinearConfig) -> WideTile:
-    """A one-group weight's launch past BLOCK_M rows where WIDE_PICKS lists none: 128-row programs
-    of the config's tile width and WIDE_NUM_STAGES stages (`block_m_for`, `stages_for`), in the TMA
-    form where the output has at least TMA_MIN_TILES tiles, two programs an SM."""
-    tma = _many_tiles(m, n, WIDE_BLOCK_M, config)
-    return WideTile(block_m=WIDE_BLOCK_M, block_n=config.block_n, block_k=config.block_k, stages=WIDE_NUM_STAGES,
-                    tma=tma, programs_per_sm=2 if tma else 1)
-
-
 def wide_tile_for(m: int, n: int, k: int, config: LinearConfig) -> WideTile | None:
-    """The wide tile for M rows of an [N, K] weight: None at M <= BLOCK_M (the AR step and small
-    trees keep the 64-row launch) and for weights in several K groups (their launches are
-    `use_split` / `block_m_for`'s); else WIDE_PICKS's entry for these rows, or `default_wide_tile`."""
+    """The wide tile for M rows of an [N, K] weight: WIDE_PICKS's entry for these rows, else None
+    (the launch `block_m_for` / `stages_for` / `use_tma` choose: the 64-row one up to BLOCK_M rows,
+    and for weights in several K groups `use_split`'s)."""
     if m <= BLOCK_M or config.num_groups(k) != 1:
         return None
     for pick in WIDE_PICKS.get((n, k), ()):
         if pick.after_rows < m <= pick.up_to_rows:
             return pick.tile
-    return default_wide_tile(m, n, config)
+    return None
 
 
 @dataclass(frozen=True)
@@ -353,11 +345,8 @@ def use_split(m: int, n: int, k: int, config: LinearConfig) -> bool:
 def use_tma(m: int, n: int, k: int, config: LinearConfig, block_m: int | None, device: torch.device) -> bool:
     """Whether a fused launch runs the persistent TMA form (TMA_MIN_TILES; speed only, never bits)."""
     block_m = block_m or block_m_for(m, config.num_groups(k), False)
-    return block_m == WIDE_BLOCK_M and tma_available(device) and _many_tiles(m, n, block_m, config)
-
-
-def _many_tiles(m: int, n: int, block_m: int, config: LinearConfig) -> bool:
-    """Whether the output has TMA_MIN_TILES tiles or more (where the TMA form won)."""
+    if block_m != WIDE_BLOCK_M or not tma_available(device):
+        return False
     return _cdiv(m, block_m) * _cdiv(n, config.block_n) >= TMA_MIN_TILES
 
 
@@ -767,6 +756,5 @@ __all__ = [
     "use_split",
     "WidePick",
     "WideTile",
-    "default_wide_tile",
     "wide_tile_for",
 ]

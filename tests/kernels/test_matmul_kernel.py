@@ -34,7 +34,6 @@ from jetspec_chat.kernels.matmul import (  # noqa: E402
     WideTile,
     block_m_for,
     choose_config,
-    default_wide_tile,
     linear_partials,
     rule_config,
     stages_for,
@@ -224,23 +223,23 @@ def test_wide_tiles_give_the_64_row_launch_bits(tile, ordered_dot, poisoned_allo
 
 
 def test_wide_tile_rule():
-    """wide_tile_for: none up to 64 rows (the AR step and small trees keep their launch) and for
-    weights in K groups; past 64 rows WIDE_PICKS's entry or today's 128-row launch (the TMA form
-    for the lm_heads). Every WIDE_PICKS entry is a one-group weight's, a tile the kernel takes
-    (two warpgroups, at most 256 wide, its stage ring within an SM's 227 KB of shared memory per
-    program), and none shares rows with a WS_PICKS entry of the same shape (that one would win)."""
-    lm_head, gate_up, down = (151936, 1536), (17920, 1536), (1536, 8960)
+    """wide_tile_for: none up to 64 rows (the AR step and small trees keep their launch), for
+    weights in K groups and for rows no WIDE_PICKS entry lists (they keep the 128-row launch
+    `block_m_for` and `use_tma` choose); else the entry's tile. Every WIDE_PICKS entry is a
+    one-group weight's, a tile the kernel takes (two warpgroups, at most 256 wide, its stage ring
+    within an SM's 227 KB of shared memory per program), and none shares rows with a WS_PICKS
+    entry of the same shape (that one would win)."""
+    lm_head, down = (151936, 1536), (1536, 8960)
     for m in (1, 16, 64):
         assert wide_tile_for(m, *lm_head, choose_config(*lm_head)) is None
     assert wide_tile_for(256, *down, choose_config(*down)) is None
-    if gate_up not in WIDE_PICKS:
-        tile = wide_tile_for(200, *gate_up, choose_config(*gate_up))
-        assert tile == WideTile(WIDE_BLOCK_M, 64, 64, 3, tma=False)
-    if lm_head not in WIDE_PICKS:
-        assert wide_tile_for(128, *lm_head, choose_config(*lm_head)).tma
-    assert default_wide_tile(65, 80, ONE_GROUP) == WideTile(WIDE_BLOCK_M, 32, 32, 3)
+    assert wide_tile_for(65, 80, 64, ONE_GROUP) is None  # a one-group weight no entry lists
     for (n, k), picks in WIDE_PICKS.items():
-        assert choose_config(n, k).num_groups(k) == 1, (n, k)
+        config = choose_config(n, k)
+        assert config.num_groups(k) == 1, (n, k)
+        for m in range(BLOCK_M + 1, 257):
+            listed = [p.tile for p in picks if p.after_rows < m <= p.up_to_rows]
+            assert wide_tile_for(m, n, k, config) == (listed[0] if listed else None), (n, k, m)
         for p in picks:
             t = p.tile
             assert BLOCK_M <= p.after_rows < p.up_to_rows, (n, k, p)
