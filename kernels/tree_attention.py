@@ -411,19 +411,14 @@ if triton is not None:
         folded into the row's. See `_merge_kernel`."""
         d = tl.arange(0, HEAD_DIM)
         has_next = first * SPLIT_TILES < tail_start  # split first's state
-        at = (first * T + t) * N_HEADS + h
-        next_m = tl.load(CH_M + at, mask=has_next, other=float("-inf"))
-        next_l = tl.load(CH_L + at, mask=has_next, other=0.0)
-        next_a = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
+        next_m, next_l, next_a = _load_stored(CH_M, CH_L, CH_A, (first * T + t) * N_HEADS + h, has_next, d, HEAD_DIM)
         for s in range(first, n_splits):
             lo = s * SPLIT_TILES
             sm, sl, sa = next_m, next_l, next_a
             # The next split's state, in flight while this one folds.
-            at = ((s + 1) * T + t) * N_HEADS + h
             has_next = (s + 1 < n_splits) & (lo + SPLIT_TILES < tail_start)
-            next_m = tl.load(CH_M + at, mask=has_next, other=float("-inf"))
-            next_l = tl.load(CH_L + at, mask=has_next, other=0.0)
-            next_a = tl.load(CH_A + at * HEAD_DIM + d, mask=d < tl.where(has_next, HEAD_DIM, 0), other=0.0)
+            next_m, next_l, next_a = _load_stored(CH_M, CH_L, CH_A, ((s + 1) * T + t) * N_HEADS + h, has_next, d,
+                                                  HEAD_DIM)
             if lo + SPLIT_TILES > tail_start:  # the split has tile partials
                 for k in tl.static_range(SPLIT_TILES):
                     j = lo + k
@@ -794,7 +789,8 @@ def paged_tree_attention_triton(
     else:  # a tree: a program per token for the tiles past the prefix
         mode, tile_slots, tile_programs = TREE_MODE, (t + block_n - 2) // block_n + 1, t
     query_tiles = triton.cdiv(t * group, BLOCK_M)
-    split_programs = 0 if mode == AR_MODE else split_programs_per_tile(num_splits) * query_tiles
+    per_tile = split_programs_per_tile(num_splits)
+    split_programs = 0 if mode == AR_MODE else per_tile * query_tiles
     # Flat prefix programs where the chains would be few (0: none; the merge then finds no flat slots).
     flat_tiles = FLAT_TILES if mode == TREE_MODE and query_tiles * n_kv <= FLAT_MAX_CHAINS else 0
     flat_programs = flat_tiles * query_tiles
@@ -814,8 +810,7 @@ def paged_tree_attention_triton(
     _tree_attn_kernel[(n_kv, split_programs + flat_programs + tile_programs, cfg.v_split)](
         q, k_pool, v_pool, prefix if block_table is None else block_table,  # an unread stand-in
         prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, sink_arg,
-        t, n_heads, split_len, split_programs_per_tile(num_splits), AR_TILE_PROGRAMS if mode == AR_MODE else 1,
-        scale * LOG2E,
+        t, n_heads, split_len, per_tile, AR_TILE_PROGRAMS if mode == AR_MODE else 1, scale * LOG2E,
         q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
