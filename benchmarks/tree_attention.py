@@ -455,6 +455,7 @@ def run_grid_sweep(old, capacity: int, flush: Flush) -> list:
         print(f"{case.shape:>5} T={case.t:<4} ctx={case.context:<5} {case.mask:>6} "
               + " ".join(f"{n}: {u:.1f}" for n, u in us.items())
               + f"  (old {old_us:.1f})  same: {same}", flush=True)
+    return rows
 
 
 VERIFY_MERGE_SWEEP = ((4, None), (8, None), (16, None), (16, 128))  # (VERIFY_SPLITS_BLOCK, VERIFY_MERGE_MAX_REGISTERS)
