@@ -68,6 +68,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -303,6 +304,19 @@ def run_table(old, capacity: int, flush: Flush, json_rows: list, shapes: list[st
         del sdpa, x
 
 
+@contextmanager
+def knobs(**values):
+    """The kernel module's constants (speed knobs) set to `values` inside the block, restored after."""
+    saved = {name: getattr(tree_attention, name) for name in values}
+    for name, value in values.items():
+        setattr(tree_attention, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(tree_attention, name, value)
+
+
 def geomean(ratios: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(r) for r in ratios))
 
@@ -316,13 +330,12 @@ def run_sweep(old, capacity: int, flush: Flush) -> dict:
     print(f"\nsweep of MAX_SPLITS: geometric mean of new/old (hot, cold), then µs hot/cold per case\n  cases: "
           + ", ".join(f"{c.shape} T={c.t} ctx={c.context}" for c, _ in inputs))
     for max_splits in SWEEP_MAX_SPLITS:
-        tree_attention.MAX_SPLITS = max_splits
-        us = [hot_cold(x.new, flush) for _, x in inputs]
+        with knobs(MAX_SPLITS=max_splits):
+            us = [hot_cold(x.new, flush) for _, x in inputs]
         hot = geomean([u[0] / o[0] for u, o in zip(us, old_us)])
         cold = geomean([u[1] / o[1] for u, o in zip(us, old_us)])
         results.append({"max_splits": max_splits, "hot": hot, "cold": cold, "us": us})
         print(f"  MAX_SPLITS {max_splits:>3}: {hot:.3f} {cold:.3f}  " + " ".join(f"{h:.1f}/{c:.1f}" for h, c in us))
-    tree_attention.MAX_SPLITS = default
     print("  old kernel:     1.000 1.000  " + " ".join(f"{h:.1f}/{c:.1f}" for h, c in old_us))
     best = min(results, key=lambda r: r["cold"])
     print(f"best cold (new/old {best['cold']:.3f}; now {default}): MAX_SPLITS = {best['max_splits']}")
@@ -348,12 +361,10 @@ def run_split_sweep(old, capacity: int, flush: Flush) -> list:
         for split_len in SPLIT_SWEEP_LENS:
             x.split_len = split_len
             knob = "AR_NUM_STAGES" if case.t == 1 else "NUM_STAGES"  # the one this call's binary uses
-            default = getattr(tree_attention, knob)
             new = {}
             for st in SPLIT_SWEEP_STAGES:
-                setattr(tree_attention, knob, st)
-                new[st] = per_call_us(x.new, flush)
-            setattr(tree_attention, knob, default)
+                with knobs(**{knob: st}):
+                    new[st] = per_call_us(x.new, flush)
             old_us = per_call_us(lambda: x.old(old), flush)
             rows.append({**asdict(case), "split_len": split_len, "new_cold_us": new, "old_cold_us": old_us})
             line.append(f"{split_len}: " + "/".join(f"{u:.1f}" for u in new.values()) + f" (old {old_us:.1f})")
@@ -370,14 +381,12 @@ def run_tile_sweep(old, capacity: int, flush: Flush) -> list:
     gen = torch.Generator().manual_seed(3)
     rows = []
     print(f"\nAR_TILE_PROGRAMS sweep (capacity {capacity}): cold µs at {', '.join(map(str, TILE_SWEEP))}")
-    default = tree_attention.AR_TILE_PROGRAMS
     for case in [Case(s, 1, c) for s in HEADS for c in (0, 512, 2048, 4096, 8192)]:
         x = Inputs(case, capacity, old, gen)
         new = {}
         for programs in TILE_SWEEP:
-            tree_attention.AR_TILE_PROGRAMS = programs
-            new[programs] = per_call_us(x.new, flush)
-        tree_attention.AR_TILE_PROGRAMS = default
+            with knobs(AR_TILE_PROGRAMS=programs):
+                new[programs] = per_call_us(x.new, flush)
         old_us = per_call_us(lambda: x.old(old), flush)
         rows.append({**asdict(case), "new_cold_us": new, "old_cold_us": old_us})
         print(f"{case.shape:>5} ctx={case.context:<5} " + " ".join(f"{p}: {u:.1f}" for p, u in new.items())
@@ -398,23 +407,16 @@ def run_merge_sweep(old, capacity: int, flush: Flush) -> list:
           f"serial merge, then splits side by side (splits a block x warps); default block "
           f"{tree_attention.AR_SPLITS_BLOCK}, {tree_attention.AR_MERGE_WARPS} warps, serial up to "
           f"{tree_attention.AR_SERIAL_SPLITS} splits")
-    saved = {n: getattr(tree_attention, n) for n in ("AR_SERIAL_SPLITS", "AR_SPLITS_BLOCK", "AR_SPLITS_BLOCK_ELEMS",
-                                                     "AR_MERGE_WARPS")}
+    variants = {"serial": {"AR_SERIAL_SPLITS": 1 << 30}} | {
+        name: {"AR_SERIAL_SPLITS": 0, "AR_SPLITS_BLOCK": block, "AR_SPLITS_BLOCK_ELEMS": block * HEAD_DIM,
+               "AR_MERGE_WARPS": warps} for name, (block, warps) in zip(names[1:], MERGE_SWEEP)}
     for case in [Case(s, 1, c) for s in HEADS for c in (512, 2048, 4096, 8192, 32000)]:
         x = Inputs(case, capacity, old, gen)
         us, outs = {}, {}
-        for name in names:
-            if name == "serial":
-                tree_attention.AR_SERIAL_SPLITS = 1 << 30
-            else:
-                block, warps = MERGE_SWEEP[names.index(name) - 1]
-                tree_attention.AR_SERIAL_SPLITS = 0
-                tree_attention.AR_SPLITS_BLOCK, tree_attention.AR_SPLITS_BLOCK_ELEMS = block, block * HEAD_DIM
-                tree_attention.AR_MERGE_WARPS = warps
-            outs[name] = x.new().clone()
-            us[name] = per_call_us(x.new, flush)
-            for n, v in saved.items():
-                setattr(tree_attention, n, v)
+        for name, values in variants.items():
+            with knobs(**values):
+                outs[name] = x.new().clone()
+                us[name] = per_call_us(x.new, flush)
         default = per_call_us(x.new, flush)
         same = all(torch.equal(o, outs["serial"]) for o in outs.values())
         old_us = per_call_us(lambda: x.old(old), flush)
@@ -440,15 +442,13 @@ def run_grid_sweep(old, capacity: int, flush: Flush) -> list:
     print(f"\nsplit programs grid sweep (capacity {capacity}: {splits} splits of "
           f"{tree_attention.split_len_for(capacity)} keys): cold µs at " + ", ".join(names)
           + f"; default cap {tree_attention.SPLIT_PROGRAMS_CAP}")
-    default = tree_attention.SPLIT_PROGRAMS_CAP
     for case in GRID_SWEEP_CASES:
         x = Inputs(case, capacity, old, gen)
         us, outs = {}, {}
         for name, cap in zip(names, GRID_SWEEP_CAPS):
-            tree_attention.SPLIT_PROGRAMS_CAP = cap or (1 << 30)
-            outs[name] = x.new().clone()
-            us[name] = per_call_us(x.new, flush)
-        tree_attention.SPLIT_PROGRAMS_CAP = default
+            with knobs(SPLIT_PROGRAMS_CAP=cap or (1 << 30)):
+                outs[name] = x.new().clone()
+                us[name] = per_call_us(x.new, flush)
         same = all(torch.equal(o, outs["uncapped"]) for o in outs.values())
         old_us = per_call_us(lambda: x.old(old), flush)
         rows.append({**asdict(case), "new_cold_us": us, "old_cold_us": old_us, "same_bits": same})
@@ -472,27 +472,22 @@ def run_verify_merge_sweep(capacity: int, flush: Flush, shapes: list[str], token
           f"serial merge, then blocks of split states (states a block[/registers a thread]); default block "
           f"{tree_attention.VERIFY_SPLITS_BLOCK}, registers {tree_attention.VERIFY_MERGE_MAX_REGISTERS}, serial up to "
           f"{tree_attention.VERIFY_SERIAL_SPLITS} splits")
-    knobs = ("VERIFY_SERIAL_SPLITS", "VERIFY_SPLITS_BLOCK", "VERIFY_SPLITS_BLOCK_ELEMS", "VERIFY_MERGE_MAX_REGISTERS")
-    saved = {n: getattr(tree_attention, n) for n in knobs}
+    variants = {"serial": {"VERIFY_SERIAL_SPLITS": 1 << 30}} | {
+        name: {"VERIFY_SPLITS_BLOCK": block, "VERIFY_SPLITS_BLOCK_ELEMS": block * HEAD_DIM,
+               "VERIFY_MERGE_MAX_REGISTERS": registers}
+        for name, (block, registers) in zip(names[1:], VERIFY_MERGE_SWEEP)}
     for case in [Case(s, t, c) for s in HEADS for t in (16, 64, 128, 256) for c in (512, 2048, 8192)]:
         if case.shape not in shapes or (tokens is not None and case.t not in tokens):
             continue
         x = Inputs(case, capacity, tree_attention, gen)
         us, outs = {}, {}
-        for name in names:
-            if name == "serial":
-                tree_attention.VERIFY_SERIAL_SPLITS = 1 << 30
-            else:
-                block, registers = VERIFY_MERGE_SWEEP[names.index(name) - 1]
-                tree_attention.VERIFY_SPLITS_BLOCK, tree_attention.VERIFY_SPLITS_BLOCK_ELEMS = block, block * HEAD_DIM
-                tree_attention.VERIFY_MERGE_MAX_REGISTERS = registers
+        for name, values in variants.items():
             try:
-                outs[name] = x.new().clone()
-                us[name] = per_call_us(x.new, flush)
+                with knobs(**values):
+                    outs[name] = x.new().clone()
+                    us[name] = per_call_us(x.new, flush)
             except Exception as exc:  # noqa: BLE001 - a variant this Triton cannot build: say so, go on
                 print(f"  {name} failed: {exc!r}"[:300], flush=True)
-            for n, v in saved.items():
-                setattr(tree_attention, n, v)
         default = per_call_us(x.new, flush)
         same = all(torch.equal(o, outs["serial"]) for o in outs.values()) and torch.equal(x.new(), outs["serial"])
         rows.append({**asdict(case), "new_cold_us": us, "default_cold_us": default, "same_bits": same})
