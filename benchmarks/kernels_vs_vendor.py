@@ -28,7 +28,7 @@ candidate against both, and `bits`: 'ok' when every candidate's output equals th
 bitwise at that M and the engine's first, middle and last rows equal their M = 1 calls (else the
 candidates that differ). It ends with the WIDE_PICKS entries the timings suggest (the fastest
 candidate with equal bits, where it beats the engine's launch by >= 5%), as Python, and writes
-the table and its JSON to --out (default $OUT/gemm1g when $OUT is set).
+the table and its JSON to --out (default $OUT/wide_tiles when $OUT is set).
 
   python3 benchmarks/kernels_vs_vendor.py [--models 1.5b,8b,30b] [--rows 1,16,64,128,256] [--tma] [--no-ws]
   python3 benchmarks/kernels_vs_vendor.py --wide [--models 1.5b,8b,30b] [--rows 64,128,192,256] [--out DIR]
@@ -230,11 +230,11 @@ def main() -> None:
     ap.add_argument("--tma", action="store_true", help="also the TMA-fed kernel's variants")
     ap.add_argument("--no-ws", action="store_true", help="leave out the warp-specialized kernel")
     ap.add_argument("--wide", action="store_true", help="sweep the wide tiles of the one-group weights instead")
-    ap.add_argument("--out", default=None, help="folder for the --wide table and JSON (default $OUT/gemm1g)")
+    ap.add_argument("--out", default=None, help="folder for the --wide table and JSON (default $OUT/wide_tiles)")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.wide:
-        out = args.out or (os.path.join(os.environ["OUT"], "gemm1g") if os.environ.get("OUT") else None)
+        out = args.out or (os.path.join(os.environ["OUT"], "wide_tiles") if os.environ.get("OUT") else None)
         wide_sweep(args.models.split(","), [int(r) for r in (args.rows or "64,128,192,256").split(",")],
                    Path(out) if out else None)
         return

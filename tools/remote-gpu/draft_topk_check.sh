@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The draft's per-depth top-k in one fused kernel (kernels/top_logprobs.py), on one GPU (BUDGET s,
-# 150 by default), from the repository root, results under $OUT/drafttopk/:
+# 150 by default), from the repository root, results under $OUT/draft_topk/:
 #   1. its GPU tests (the engine's shape 15 x 151,936 at k = 8 / 32 / 64, fp32 and bf16, against the
 #      reference's ids; a CUDA-graph replay; the small interpreter shapes compiled);
 #   2. benchmarks/draft_topk.py: the fused kernel against torch's log_softmax + topk, µs per call
@@ -14,7 +14,7 @@
 #   PY="python3" [BUDGET=150] bash tools/remote-gpu/draft_topk_check.sh
 set -u
 PY=${PY:-python3}
-dir=${OUT:-.}/drafttopk
+dir=${OUT:-.}/draft_topk
 mkdir -p "$dir"
 start=$SECONDS
 budget=${BUDGET:-150}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wide tiles of the weights in one K group (kernels/matmul.py WideTile: gate_up, lm_head) on
 # an sm_90 GPU, one remote call, <= 240 s, from the tree's root. $PY: the python prefix (default
-# python3). Results under $OUT/gemm1g (or ./gpu-out/gemm1g):
+# python3). Results under $OUT/wide_tiles (or ./gpu-out/wide_tiles):
 #   tests.txt        tests/kernels/test_matmul_kernel.py on the GPU (not the offline compiles):
 #                    every row at M = 1-256 equal to its own M = 1 call at the real shapes, and
 #                    every GPU_WIDE_TILES tile equal to the engine's launch there, bitwise
@@ -9,7 +9,7 @@
 #   wide_sweep.json  the engine's launch at M = 64-256, the bits column and the suggested WIDE_PICKS
 set -uo pipefail
 PY=${PY:-python3}
-R=${OUT:-./gpu-out}/gemm1g; mkdir -p "$R"
+R=${OUT:-./gpu-out}/wide_tiles; mkdir -p "$R"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$R/gpu.txt"
 $PY -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 9; }
