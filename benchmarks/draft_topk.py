@@ -5,9 +5,9 @@
                                      [--chunks 2048,4096,8192] [--reps 50]
 
 Each figure is µs per call: a CUDA graph of REPEAT calls back to back (as inside the draft's
-graph, launch gaps included), replayed `--reps` times, the median divided by REPEAT. "fp32 in"
-is what the draft gives today (the lm_head's logits cast to fp32); "bf16 in" is the fused kernel
-reading the lm_head's bf16 output directly. `same ids` compares each path's ids with the
+graph, launch gaps included), replayed `--reps` times, the median divided by REPEAT. "fp32 in":
+the logits cast to fp32 (torch's path, and the fused kernel's input under tensor parallelism);
+"bf16 in": the lm_head's output as the draft graph hands it (torch's path casts it first). `same ids` compares each path's ids with the
 reference (`top_log_probs_ref`: logit descending, ties to the lower id); torch's topk orders ties
 as it likes, so on tied rows it may differ there and only there.
 """
@@ -18,25 +18,16 @@ import statistics
 
 import torch
 
-from jetspec_chat.bench.timing import time_fn
+from jetspec_chat.bench.timing import graphed_ms
 from jetspec_chat.kernels import top_log_probs_ref, top_log_probs_triton
 from jetspec_chat.kernels.top_logprobs import CHUNK
 
 REPEAT = 20
 
 
-def graphed_us(fn, reps: int, device: torch.device) -> float:
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(REPEAT):
-            fn()
-    return statistics.median(time_fn(graph.replay, 3, reps, device)) * 1e3 / REPEAT
+def graphed_us(fn, reps: int) -> float:
+    """µs per call: the median replay of one CUDA graph of REPEAT calls, over REPEAT."""
+    return statistics.median(graphed_ms(lambda: [fn() for _ in range(REPEAT)], reps)) * 1e3 / REPEAT
 
 
 def torch_top(x: torch.Tensor, k: int):
@@ -65,9 +56,8 @@ def main() -> None:
             for dtype in (torch.float32, torch.bfloat16):
                 x = logits.to(dtype)
                 want_values, want_ids = top_log_probs_ref(x, k)
-                t_torch = graphed_us(lambda: torch_top(x.float(), k), args.reps, device) if dtype == torch.bfloat16 \
-                    else graphed_us(lambda: torch_top(x, k), args.reps, device)
-                fused = [graphed_us(lambda c=c: top_log_probs_triton(x, k, chunk=c), args.reps, device) for c in chunks]
+                t_torch = graphed_us(lambda: torch_top(x.float(), k), args.reps)  # .float() of fp32: x itself
+                fused = [graphed_us(lambda c=c: top_log_probs_triton(x, k, chunk=c), args.reps) for c in chunks]
                 values, ids = top_log_probs_triton(x, k)
                 torch_ids = torch_top(x.float(), k)[1]
                 diff = (values - want_values).abs().max().item()
