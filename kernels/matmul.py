@@ -172,7 +172,7 @@ class WidePick:
 # whose every row equals the engine's launch bitwise). A shape or row count not listed takes the
 # launch `block_m_for` / `stages_for` / `use_tma` choose. Rows listed here must not also be in
 # WS_PICKS (a test checks).
-# H200, 2026-11-27 (kernels_vs_vendor.py --wide on 60312c3, µs per call: engine's launch -> pick; every
+# H200, 2026-11-27 (kernels_vs_vendor.py --wide on 4c4131e, µs per call: engine's launch -> pick; every
 # candidate bitwise equal to the engine's launch at every point). At 256 rows the gate_ups found no
 # tile 5% faster (1.5B 37.6 vs best 37.3, 8B 92.0 vs 88.8; cuBLAS 22.6 / 75.7).
 WIDE_PICKS: dict[tuple[int, int], tuple[WidePick, ...]] = {
