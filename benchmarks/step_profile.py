@@ -1,6 +1,9 @@
 """Where an AR step's time goes: the kernels of one AR step,
 and of one verify(N), under the torch profiler, grouped by kernel name, with the per-step
-launch count, the union of kernel time (busy) and the unprofiled step time (CUDA events).
+launch count, the union of kernel time (busy) and the unprofiled step time (CUDA events). The
+`critical` column is the time each kernel moved the step's device timeline forward (launches
+under programmatic dependent launch overlap the previous grid, so their own durations overstate
+them); torch's own small kernels are totalled apart.
 With --draft, also one draft forward over the head's block (head + lm_head + log-softmax, the
 engine's draft graph) and one whole round at budget N (draft, tree, verify, acceptance, copy).
 
@@ -69,15 +72,20 @@ def busy_us(events: list[dict]) -> tuple[float, float]:
 def report(name: str, fn, steps: int, device) -> dict:
     ms = statistics.median(time_fn(fn, 5, 30, device))
     events = profile_steps(fn, steps)
-    table = kernel_table(events, label=LABEL, top=40)
+    table = kernel_table(events, label=LABEL, top=60)
     union, total = busy_us(events)
     launches = sum(r["count_per_round"] for r in table)
     print(f"\n== {name}: {ms:.3f} ms a step (CUDA events), device busy {union / 1e3:.3f} ms, "
           f"kernel sum {total / 1e3:.3f} ms, {launches:.0f} launches in the top {len(table)} names")
-    print(f"{'us/step':>9} {'count':>6} {'us/launch':>9}  kernel")
-    for r in table:
+    # torch's own kernels (index math, casts, masks, copies) beside ours: what they cost the step.
+    torch_rows = [r for r in table if not r["name"].startswith("_")]
+    print(f"   torch's kernels, copies and sets: {sum(r['count_per_round'] for r in torch_rows):.0f} launches, "
+          f"{sum(r['critical_us_per_round'] for r in torch_rows):.1f} us on the critical path")
+    print(f"{'us/step':>9} {'critical':>9} {'count':>6} {'us/launch':>9}  kernel")
+    for r in sorted(table, key=lambda r: -r["critical_us_per_round"]):
         per = r["us_per_round"] / max(r["count_per_round"], 1e-9)
-        print(f"{r['us_per_round']:9.1f} {r['count_per_round']:6.1f} {per:9.2f}  {r['name'][:100]}")
+        print(f"{r['us_per_round']:9.1f} {r['critical_us_per_round']:9.1f} {r['count_per_round']:6.1f} {per:9.2f}"
+              f"  {r['name'][:100]}")
     return {"name": name, "step_ms": ms, "busy_ms": union / 1e3, "kernel_sum_ms": total / 1e3, "kernels": table}
 
 

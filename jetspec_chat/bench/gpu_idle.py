@@ -78,23 +78,35 @@ def idle_from_trace(events: list[dict], label: str = ROUND_LABEL, min_gap_us: fl
 
 def kernel_table(events: list[dict], label: str = ROUND_LABEL, top: int = 25) -> list[dict]:
     """Device activity inside the profiled rounds grouped by name, largest total first: per round
-    the time (us) and the count of each kernel, so a phase's cost can be traced to its kernels."""
+    the time (us) and the count of each kernel, so a phase's cost can be traced to its kernels.
+
+    `us_per_round` sums each launch's duration, which overstates a kernel launched early under
+    programmatic dependent launch: its programs sit on the SMs waiting for the previous grid.
+    `critical_us_per_round` counts only the time a launch moved the round's device timeline
+    forward (its end minus the later of its start and every earlier activity's end), so the
+    column adds up to the round's busy time and says what removing a kernel could save at most."""
     rounds = [(e["ts"], e["ts"] + e["dur"]) for e in events
               if e.get("ph") == "X" and e.get("name") == label and e.get("cat") == "user_annotation"]
     if not rounds:
         return []
+    device = sorted((e["ts"], e["ts"] + e["dur"], str(e.get("name", ""))[:120]) for e in events
+                    if e.get("ph") == "X" and e.get("cat") in GPU_TRACE_CATS)
     total: dict[str, list[float]] = {}
-    for e in events:
-        if e.get("ph") != "X" or e.get("cat") not in GPU_TRACE_CATS:
-            continue
-        if any(w0 <= e["ts"] < w1 for w0, w1 in rounds):
-            t = total.setdefault(str(e.get("name", ""))[:120], [0.0, 0])
-            t[0] += e["dur"]
+    for w0, w1 in rounds:
+        frontier = w0
+        for s, e, name in device:
+            if not w0 <= s < w1:
+                continue
+            t = total.setdefault(name, [0.0, 0, 0.0])
+            t[0] += e - s
             t[1] += 1
+            t[2] += max(0.0, e - max(s, frontier))
+            frontier = max(frontier, e)
     n = len(rounds)
     rows = sorted(total.items(), key=lambda kv: -kv[1][0])[:top]
-    return [{"name": name, "us_per_round": round(us / n, 2), "count_per_round": round(c / n, 2)}
-            for name, (us, c) in rows]
+    return [{"name": name, "us_per_round": round(us / n, 2), "count_per_round": round(c / n, 2),
+             "critical_us_per_round": round(crit / n, 2)}
+            for name, (us, c, crit) in rows]
 
 
 def measure_gpu_idle(engine, restore: Callable[[], None], params: GenerationParams, rounds: int,

@@ -119,6 +119,9 @@ def test_idle_from_trace_splits_leading_between_trailing():
     table = gpu_idle.kernel_table(events)
     assert [(k["name"], k["us_per_round"], k["count_per_round"]) for k in table] == [
         ("d", 40.0, 1), ("a", 20.0, 1), ("c", 20.0, 1), ("b", 10.0, 1)]
+    # The critical column: b overlaps a and moves the timeline from 1030 to 1035 only; d's part
+    # past the round's end counts (the table clips nothing); no gap is counted.
+    assert {k["name"]: k["critical_us_per_round"] for k in table} == {"a": 20.0, "b": 5.0, "c": 20.0, "d": 40.0}
 
 
 def test_prompt_sets_and_jsonl_errors(tmp_path):
