@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from ..kernels import argmax_rows
 from .kv_cache import PagedKVCache
 from .params import SamplingParams
 from .sampling import sample, uniforms
@@ -26,7 +27,7 @@ def target_choices(logits: torch.Tensor, sampling: SamplingParams, generator: to
     """The target's token at every node: argmax (greedy) or one sample each (sampling.sample,
     one uniform per node from `generator`). [N] int64."""
     if sampling.greedy:
-        return logits.argmax(dim=-1)
+        return argmax_rows(logits)
     u = uniforms(logits.shape[0], generator, logits.device)
     return sample(logits, sampling.temperature, sampling.top_p, sampling.top_k, u)
 

@@ -1,4 +1,5 @@
 """Kernels: Triton on CUDA tensors, plain-torch references (reference.py) everywhere else."""
+from .argmax import argmax_rows, argmax_rows_triton
 from .distill import distill_rows, distill_rows_ref, distill_rows_triton
 from .fused import (
     add_rms_norm,
@@ -92,6 +93,8 @@ __all__ = [
     "add_rms_norm",
     "add_rms_norm_ref",
     "add_rms_norm_triton",
+    "argmax_rows",
+    "argmax_rows_triton",
     "ancestor_mask_ref",
     "distill_rows",
     "distill_rows_ref",
