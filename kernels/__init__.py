@@ -59,6 +59,7 @@ from .reference import (
     rope_ref,
     silu_mul_ref,
     top_log_probs_ref,
+    visible_keys_ref,
     write_kv_ref,
 )
 from .tree_attention import (
@@ -71,6 +72,7 @@ from .tree_attention import (
     write_kv,
     write_kv_triton,
 )
+from .key_order import visible_keys_triton
 from .top_logprobs import top_log_probs, top_log_probs_triton
 from .sampling import (
     nucleus_sample,
@@ -160,6 +162,8 @@ __all__ = [
     "tree_walk",
     "triton_samples",
     "visible_keys",
+    "visible_keys_ref",
+    "visible_keys_triton",
     "write_kv",
     "write_kv_ref",
     "write_kv_triton",

@@ -182,6 +182,21 @@ def ancestor_mask_ref(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     return mask.scatter_(1, hops, True)
 
 
+def visible_keys_ref(tree_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, T] bool visibility -> (order [T, T] int32, count [T] int32): order[t, :count[t]] are
+    the columns row t sees, ascending; the entries past count[t] are 0. Fixed-shape device ops
+    (no host sync): safe in a CUDA graph."""
+    t = tree_mask.shape[0]
+    seen = tree_mask.to(torch.int32)
+    count = seen.sum(1, dtype=torch.int32)
+    rank = seen.cumsum(1) - 1
+    # Unseen columns all go to a dump column T, cut off below.
+    dest = torch.where(tree_mask, rank, t).long()
+    cols = torch.arange(t, device=tree_mask.device, dtype=torch.int32).expand(t, t)
+    order = torch.zeros(t, t + 1, dtype=torch.int32, device=tree_mask.device).scatter_(1, dest, cols)
+    return order[:, :t].contiguous(), count
+
+
 def top_log_probs_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k tokens of highest logit in each row of `logits` [D, V] (any float dtype), in
     descending order with ties broken by the lower id, and their fp32 log-softmax values:

@@ -24,7 +24,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from jetspec_chat.kernels import fused, matmul, moe, tree_attention  # noqa: E402
+from jetspec_chat.kernels import fused, key_order, matmul, moe, tree_attention  # noqa: E402
 
 GDC = "griddepcontrol"
 MEMORY = re.compile(r"^\s*(?:@%p\d+\s+)?(?:ld|st|atom|red|cp\.async)\.(?:global|shared::cluster)")
@@ -128,6 +128,9 @@ def kernels():
                   dict(HEAD_DIM=128, BLOCK_N=tree_attention.BLOCK_N, SPLIT_TILES=9, MODE=modes[0], FLAT_TILES=0,
                        HAS_SINKS=False, SPLITS_BLOCK=tree_attention.AR_SPLITS_BLOCK,
                        SERIAL_SPLITS=tree_attention.AR_SERIAL_SPLITS), tree_attention.AR_MERGE_WARPS)
+    yield compare("visible_keys", key_order._visible_keys_kernel,
+                  dict(MASK="*u8", ORDER="*i32", COUNT="*i32", T=i32, stride_row=i32, stride_col="constexpr"),
+                  dict(stride_col=1, BLOCK=64), key_order.NUM_WARPS)  # a contiguous mask: Triton specialises 1
     groups = {"BLOCK_EXPERT": "*i32", "BLOCK_ROWS": "*i32", "ROW_ASSIGN": "*i32"}
     tile = moe.TILE
     # Qwen3's layout: the K stride is 1, a constexpr as Triton specialises it at launch
