@@ -48,7 +48,7 @@ if [ "$l" -lt 60 ]; then
 elif [ -z "${OLD_SRC:-}" ] && ! git cat-file -e "$old^{commit}" 2>/dev/null; then
   echo "skipped: no OLD_SRC and no git history holding $old" | tee -a "$dir/engine_ab.txt"
 else
-  timeout "$((l - 5))" $PY tools/remote-gpu/engine_ab.py "$old" "${src_arg[@]}" --rounds 2 --out "$dir/ab" -- \
+  timeout "$((l - 5))" $PY tools/remote-gpu/engine_ab.py "$old" ${src_arg[@]+"${src_arg[@]}"} --rounds 2 --out "$dir/ab" -- \
     random:Qwen/Qwen2.5-Coder-1.5B-Instruct --draft-head random:2 --contexts 512 --tree-sizes 1,64 \
     > "$dir/engine_ab.log" 2>&1 || echo "engine A/B failed or ran out of time" | tee -a "$dir/engine_ab.txt"
   tail -14 "$dir/engine_ab.log" | tee -a "$dir/engine_ab.txt"
