@@ -56,6 +56,7 @@ from .reference import (
     qkv_rope_write_ref,
     rms_norm_ref,
     rms_normalize_ref,
+    rope_cos_sin_ref,
     rope_ref,
     silu_mul_ref,
     top_log_probs_ref,
@@ -73,6 +74,7 @@ from .tree_attention import (
     write_kv_triton,
 )
 from .key_order import visible_keys_triton
+from .rope import rope_cos_sin, rope_cos_sin_triton
 from .top_logprobs import top_log_probs, top_log_probs_triton
 from .sampling import (
     nucleus_sample,
@@ -147,6 +149,9 @@ __all__ = [
     "rms_norm",
     "rms_norm_ref",
     "rms_norm_triton",
+    "rope_cos_sin",
+    "rope_cos_sin_ref",
+    "rope_cos_sin_triton",
     "rope_ref",
     "row_mass",
     "row_mass_ref",

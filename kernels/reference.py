@@ -115,6 +115,21 @@ def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
     return x * cos + rotated * sin
 
 
+def rope_cos_sin_ref(
+    positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's (cos, sin) at `positions` [T] (integers), each [T, 1, D] in `dtype`, D = 2 *
+    len(inv_freq) (half-split layout: the frequencies twice): the fp32 angle position *
+    inv_freq, its cos and sin in fp32, times attention_factor (YaRN) unless that is 1.0, then
+    one rounding to dtype. transformers' formula, step for step."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
+
+
 def qk_norm_rope_ref(
     q: torch.Tensor | None,
     k: torch.Tensor | None,

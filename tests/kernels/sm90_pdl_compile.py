@@ -25,6 +25,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from jetspec_chat.kernels import fused, key_order, matmul, moe, tree_attention  # noqa: E402
+from jetspec_chat.kernels import rope as rope_kernels  # noqa: E402
 
 GDC = "griddepcontrol"
 MEMORY = re.compile(r"^\s*(?:@%p\d+\s+)?(?:ld|st|atom|red|cp\.async)\.(?:global|shared::cluster)")
@@ -96,6 +97,9 @@ def kernels():
     yield compare("silu_mul", fused._silu_mul_kernel,
                   dict(G=p16, U=p16, O=p16, n_cols=i32, stride_g=i32, stride_u=i32, stride_o=i32),
                   dict(BLOCK=fused.SILU_BLOCK, USE_LIBDEVICE=True), 4)
+    yield compare("rope_cos_sin", rope_kernels._rope_cos_sin_kernel,
+                  dict(POS="*i64", INV_FREQ=p32, COS=p16, SIN=p16, t=i32, attention_factor="fp32"),
+                  dict(H=64, DP=128, BLOCK_T=16, SCALED=False, USE_LIBDEVICE=True), 4)
     rope = dict(QKV=p32, B=p16, QO=p16, K_POOL=p16, V_POOL=p16, SLOTS="*i64", QW=p16, KW=p16, C=p16, S=p16,
                 n_rows=i32, n_cols=i32, n_q=i32, inv_d="fp32", eps="fp32") | ints(
         ("stride_qkv", "stride_qot", "stride_qoh", "stride_ps", "stride_ph", "stride_ct", "stride_st"), i32)
