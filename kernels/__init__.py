@@ -1,4 +1,5 @@
 """Kernels: Triton on CUDA tensors, plain-torch references (reference.py) everywhere else."""
+from .accept import accept_pack_triton, triton_accepts
 from .distill import distill_rows, distill_rows_ref, distill_rows_triton
 from .fused import (
     add_rms_norm,
@@ -84,6 +85,7 @@ from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
     "Partials",
+    "accept_pack_triton",
     "TreeWalk",
     "VisibleKeys",
     "accum_tree",
@@ -155,6 +157,7 @@ __all__ = [
     "top_log_probs_ref",
     "top_log_probs_triton",
     "tree_walk",
+    "triton_accepts",
     "triton_samples",
     "visible_keys",
     "write_kv",
