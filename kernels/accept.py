@@ -48,6 +48,7 @@ if triton is not None:
         SIZE_IN_MEMORY: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
+        NONE: tl.constexpr = -(2**63)  # the key of rows past n: below every depth
         j = tl.arange(0, NP)
         real = j < n
         tokens = tl.load(TOKENS + j, mask=real, other=0)
@@ -60,7 +61,7 @@ if triton is not None:
         else:  # an int (Triton passes a 1 as a constant: no tensor methods on it)
             size = size_value
         # Accepted rows, ROWS at a time; best = first index of the largest accepted depth.
-        best_depth = tl.sum(depths * 0, 0) - 2  # below every candidate (-1: not accepted)
+        best_depth = tl.sum(depths * 0, 0) + NONE
         best = tl.sum(j * 0, 0)
         r = tl.arange(0, ROWS)
         for r0 in range(0, n, ROWS):
@@ -72,7 +73,7 @@ if triton is not None:
             accepted = (~rejected) & (i < size) & row_real
             row_depths = tl.load(DEPTHS + i, mask=row_real, other=0)
             key = tl.where(accepted, row_depths, -1)
-            key = tl.where(row_real, key, -2)  # rows past n: never chosen (a block starts below n)
+            key = tl.where(row_real, key, NONE)  # a block starts below n: a real row ties or beats it
             top = tl.max(key, 0)
             first = tl.min(tl.where(key == top, i, NP), 0)
             better = top > best_depth  # strict: an earlier block keeps a tie

@@ -165,7 +165,7 @@ def test_arbitrary_masks_follow_torch_semantics():
         tokens = torch.randint(-(2**40), 2**40, (n,), generator=g)
         tokens[::2] = torch.randint(0, 4, (n - n // 2,), generator=g)
         parents = torch.randint(-3, n, (n,), generator=g)
-        depths = torch.randint(-2, 6, (n,), generator=g)
+        depths = torch.randint(-5, 6, (n,), generator=g)  # accepted nodes may key below the rejected (-1)
         ancestors = torch.rand(n, n, generator=g) < 0.05
         scores = torch.randn(n, generator=g)
         scores[0], scores[-1] = float("-inf"), float("nan")
@@ -173,6 +173,16 @@ def test_arbitrary_masks_follow_torch_semantics():
         tree = Tree(tokens, parents, depths, scores, ancestors, 5)
         for size, path_len in ((None, 8), (n // 2, 40), (torch.tensor(1), 3)):  # 40: several blocks of levels
             check(tree, choices, size, path_len)
+
+
+def test_every_node_accepted_below_depth_zero():
+    """Roots only (parent -1 always matches), all accepted, all of negative depth: the deepest is
+    still the first index of the largest depth, however low (rows past N never compete)."""
+    for depths in ([-4, -3, -5], [-9, -7, -7, -8, -9]):
+        n = len(depths)
+        tree = Tree(torch.arange(n), torch.full((n,), -1), torch.tensor(depths), torch.zeros(n),
+                    torch.eye(n, dtype=torch.bool), 0)
+        check(tree, torch.arange(n), None, 2)
 
 
 def test_a_strided_ancestor_mask():
