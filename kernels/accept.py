@@ -54,7 +54,7 @@ if triton is not None:
         tokens = tl.load(TOKENS + j, mask=real, other=0)
         parents = tl.load(PARENTS + j, mask=real, other=0)
         depths = tl.load(DEPTHS + j, mask=real, other=-1)
-        parent_choice = tl.load(CHOICES + tl.maximum(parents, 0), mask=real, other=0)
+        parent_choice = tl.load(CHOICES + tl.maximum(parents, 0), mask=real & (parents < n), other=0)  # never out of bounds
         mismatch = (tokens != parent_choice) & (parents >= 0) & real
         if SIZE_IN_MEMORY:
             size = tl.load(SIZE)
