@@ -1,5 +1,6 @@
 """Kernels: Triton on CUDA tensors, plain-torch references (reference.py) everywhere else."""
 from .argmax import argmax_rows, argmax_rows_triton
+from .accept import accept_pack_triton, triton_accepts
 from .distill import distill_rows, distill_rows_ref, distill_rows_triton
 from .fused import (
     add_rms_norm,
@@ -89,6 +90,7 @@ from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
     "Partials",
+    "accept_pack_triton",
     "TreeWalk",
     "VisibleKeys",
     "accum_tree",
@@ -165,6 +167,7 @@ __all__ = [
     "top_log_probs_ref",
     "top_log_probs_triton",
     "tree_walk",
+    "triton_accepts",
     "triton_samples",
     "visible_keys",
     "visible_keys_ref",
