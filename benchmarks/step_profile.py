@@ -112,7 +112,7 @@ def main() -> int:
         with torch.inference_mode():
             def ar_step():
                 hidden, _ = _verify_forward(engine, one, args.context)
-                return engine.target.logits(hidden).argmax(-1)
+                return engine.target.greedy(hidden)
 
             out.append(report(f"{spec} AR step (context {args.context})", ar_step, args.steps, device))
             if args.nodes:
@@ -120,7 +120,7 @@ def main() -> int:
 
                 def verify():
                     hidden, _ = _verify_forward(engine, tree, args.context)
-                    return engine.target.logits(hidden)
+                    return engine.target.greedy(hidden)
 
                 out.append(report(f"{spec} verify({args.nodes})", verify, args.steps, device))
             if args.draft and engine.head is not None:

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from ..kernels import accept_pack_triton, argmax_rows, triton_accepts
 from .kv_cache import PagedKVCache
 from .params import SamplingParams
 from .sampling import sample, uniforms
@@ -26,7 +27,7 @@ def target_choices(logits: torch.Tensor, sampling: SamplingParams, generator: to
     """The target's token at every node: argmax (greedy) or one sample each (sampling.sample,
     one uniform per node from `generator`). [N] int64."""
     if sampling.greedy:
-        return logits.argmax(dim=-1)
+        return argmax_rows(logits)
     u = uniforms(logits.shape[0], generator, logits.device)
     return sample(logits, sampling.temperature, sampling.top_p, sampling.top_k, u)
 
@@ -74,6 +75,29 @@ class PackedRound:
     path_len: int  # P
 
 
+def pack_round(tree: Tree, acc: Acceptance) -> torch.Tensor:
+    """PackedRound.ints of an accepted tree: int32 [count, bonus, path[P], tokens[N], parents[N],
+    depths[N]], then the scores' float32 bits (what unpack_round reads)."""
+    ints = torch.cat([acc.count[None], acc.bonus[None], acc.path, tree.tokens, tree.parents, tree.depths]).int()
+    return torch.cat([ints, tree.scores.float().view(torch.int32)])
+
+
+def accept_and_pack(
+    tree: Tree, choices: torch.Tensor, size: int | torch.Tensor | None = None, path_len: int | None = None
+) -> tuple[Acceptance, torch.Tensor]:
+    """`accept` and `pack_round` together: one Triton launch on CUDA (kernels/accept.py, the same
+    values bit for bit; count and bonus are 0-d views of its int64 output), the torch code
+    elsewhere."""
+    path_len = tree.max_depth + 1 if path_len is None else path_len
+    if triton_accepts(choices, tree.size):
+        head, packed = accept_pack_triton(
+            tree.tokens, tree.parents, tree.depths, tree.ancestors, tree.scores, choices, size, path_len
+        )
+        return Acceptance(path=head[2:], count=head[0], bonus=head[1]), packed
+    acc = accept(tree, choices, size, path_len)
+    return acc, pack_round(tree, acc)
+
+
 # append(taps of the path's P nodes [P, taps * hidden], accepted count (0-d)): DraftHead.append_accepted
 # on the engine's draft cache.
 DraftAppend = Callable[[torch.Tensor, torch.Tensor], None]
@@ -101,7 +125,7 @@ def finish_round(
     the packed count (TrackedLength.note_advance). anchor: the 0-d device scalar the next
     round's draft and root read.
     """
-    acc = accept(tree, choices, size, path_len)
+    acc, packed = accept_and_pack(tree, choices, size, path_len)
     p = acc.path.shape[0]
     base = kv.device_length
     # Rows past the path copy the root into positions past the new length: scratch.
@@ -110,8 +134,6 @@ def finish_round(
         kv.commit_path(acc.path, acc.count)
     if draft_append is not None:
         draft_append(taps[acc.path], acc.count)  # rows past count: the root's taps, never read
-    ints = torch.cat([acc.count[None], acc.bonus[None], acc.path, tree.tokens, tree.parents, tree.depths]).int()
-    packed = torch.cat([ints, tree.scores.float().view(torch.int32)])
     kv.device_length.add_(acc.count)  # after every use of base (the same tensor)
     anchor.copy_(acc.bonus)  # last: a root-only tree's token is a view of the anchor
     return PackedRound(packed, p)

@@ -246,6 +246,16 @@ class DraftKVCache(TrackedLength):
         return 2 * self.k.numel() * self.k.element_size()
 
 
+@dataclass(frozen=True)
+class _DraftBlock:
+    """What a draft block of b positions reads besides the anchor and the context length."""
+
+    masks: torch.Tensor  # [b - 1] the mask token's id, the block's positions after the anchor
+    offsets: torch.Tensor  # [b] 0..b-1: the block's positions after the context
+    mask: torch.Tensor  # [b, b] bool: causal (lower-triangular) or full
+    keys: object  # kernels.VisibleKeys of `mask` on CUDA, None elsewhere
+
+
 class DraftHead(nn.Module):
     def __init__(self, cfg: DraftHeadConfig):
         super().__init__()
@@ -256,6 +266,22 @@ class DraftHead(nn.Module):
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+        self._blocks: dict[tuple[int, torch.device], _DraftBlock] = {}
+
+    def _block(self, b: int, device: torch.device) -> "_DraftBlock":
+        """The draft block's inputs that depend on its length alone, made once (outside any
+        graph) rather than by ~15 small kernels in every draft forward."""
+        block = self._blocks.get((b, device))
+        if block is None:
+            mask = torch.ones(b, b, dtype=torch.bool, device=device)
+            mask = mask.tril() if self.cfg.causal else mask
+            block = self._blocks[(b, device)] = _DraftBlock(
+                masks=torch.full((b - 1,), self.cfg.mask_token_id, dtype=torch.long, device=device),
+                offsets=torch.arange(b, device=device),
+                mask=mask,
+                keys=visible_keys(mask, shared=True) if device.type == "cuda" else None,  # causal or full: shared
+            )
+        return block
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (K, V) of context rows: [N, n_kv, head_dim] each, RoPE applied."""
@@ -265,7 +291,7 @@ class DraftHead(nn.Module):
 
     def _write_context(self, cache: DraftKVCache, taps: torch.Tensor, start: int | torch.Tensor) -> None:
         """Project taps into cache rows start.. (positions start..)."""
-        rows = start + torch.arange(taps.shape[0], device=taps.device)
+        rows = start + self._block(taps.shape[0], taps.device).offsets
         for i, (k, v) in enumerate(self.context_kv(taps, rows)):
             write_kv(*cache.pools(i), rows, k, v)  # identity block table: rows are slots
 
@@ -302,15 +328,13 @@ class DraftHead(nn.Module):
         """
         # A causal head's first depth+1 positions do not depend on later ones: run only those.
         b = depth + 1 if self.cfg.causal else self.cfg.block_size
-        ids = torch.full((b,), self.cfg.mask_token_id, dtype=torch.long, device=anchor.device)
-        ids[0] = anchor
+        block = self._block(b, anchor.device)
+        ids = torch.cat([anchor.reshape(1).long(), block.masks])
         length = cache.length if length is None else length
-        rows = length + torch.arange(b, device=anchor.device)
+        rows = length + block.offsets
         h = embed(ids)
         cos, sin = self.rotary.cos_sin(rows, h.dtype)
-        mask = torch.ones(b, b, dtype=torch.bool, device=h.device)
-        mask = mask.tril() if self.cfg.causal else mask
-        keys = visible_keys(mask, shared=True) if h.is_cuda else None  # causal or full: rows share keys
+        mask, keys = block.mask, block.keys
         prefix = prefix_tensor(length, h.device) if h.is_cuda else length
         eps = self.cfg.rms_norm_eps
         x = self.layers[0].input_layernorm(h)

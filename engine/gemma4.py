@@ -245,13 +245,14 @@ class Gemma4TargetModel(TargetModel):
         tapped = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
         return self.model.norm(h), tapped
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits, soft-capped as transformers does (in the model dtype, then fp32)."""
+    def logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """fp32 logits, soft-capped as transformers does (in the model dtype, then fp32; the
+        model dtype with `upcast=False`)."""
         logits = linear(hidden, self.lm_head_weight())
         cap = self.cfg.gemma4.final_logit_softcap
         if cap:
             logits = torch.tanh(logits / cap) * cap
-        return logits.float()
+        return logits.float() if upcast else logits
 
 
 def build_gemma4_target(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Gemma4TargetModel:

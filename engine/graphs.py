@@ -178,12 +178,12 @@ class VerifyRunner:
         # The root is the anchor: the AR round's tree (bucket 1) gets its token here, in the graph.
         b.tokens[:1].copy_(self.anchor)
         tree, hidden, taps = self._padded_forward(b)
-        logits = self.target.logits(hidden)
         if key is None:
-            choices = logits.argmax(dim=-1)
+            choices = self.target.greedy(hidden)
         else:
             top_k, nucleus = key
-            choices = sample(logits, self.temperature, self.top_p if nucleus else 1.0, top_k, b.uniforms)
+            choices = sample(self.target.logits(hidden), self.temperature, self.top_p if nucleus else 1.0, top_k,
+                             b.uniforms)
         return finish_round(tree, choices, self.kv, taps, self.anchor, self.draft_append, b.n, b.path_len)
 
     def _load_sampling(self, sampling: SamplingParams) -> None:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import paged_tree_attention, prefix_tensor, tree_walk, visible_keys, write_kv
+from ..kernels import paged_tree_attention, prefix_tensor, rope_cos_sin, tree_walk, visible_keys, write_kv
 from .kv_cache import PagedKVCache
 from .layers import MLP, Linear, SparseMoeBlock, linear
 from .linear_attention import GatedDeltaNet, RoundStash, ZeroCenteredRMSNorm, conv_window_index
@@ -212,9 +212,7 @@ class PartialRotary(nn.Module):
         self.rotary_dim = rotary_dim
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+        return rope_cos_sin(positions, self.inv_freq, 1.0, dtype)  # [T, 1, rotary_dim] each
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         r = self.rotary_dim

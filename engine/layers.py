@@ -25,6 +25,7 @@ from ..kernels import (
     qk_norm_rope,
     qkv_rope_write,
     rms_norm,
+    rope_cos_sin,
     silu_mul,
 )
 
@@ -368,12 +369,9 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos(), emb.sin()
-        if self.attention_factor != 1.0:
-            cos, sin = cos * self.attention_factor, sin * self.attention_factor
-        return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
+        """(cos, sin) at `positions` [T], each [T, 1, head_dim] in `dtype` (kernels.rope_cos_sin:
+        one launch on CUDA)."""
+        return rope_cos_sin(positions, self.inv_freq, self.attention_factor, dtype)
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

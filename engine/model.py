@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..kernels import add_rms_norm, paged_tree_attention, prefix_tensor, visible_keys
+from ..kernels import add_rms_norm, argmax_rows, paged_tree_attention, prefix_tensor, visible_keys
 from .kv_cache import PagedKVCache
 from .layers import (
     MLP,
@@ -207,9 +207,16 @@ class TargetModel(nn.Module):
         tapped = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
         return x, tapped
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [..., V] (layers.lm_head_logits)."""
-        return lm_head_logits(hidden, self.lm_head_weight(), self.vocab_split)
+    def logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """fp32 logits [..., V] (layers.lm_head_logits); `upcast=False`: the lm_head's own dtype
+        where no gather widens them, for a consumer that only compares them (the greedy argmax)."""
+        return lm_head_logits(hidden, self.lm_head_weight(), self.vocab_split, upcast)
+
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's greedy token for each row of `hidden` [T, H]: [T] int64, the argmax of the
+        logits compared in the lm_head's own dtype (widening is exact and keeps the order, so
+        the tokens are those of the fp32 logits, without their whole-vocabulary copy)."""
+        return argmax_rows(self.logits(hidden, upcast=False))
 
 
 def _read_part(stored, dim: int, shard) -> torch.Tensor:

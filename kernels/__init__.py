@@ -1,4 +1,6 @@
 """Kernels: Triton on CUDA tensors, plain-torch references (reference.py) everywhere else."""
+from .argmax import argmax_rows, argmax_rows_triton
+from .accept import accept_pack_triton, triton_accepts
 from .distill import distill_rows, distill_rows_ref, distill_rows_triton
 from .fused import (
     add_rms_norm,
@@ -55,9 +57,11 @@ from .reference import (
     qkv_rope_write_ref,
     rms_norm_ref,
     rms_normalize_ref,
+    rope_cos_sin_ref,
     rope_ref,
     silu_mul_ref,
     top_log_probs_ref,
+    visible_keys_ref,
     write_kv_ref,
 )
 from .tree_attention import (
@@ -70,6 +74,8 @@ from .tree_attention import (
     write_kv,
     write_kv_triton,
 )
+from .key_order import visible_keys_triton
+from .rope import rope_cos_sin, rope_cos_sin_triton
 from .top_logprobs import top_log_probs, top_log_probs_triton
 from .sampling import (
     nucleus_sample,
@@ -84,6 +90,7 @@ from .tree_build import accum_tree, accum_tree_triton
 
 __all__ = [
     "Partials",
+    "accept_pack_triton",
     "TreeWalk",
     "VisibleKeys",
     "accum_tree",
@@ -92,6 +99,8 @@ __all__ = [
     "add_rms_norm",
     "add_rms_norm_ref",
     "add_rms_norm_triton",
+    "argmax_rows",
+    "argmax_rows_triton",
     "ancestor_mask_ref",
     "distill_rows",
     "distill_rows_ref",
@@ -142,6 +151,9 @@ __all__ = [
     "rms_norm",
     "rms_norm_ref",
     "rms_norm_triton",
+    "rope_cos_sin",
+    "rope_cos_sin_ref",
+    "rope_cos_sin_triton",
     "rope_ref",
     "row_mass",
     "row_mass_ref",
@@ -155,8 +167,11 @@ __all__ = [
     "top_log_probs_ref",
     "top_log_probs_triton",
     "tree_walk",
+    "triton_accepts",
     "triton_samples",
     "visible_keys",
+    "visible_keys_ref",
+    "visible_keys_triton",
     "write_kv",
     "write_kv_ref",
     "write_kv_triton",

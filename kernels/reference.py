@@ -115,6 +115,21 @@ def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
     return x * cos + rotated * sin
 
 
+def rope_cos_sin_ref(
+    positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's (cos, sin) at `positions` [T] (integers), each [T, 1, D] in `dtype`, D = 2 *
+    len(inv_freq) (half-split layout: the frequencies twice): the fp32 angle position *
+    inv_freq, its cos and sin in fp32, times attention_factor (YaRN) unless that is 1.0, then
+    one rounding to dtype. transformers' formula, step for step."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
+
+
 def qk_norm_rope_ref(
     q: torch.Tensor | None,
     k: torch.Tensor | None,
@@ -180,6 +195,21 @@ def ancestor_mask_ref(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
             jump = jump[jump]
     mask = torch.zeros(n, n, dtype=torch.bool, device=parents.device)
     return mask.scatter_(1, hops, True)
+
+
+def visible_keys_ref(tree_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, T] bool visibility -> (order [T, T] int32, count [T] int32): order[t, :count[t]] are
+    the columns row t sees, ascending; the entries past count[t] are 0. Fixed-shape device ops
+    (no host sync): safe in a CUDA graph."""
+    t = tree_mask.shape[0]
+    seen = tree_mask.to(torch.int32)
+    count = seen.sum(1, dtype=torch.int32)
+    rank = seen.cumsum(1) - 1
+    # Unseen columns all go to a dump column T, cut off below.
+    dest = torch.where(tree_mask, rank, t).long()
+    cols = torch.arange(t, device=tree_mask.device, dtype=torch.int32).expand(t, t)
+    order = torch.zeros(t, t + 1, dtype=torch.int32, device=tree_mask.device).scatter_(1, dest, cols)
+    return order[:, :t].contiguous(), count
 
 
 def top_log_probs_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,31 +37,59 @@ except ImportError:  # pragma: no cover - exercised only without triton
 KERNELS = ("_chunk_top_kernel", "_merge_top_kernel")
 MAX_K = 64  # the widest top-k the kernels take (the draft's MAX_WIDTH); wider: the reference
 CHUNK = 4096  # logits a program of the first pass reads: 38 programs a 152k-token row
+NARROW_MAX_CHUNK = 1 << 16  # 16-bit logits select on int32 keys: the chunk index takes 16 bits
 
 if triton is not None:
     from .sort_keys import key_index, key_value, sort_key
 
     @triton.jit
+    def _narrow_key(raw, local):
+        """int32 key of a 16-bit float's bits `raw` (bf16 / fp16, as int16) at chunk index
+        `local` (< 2^16): the bits in sign-magnitude order above (2^16 - 1 - local), so one
+        integer comparison orders by value descending, then by index ascending, as `sort_key`."""
+        bits = raw.to(tl.int32)  # sign-extended
+        bits = tl.where((bits & 0x7FFF) == 0, 0, bits)  # -0.0 == 0.0: one key for both
+        bits = bits ^ ((bits >> 31) & 0x7FFF)  # negative floats: flip the magnitude bits
+        return (bits << 16) | (0xFFFF - local)
+
+    @triton.jit
+    def _narrow_value(key, DTYPE: tl.constexpr):
+        """The float a `_narrow_key` holds, as fp32 (exact)."""
+        bits = key >> 16
+        bits = bits ^ ((bits >> 31) & 0x7FFF)
+        return bits.to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32)
+
+    @triton.jit
     def _chunk_top_kernel(
         X, MAXS, SUMS, CAND,  # [D, V] logits (any float dtype), [D, NC] fp32 x2, [D, NC, KP] int64
         V, stride, n_chunks,
-        CHUNK: tl.constexpr, KP: tl.constexpr, PDL: tl.constexpr,
+        CHUNK: tl.constexpr, KP: tl.constexpr, NARROW: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
         NONE: tl.constexpr = -(2**63)  # below every real key (-inf logits included)
         row = tl.program_id(0)
         c = tl.program_id(1)
-        idx = c * CHUNK + tl.arange(0, CHUNK)
+        local = tl.arange(0, CHUNK)
+        idx = c * CHUNK + local
         inside = idx < V
-        x = tl.load(X + row.to(tl.int64) * stride + idx, mask=inside, other=float("-inf")).to(tl.float32)
+        raw = tl.load(X + row.to(tl.int64) * stride + idx, mask=inside, other=float("-inf"))
+        x = raw.to(tl.float32)
         m = tl.max(x, 0)
         finite = x > float("-inf")
         w = tl.where(finite, tl.exp(tl.where(finite, x, 0.0) - tl.where(finite, m, 0.0)), 0.0)  # an all -inf chunk: 0, not NaN
         out = row * n_chunks + c
         tl.store(MAXS + out, m)
         tl.store(SUMS + out, tl.sum(w, 0))
-        keys = tl.where(inside, sort_key(x, idx), NONE)
-        tl.store(CAND + out.to(tl.int64) * KP + tl.arange(0, KP), tl.topk(keys, KP))
+        if NARROW:
+            # 16-bit logits: the selection runs on int32 keys (half the bits a compare-exchange
+            # moves), then the KP winners become the int64 keys the merge takes.
+            keys = tl.where(inside, _narrow_key(raw.to(tl.int16, bitcast=True), local), -(2**31))
+            top = tl.topk(keys, KP)
+            win = c * CHUNK + (0xFFFF - (top & 0xFFFF))
+            best = tl.where(top > -(2**31), sort_key(_narrow_value(top, raw.dtype), win), NONE)
+        else:
+            best = tl.topk(tl.where(inside, sort_key(x, idx), NONE), KP)
+        tl.store(CAND + out.to(tl.int64) * KP + tl.arange(0, KP), best)
 
     @triton.jit
     def _merge_top_kernel(
@@ -122,7 +150,8 @@ def top_log_probs_triton(logits: torch.Tensor, k: int, chunk: int = CHUNK) -> tu
     ids = torch.empty(depth, k, dtype=torch.long, device=device)
     _chunk_top_kernel[(depth, n_chunks)](
         logits, maxs, sums, cand, vocab, logits.stride(0), n_chunks,
-        CHUNK=chunk, KP=kp, num_warps=_chunk_warps(chunk), **launch_args(device, depth),
+        CHUNK=chunk, KP=kp, NARROW=logits.dtype != torch.float32 and chunk <= NARROW_MAX_CHUNK,
+        num_warps=_chunk_warps(chunk), **launch_args(device, depth),
     )
     _merge_top_kernel[(depth,)](
         maxs, sums, cand, values, ids, n_chunks, k,

@@ -50,8 +50,9 @@ from typing import NamedTuple
 
 import torch
 
+from .key_order import visible_keys_triton
 from .launch import interpreting, launch_args, wait_for_previous
-from .reference import logical_to_slots, paged_tree_attention_ref, write_kv_ref
+from .reference import logical_to_slots, paged_tree_attention_ref, visible_keys_ref, write_kv_ref
 
 try:  # triton is optional: CPU-only installs use the torch references.
     import triton
@@ -188,18 +189,15 @@ class VisibleKeys(NamedTuple):
 
 
 def visible_keys(tree_mask: torch.Tensor, shared: bool = False) -> VisibleKeys:
-    """[T, T] bool visibility -> `VisibleKeys`. Fixed-shape device ops (no host sync), so it
-    can live inside a CUDA graph; the mask is the same for every layer: build it once a forward.
+    """[T, T] bool visibility -> `VisibleKeys` (`visible_keys_ref`): one Triton launch on CUDA
+    (kernels/key_order.py), the torch reference elsewhere. Fixed shapes, no host sync, so it can
+    live inside a CUDA graph; the mask is the same for every layer: build it once a forward.
     shared: see `VisibleKeys` (True for causal and full masks)."""
-    t = tree_mask.shape[0]
-    seen = tree_mask.to(torch.int32)
-    count = seen.sum(1, dtype=torch.int32)
-    rank = seen.cumsum(1) - 1
-    # Unseen columns all go to a dump column T, cut off below.
-    dest = torch.where(tree_mask, rank, t).long()
-    cols = torch.arange(t, device=tree_mask.device, dtype=torch.int32).expand(t, t)
-    order = torch.zeros(t, t + 1, dtype=torch.int32, device=tree_mask.device).scatter_(1, dest, cols)
-    return VisibleKeys(order[:, :t].contiguous(), count, shared)
+    if tree_mask.is_cuda and triton is not None:
+        order, count = visible_keys_triton(tree_mask)
+    else:
+        order, count = visible_keys_ref(tree_mask)
+    return VisibleKeys(order, count, shared)
 
 
 def split_len_for(capacity: int) -> int:

@@ -266,12 +266,12 @@ def _measure_context(engine, opts: EngineOnlyOptions, context: int, bw: float, g
     state.restore()
     timed = lambda fn, setup=None: time_fn(fn, opts.warmup, opts.reps, device, setup)
 
-    # (a) AR step: forward of 1 token at position `context`, logits, argmax.
+    # (a) AR step: forward of 1 token at position `context` and its greedy token (as a round).
     one = root_only(torch.tensor(state.tokens[-1], device=device))
 
     def ar_step():
         hidden, _ = _verify_forward(engine, one, context)
-        return engine.target.logits(hidden).argmax(-1)
+        return engine.target.greedy(hidden)
 
     ar = Stat.of(timed(ar_step))
     w_bytes = weight_bytes_per_ar_step(engine.target)
@@ -284,14 +284,14 @@ def _measure_context(engine, opts: EngineOnlyOptions, context: int, bw: float, g
                              state.restore))
     state.restore()
 
-    # (b) verify: forward over a random tree of N nodes + logits.
+    # (b) verify: forward over a random tree of N nodes + the greedy token at every node.
     verify = []
     for n in opts.tree_sizes:
         tree = _random_tree(engine, n, opts.width, gen)
 
         def verify_fn(tree=tree):
             hidden, _ = _verify_forward(engine, tree, context)
-            return engine.target.logits(hidden)
+            return engine.target.greedy(hidden)
 
         ms = Stat.of(timed(verify_fn))
         nbytes = round(expected_weight_bytes(engine.target, n))

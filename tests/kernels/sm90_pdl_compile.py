@@ -24,7 +24,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from jetspec_chat.kernels import fused, matmul, moe, tree_attention  # noqa: E402
+from jetspec_chat.kernels import fused, key_order, matmul, moe, tree_attention  # noqa: E402
+from jetspec_chat.kernels import rope as rope_kernels  # noqa: E402
 
 GDC = "griddepcontrol"
 MEMORY = re.compile(r"^\s*(?:@%p\d+\s+)?(?:ld|st|atom|red|cp\.async)\.(?:global|shared::cluster)")
@@ -96,6 +97,9 @@ def kernels():
     yield compare("silu_mul", fused._silu_mul_kernel,
                   dict(G=p16, U=p16, O=p16, n_cols=i32, stride_g=i32, stride_u=i32, stride_o=i32),
                   dict(BLOCK=fused.SILU_BLOCK, USE_LIBDEVICE=True), 4)
+    yield compare("rope_cos_sin", rope_kernels._rope_cos_sin_kernel,
+                  dict(POS="*i64", INV_FREQ=p32, COS=p16, SIN=p16, t=i32, attention_factor="fp32"),
+                  dict(H=64, DP=128, BLOCK_T=16, SCALED=False, USE_LIBDEVICE=True), 4)
     rope = dict(QKV=p32, B=p16, QO=p16, K_POOL=p16, V_POOL=p16, SLOTS="*i64", QW=p16, KW=p16, C=p16, S=p16,
                 n_rows=i32, n_cols=i32, n_q=i32, inv_d="fp32", eps="fp32") | ints(
         ("stride_qkv", "stride_qot", "stride_qoh", "stride_ps", "stride_ph", "stride_ct", "stride_st"), i32)
@@ -128,6 +132,9 @@ def kernels():
                   dict(HEAD_DIM=128, BLOCK_N=tree_attention.BLOCK_N, SPLIT_TILES=9, MODE=modes[0], FLAT_TILES=0,
                        HAS_SINKS=False, SPLITS_BLOCK=tree_attention.AR_SPLITS_BLOCK,
                        SERIAL_SPLITS=tree_attention.AR_SERIAL_SPLITS), tree_attention.AR_MERGE_WARPS)
+    yield compare("visible_keys", key_order._visible_keys_kernel,
+                  dict(MASK="*u8", ORDER="*i32", COUNT="*i32", T=i32, stride_row=i32, stride_col="constexpr"),
+                  dict(stride_col=1, BLOCK=64), key_order.NUM_WARPS)  # a contiguous mask: Triton specialises 1
     groups = {"BLOCK_EXPERT": "*i32", "BLOCK_ROWS": "*i32", "ROW_ASSIGN": "*i32"}
     tile = moe.TILE
     # Qwen3's layout: the K stride is 1, a constexpr as Triton specialises it at launch

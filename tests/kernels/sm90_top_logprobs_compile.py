@@ -29,8 +29,11 @@ if __name__ == "__main__":
             for dtype in dtypes:
                 for pdl in (True, False):
                     sig = {"X": f"*{dtype}", "MAXS": "*fp32", "SUMS": "*fp32", "CAND": "*i64", "V": "i32",
-                           "stride": "i32", "n_chunks": "i32", "CHUNK": "constexpr", "KP": "constexpr", "PDL": "constexpr"}
-                    src = ASTSource(fn=tk._chunk_top_kernel, signature=sig, constexprs=dict(CHUNK=chunk, KP=kp, PDL=pdl))
+                           "stride": "i32", "n_chunks": "i32", "CHUNK": "constexpr", "KP": "constexpr", "NARROW": "constexpr",
+                           "PDL": "constexpr"}
+                    narrow = dtype != "fp32"  # as top_log_probs_triton launches it
+                    src = ASTSource(fn=tk._chunk_top_kernel, signature=sig,
+                                    constexprs=dict(CHUNK=chunk, KP=kp, NARROW=narrow, PDL=pdl))
                     kernel = triton.compile(src, target=target, options=dict(num_warps=tk._chunk_warps(chunk)))
                     print(json.dumps(dict(kernel="chunk_top", chunk=chunk, k=k, dtype=dtype, pdl=pdl, **resource_usage(kernel))))
             ncp = tk._pow2(triton.cdiv(151_936, max(chunk, kp)))

@@ -63,6 +63,17 @@ def test_half_inputs(dtype, depth):
     check(logits_of("random", depth, 200, seed=depth, dtype=dtype), 32, chunk=64)
 
 
+@pytest.mark.parametrize("kind", ["tied", "neg_inf", "confident"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_ties_and_masks(kind, dtype):
+    # 16-bit rows select on int32 keys: ties across and within chunks, -inf chunks, signed zeros
+    x = logits_of(kind, 3, 777, seed=11, dtype=dtype)
+    if kind == "tied":
+        x[1, 100:700:3] = -0.0
+        x[1, 101:700:3] = 0.0
+    check(x, 64, chunk=128)
+
+
 def test_one_chunk_and_chunk_below_k():
     check(logits_of("random", 2, 100, seed=3, dtype=torch.float32), 8, chunk=128)  # one partial chunk
     check(logits_of("random", 2, 300, seed=4, dtype=torch.float32), 64, chunk=16)  # chunk grows to k
