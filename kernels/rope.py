@@ -74,27 +74,18 @@ def _pow2(x: int) -> int:
 
 
 def rope_cos_sin_triton(
-    positions: torch.Tensor,
-    inv_freq: torch.Tensor,
-    attention_factor: float,
-    dtype: torch.dtype,
-    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton `rope_cos_sin_ref`: (cos, sin), each [T, 1, D] in `dtype`, D = 2 * len(inv_freq), in
-    one launch. `out`: two contiguous [T, 1, D] tensors of `dtype` to write instead of new ones."""
+    one launch."""
     if triton is None:
         raise RuntimeError("triton is not installed")
     assert positions.dim() == 1 and not positions.is_floating_point(), "positions: [T] integers"
     assert inv_freq.dim() == 1 and inv_freq.dtype == torch.float32, "inv_freq: [D/2] fp32"
     t, h = positions.shape[0], inv_freq.shape[0]
     d = 2 * h
-    if out is None:
-        cos = torch.empty(t, 1, d, dtype=dtype, device=positions.device)
-        sin = torch.empty(t, 1, d, dtype=dtype, device=positions.device)
-    else:
-        cos, sin = out
-        for o in out:
-            assert o.shape == (t, 1, d) and o.dtype == dtype and o.is_contiguous(), "out: contiguous [T, 1, D] in dtype"
+    cos = torch.empty(t, 1, d, dtype=dtype, device=positions.device)
+    sin = torch.empty(t, 1, d, dtype=dtype, device=positions.device)
     if t == 0:
         return cos, sin
     positions = positions.contiguous()
@@ -111,19 +102,10 @@ def rope_cos_sin_triton(
 
 
 def rope_cos_sin(
-    positions: torch.Tensor,
-    inv_freq: torch.Tensor,
-    attention_factor: float,
-    dtype: torch.dtype,
-    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE's (cos, sin) at `positions` [T] (int32/int64), each [T, 1, D] in `dtype`
     (`rope_cos_sin_ref`): the one Triton launch on CUDA, the torch reference elsewhere."""
     if positions.is_cuda and triton is not None:
-        return rope_cos_sin_triton(positions, inv_freq, attention_factor, dtype, out=out)
-    cos, sin = rope_cos_sin_ref(positions, inv_freq, attention_factor, dtype)
-    if out is None:
-        return cos, sin
-    out[0].copy_(cos)
-    out[1].copy_(sin)
-    return out
+        return rope_cos_sin_triton(positions, inv_freq, attention_factor, dtype)
+    return rope_cos_sin_ref(positions, inv_freq, attention_factor, dtype)
