@@ -11,22 +11,16 @@ compares the kernel's packed round and path with the torch code's, bit for bit.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from jetspec_chat.bench.timing import graphed_ms
+from jetspec_chat.bench.timing import graphed_us_per_call
 from jetspec_chat.engine.accept import accept, pack_round
 from jetspec_chat.engine.tree import Tree, ancestor_mask
 from jetspec_chat.kernels.accept import accept_pack_triton
 
 REPEAT = 20
 MAX_PATH = 16  # a bucket's path length: min(bucket, the head's block)
-
-
-def graphed_us(fn, reps: int) -> float:
-    """µs per call: the median replay of one CUDA graph of REPEAT calls, over REPEAT."""
-    return statistics.median(graphed_ms(lambda: [fn() for _ in range(REPEAT)], reps)) * 1e3 / REPEAT
 
 
 def padded_tree(bucket: int, real: int, device: torch.device, g: torch.Generator) -> tuple[Tree, torch.Tensor]:
@@ -80,8 +74,8 @@ def main() -> None:
         path, want = torch_round()
         head, packed = kernel_round()
         same = torch.equal(packed, want) and torch.equal(head[2:], path)
-        t_torch = graphed_us(torch_round, args.reps)
-        t_kernel = graphed_us(kernel_round, args.reps)
+        t_torch = graphed_us_per_call(torch_round, args.reps, REPEAT)
+        t_kernel = graphed_us_per_call(kernel_round, args.reps, REPEAT)
         print(f"{bucket:>5} {real:>5} {path_len:>3} {int(want[0]):>5} {t_torch:9.1f} {t_kernel:10.1f} "
               f"{t_torch / t_kernel:6.1f}  {same}")
 

@@ -14,20 +14,14 @@ as it likes, so on tied rows it may differ there and only there.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from jetspec_chat.bench.timing import graphed_ms
+from jetspec_chat.bench.timing import graphed_us_per_call
 from jetspec_chat.kernels import top_log_probs_ref, top_log_probs_triton
 from jetspec_chat.kernels.top_logprobs import CHUNK
 
 REPEAT = 20
-
-
-def graphed_us(fn, reps: int) -> float:
-    """µs per call: the median replay of one CUDA graph of REPEAT calls, over REPEAT."""
-    return statistics.median(graphed_ms(lambda: [fn() for _ in range(REPEAT)], reps)) * 1e3 / REPEAT
 
 
 def torch_top(x: torch.Tensor, k: int):
@@ -56,8 +50,9 @@ def main() -> None:
             for dtype in (torch.float32, torch.bfloat16):
                 x = logits.to(dtype)
                 want_values, want_ids = top_log_probs_ref(x, k)
-                t_torch = graphed_us(lambda: torch_top(x.float(), k), args.reps)  # .float() of fp32: x itself
-                fused = [graphed_us(lambda c=c: top_log_probs_triton(x, k, chunk=c), args.reps) for c in chunks]
+                t_torch = graphed_us_per_call(lambda: torch_top(x.float(), k), args.reps, REPEAT)  # .float() of fp32: x itself
+                fused = [graphed_us_per_call(lambda c=c: top_log_probs_triton(x, k, chunk=c), args.reps, REPEAT)
+                         for c in chunks]
                 values, ids = top_log_probs_triton(x, k)
                 torch_ids = torch_top(x.float(), k)[1]
                 diff = (values - want_values).abs().max().item()

@@ -13,19 +13,13 @@ and bf16, frequencies of theta 1e6 and log-uniform random ones: 0 is bitwise equ
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from jetspec_chat.bench.timing import graphed_ms
+from jetspec_chat.bench.timing import graphed_us_per_call
 from jetspec_chat.kernels import rope_cos_sin_ref, rope_cos_sin_triton
 
 REPEAT = 20
-
-
-def graphed_us(fn, reps: int) -> float:
-    """µs per call: the median replay of one CUDA graph of REPEAT calls, over REPEAT."""
-    return statistics.median(graphed_ms(lambda: [fn() for _ in range(REPEAT)], reps)) * 1e3 / REPEAT
 
 
 def same(a, b) -> bool:
@@ -61,7 +55,8 @@ def main() -> None:
                 pos = torch.randint(0, 100_000, (t,), device=device)
                 ref = lambda: rope_cos_sin_ref(pos, theta, factor, torch.bfloat16)  # noqa: E731
                 fused = lambda: rope_cos_sin_triton(pos, theta, factor, torch.bfloat16)  # noqa: E731
-                us_ref, us_fused = graphed_us(ref, args.reps), graphed_us(fused, args.reps)
+                us_ref = graphed_us_per_call(ref, args.reps, REPEAT)
+                us_fused = graphed_us_per_call(fused, args.reps, REPEAT)
                 print(f"{t:>4} {d:>4} {factor:>6} {us_ref:9.2f} {us_fused:10.2f}  {str(same(ref(), fused())):5}  {wide}")
 
 

@@ -11,11 +11,10 @@ reference's on the same mask ("same" column).
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from jetspec_chat.bench.timing import graphed_ms
+from jetspec_chat.bench.timing import graphed_us_per_call
 from jetspec_chat.kernels import ancestor_mask_ref, key_order, visible_keys_ref, visible_keys_triton
 
 REPEAT = 20
@@ -25,14 +24,6 @@ def tree_mask(t: int, device: torch.device) -> torch.Tensor:
     gen = torch.Generator().manual_seed(t)
     parents = torch.tensor([-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, t)])
     return ancestor_mask_ref(parents, t).to(device)
-
-
-def per_call_us(fn, reps: int) -> float:
-    def many():
-        for _ in range(REPEAT):
-            fn()
-
-    return statistics.median(graphed_ms(many, reps)) * 1e3 / REPEAT
 
 
 def main() -> None:
@@ -50,13 +41,13 @@ def main() -> None:
         for kind in ("tree", "causal"):
             mask = tree_mask(t, device) if kind == "tree" else torch.ones(t, t, dtype=torch.bool, device=device).tril()
             ref = visible_keys_ref(mask)
-            row = [per_call_us(lambda: visible_keys_ref(mask), args.reps)]
+            row = [graphed_us_per_call(lambda: visible_keys_ref(mask), args.reps, REPEAT)]
             same = True
             for w in warps:
                 key_order.NUM_WARPS = w
                 out = visible_keys_triton(mask)
                 same &= torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
-                row.append(per_call_us(lambda: visible_keys_triton(mask), args.reps))
+                row.append(graphed_us_per_call(lambda: visible_keys_triton(mask), args.reps, REPEAT))
             key_order.NUM_WARPS = default_warps
             print(f"{t:>5} {kind:>6} {row[0]:>8.2f} " + " ".join(f"{v:>10.2f}" for v in row[1:]) + f"  {same}")
 
