@@ -60,12 +60,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_split=None, upcast: bool = True) -> torch.Tensor:
-    """fp32 logits [..., V] of `hidden` through an lm_head `weight` (argmax and sampling always
-    happen in fp32). Under tensor parallelism `weight` holds this rank's rows of the vocabulary
-    and `vocab_split` (a parallel.VocabSplit) gathers every rank's slice into the whole row.
+    """fp32 logits [..., V] of `hidden` through an lm_head `weight` (sampling always happens in
+    fp32). Under tensor parallelism `weight` holds this rank's rows of the vocabulary and
+    `vocab_split` (a parallel.VocabSplit) gathers every rank's slice into the whole row.
     `upcast=False`: without a gather, the GEMM's own dtype, for a consumer that widens as it
-    reads (the draft graph's top_log_probs: bf16 to fp32 is exact, so the numbers are the same
-    and the copy is saved)."""
+    reads or only compares (the draft graph's top_log_probs, TargetModel.greedy's argmax: bf16
+    to fp32 is exact and keeps the order, so the results are the same and the copy is saved)."""
     part = linear(hidden, weight)
     if vocab_split is not None:
         return vocab_split.gather(part)
