@@ -38,6 +38,10 @@ echo "== exchange bench, at $((SECONDS - start)) s" | tee "$dir/exchange.txt"
 timeout "$(cap 70)" $PY -m torch.distributed.run --nproc-per-node 2 tools/tp_exchange_bench.py 2>"$dir/exchange.err" \
   | tee -a "$dir/exchange.txt" || tail -c 2000 "$dir/exchange.err"
 
+# OLD_REV without OLD_SRC needs it in git history (a copied tree may have none).
+if [ -n "${OLD_REV:-}" ] && [ -z "${OLD_SRC:-}" ] && ! git cat-file -e "${OLD_REV}^{commit}" 2>/dev/null; then
+  echo "OLD_REV $OLD_REV is not in this tree's git history: no A/B"; OLD_REV=
+fi
 BENCH=(random:Qwen/Qwen3-8B --draft-head random:5 --contexts 512 --tree-sizes 1,128 --round-budget 128 --reps 10 --profile-rounds 0)
 l=$(left)
 echo "== engine A/B at --tp 2, at $((SECONDS - start)) s (${l} s left)" | tee "$dir/engine_ab.txt"
@@ -48,8 +52,8 @@ if [ "$l" -lt 80 ] || { [ -z "${OLD_SRC:-}" ] && [ -z "${OLD_REV:-}" ]; }; then
     > "$dir/tp2.log" 2>&1 || { echo "the --tp 2 bench failed or ran out of time"; tail -c 2000 "$dir/tp2.log"; } | tee -a "$dir/engine_ab.txt"
 else
   src_arg=(); [ -n "${OLD_SRC:-}" ] && src_arg=(--old-src "$OLD_SRC")
-  rounds=2; [ "$l" -lt 170 ] && rounds=1
-  timeout "$((l - 5))" $PY tools/remote-gpu/engine_ab.py "${OLD_REV:-HEAD}" ${src_arg[@]+"${src_arg[@]}"} --rounds "$rounds" \
+  rounds=2; [ "$l" -lt 200 ] && rounds=1  # ~35 s a bench; ~45 s kept for --tp 1
+  timeout "$((l - 45))" $PY tools/remote-gpu/engine_ab.py "${OLD_REV:-HEAD}" ${src_arg[@]+"${src_arg[@]}"} --rounds "$rounds" \
     --out "$dir/ab" -- "${BENCH[@]}" --tp 2 > "$dir/engine_ab.log" 2>&1 || echo "engine A/B failed or ran out of time" | tee -a "$dir/engine_ab.txt"
   tail -10 "$dir/engine_ab.log" | tee -a "$dir/engine_ab.txt"
 fi
