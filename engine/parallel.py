@@ -24,10 +24,11 @@ every rank, and needs no token exchange (all-to-all) at all.
 
 The exchange: on CUDA through symmetric memory where every pair of GPUs can reach each other
 (`SymmetricExchange`: the row-parallel GEMM writes its partial into this rank's slot of a
-symmetric buffer, a device-side barrier, then one gather of the N ranks' slots by unicast peer
-loads; 2 launches beside the GEMM, no NCCL, no host sync, capturable in a CUDA graph), else (the CPU with gloo, no peer access, a batch larger than
+symmetric buffer, a device-side barrier, then the consumer reads the N ranks' slots in place by
+unicast peer loads as it sums them; 1 launch beside the GEMM, no copy, no NCCL, no host sync,
+capturable in a CUDA graph), else (the CPU with gloo, no peer access, a batch larger than
 the buffer, JETSPEC_TP_EXCHANGE=nccl) one NCCL/gloo all-gather. Both hand the consumer the same
-[N, T, H] values, so the choice never changes a bit of the output.
+N partials [T, H], so the choice never changes a bit of the output.
 """
 from __future__ import annotations
 
@@ -67,15 +68,21 @@ class SymmetricExchange:
     """Every rank's partial [T, H] (T <= rows) to every rank through symmetric memory, unicast
     only (NVLink multicast stays off). Each rank holds SLOTS buffers [rows, H]. A rank's partial
     goes into its slot (the row-parallel GEMM writes it there directly: `out_for`; anything else
-    is copied in), the ranks meet at a device-side barrier (signal pads: release/acquire at
-    system scope, no host sync, capturable in a CUDA graph), then one kernel of peer loads
-    gathers slot `slot` of all N ranks' buffers, in rank order, into one local [N, T, H] tensor:
-    beside the GEMM, two launches an exchange.
+    is copied in) and the ranks meet at a device-side barrier (signal pads: release/acquire at
+    system scope, no host sync, capturable in a CUDA graph). Nothing is copied after it: the
+    `Partials` handed on name slot `slot` of all N ranks' buffers in place (a table of their
+    addresses, in rank order), and the consumer (add_rms_norm) reads the peers' slots by unicast
+    loads as it sums them. Beside the GEMM, one launch an exchange (the barrier).
 
     Two slots make one barrier per exchange enough: a rank writes a slot again only after the
-    next exchange's barrier, which every other rank enters only after its gather from that slot.
-    That holds while consecutive exchanges use different slots: the attention's o_proj uses slot
-    0 and the MLP / MoE block slot 1, and every forward runs the layers in order (o, mlp, o, ...)."""
+    next exchange's barrier, which every other rank enters only after its consumer of this
+    exchange has read that slot (the consumer runs before the next barrier on the rank's
+    stream, and a kernel starts only once the one before it has finished, with PDL too: every
+    kernel here waits for its predecessor before its first load). So a Partials from `gather`
+    must be consumed before the rank's next exchange, as the forward does (the next residual
+    add + norm, or `sum()`). That holds while consecutive exchanges use different slots: the
+    attention's o_proj uses slot 0 and the MLP / MoE block slot 1, and every forward runs the
+    layers in order (o, mlp, o, ...)."""
 
     SLOTS = 2
 
@@ -86,7 +93,13 @@ class SymmetricExchange:
         self.buffer = symm_mem.empty(self.SLOTS, rows, hidden, dtype=dtype, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, group_name)
         self.rank, self.world = self.handle.rank, self.handle.world_size
-        self._views: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        # Per slot, the N ranks' slot addresses in this process (int64, on the device), made
+        # once here: a CUDA graph then replays its reads from the same table.
+        self._slot_ptrs = [
+            torch.tensor([v.data_ptr() for v in self._peer_views(slot, rows)], dtype=torch.int64, device=device)
+            for slot in range(self.SLOTS)
+        ]
 
     def fits(self, partial: torch.Tensor) -> bool:
         return partial.dim() == 2 and self._takes(partial.shape[0], partial.shape[1], partial.dtype, partial.device)
@@ -107,21 +120,22 @@ class SymmetricExchange:
         return self.out(x.shape[0], slot) if fits else None
 
     def gather(self, partial: torch.Tensor, slot: int) -> Partials:
-        """Every rank's `partial`, as `Partials` [N, T, H] (rank r's at [r]); every rank calls it
-        with the same shape and slot."""
+        """Every rank's `partial`, as `Partials` of N parts [T, H] (rank r's is part r), read in
+        place from the ranks' slots (the address-table form); every rank calls it with the same
+        shape and slot, and consumes the result before its next exchange (class docstring)."""
         t = partial.shape[0]
         mine = self.out(t, slot)
         if partial.data_ptr() != mine.data_ptr():
             mine.copy_(partial)
         self.handle.barrier(channel=0)
-        parts = torch.stack(self._peer_views(slot, t))
-        return Partials(parts, None, partial.dtype)
+        return Partials(self._peer_views(slot, t), None, partial.dtype, group_ptrs=self._slot_ptrs[slot])
 
-    def _peer_views(self, slot: int, t: int) -> list[torch.Tensor]:
+    def _peer_views(self, slot: int, t: int) -> tuple[torch.Tensor, ...]:
+        """The first t rows of slot `slot` of every rank's buffer, in rank order (dense [t, H])."""
         views = self._views.get((slot, t))
         if views is None:
             offset = slot * self.rows * self.hidden
-            views = [self.handle.get_buffer(r, (t, self.hidden), self.dtype, offset) for r in range(self.world)]
+            views = tuple(self.handle.get_buffer(r, (t, self.hidden), self.dtype, offset) for r in range(self.world))
             self._views[(slot, t)] = views
         return views
 
@@ -159,12 +173,13 @@ def _all_ranks(ok: bool, ranks: Ranks) -> bool:
 
 def gather_partials(partial: torch.Tensor, world: int, exchange: SymmetricExchange | None = None,
                     slot: int = 0) -> Partials:
-    """Every rank's `partial` [T, H], as one `Partials` [N, T, H] (rank r's at [r]): its value is
+    """Every rank's `partial` [T, H], as one `Partials` of N parts (rank r's is part r): its value is
     their sum added in rank order onto a zero fp32 total, rounded once to partial's dtype, the
     same on every rank. Elementwise, so a row's sum does not depend on the other rows. The
     consumer (add_rms_norm) adds the parts as it loads them: no extra launch for the sum.
-    Through `exchange` (its `slot`) where it fits, else one all-gather into one buffer; both
-    are capturable in a CUDA graph."""
+    Through `exchange` (its `slot`: the parts read in place from the ranks' symmetric buffers)
+    where it fits, else one all-gather into one [N, T, H] buffer; both are capturable in a CUDA
+    graph and give the consumer the same values."""
     if exchange is not None and exchange.fits(partial):
         return exchange.gather(partial, slot)
     partial = partial.contiguous()

@@ -5,7 +5,9 @@ launch each instead of the ~6-8 small kernels eager torch runs for the same step
 add_rms_norm and qkv_rope_write read a linear's output, or, where the batch-invariant GEMM
 splits over K groups (kernels/matmul.py), its fp32 group sums (`Partials`), which they add as
 they load with the group-sum pass's arithmetic (`_load_input`): that pass's launch is saved and
-the bits are the same (tests/kernels/test_launch_fusion.py).
+the bits are the same (tests/kernels/test_launch_fusion.py). Under tensor parallelism the
+ranks' partials come the same way, read in place from the peers' symmetric buffers through a
+table of their addresses (`Partials.group_ptrs`; tests/kernels/test_partials_in_place.py).
 
 Numerics follow the eager code in engine/layers.py (and transformers) step by step, including
 its intermediate roundings to the input dtype, so that swapping a kernel in changes as little
@@ -59,17 +61,26 @@ SILU_BLOCK = 1024
 if triton is not None:
 
     @triton.jit
-    def _load_input(X, B, row, n_rows, n_cols, row_x, cols, mask, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+    def _load_input(X, B, row, n_rows, n_cols, row_x, cols, mask,
+                    GROUPS: tl.constexpr, PTRS: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr):
         """Elements `cols` of row `row` of a linear's output, in DT. GROUPS == 0: X is that output.
-        GROUPS > 0: X is its split launch's group sums [GROUPS, n_rows, n_cols] fp32 (`Partials`),
-        summed here with `_sum_groups_kernel`'s arithmetic: in group order onto a zero fp32
-        total, the bias (B) added, one cast."""
+        GROUPS > 0: its parts (`Partials`), summed here with `_sum_groups_kernel`'s arithmetic:
+        in group order onto a zero fp32 total, the bias (B) added, one cast. The parts are X
+        [GROUPS, n_rows, n_cols]; or, PTRS, X is a table of GROUPS int64 addresses, part g
+        [n_rows, n_cols] at the g-th, and X's element type is the parts' (the table is passed
+        viewed as their dtype: every launch argument is then a local tensor, none a peer's)."""
         if GROUPS == 0:
             x = tl.load(X + row_x + cols, mask=mask, other=0.0)
         else:
             x = tl.zeros(cols.shape, dtype=tl.float32)
             for g in tl.static_range(GROUPS):
-                x += tl.load(X + (g * n_rows + row) * n_cols + cols, mask=mask, other=0.0)
+                if PTRS:
+                    # 16-byte aligned (the wrapper checks): the loads stay vectorised
+                    address = tl.load(X.to(tl.pointer_type(tl.int64), bitcast=True) + g)
+                    part = tl.multiple_of(address.to(tl.pointer_type(X.dtype.element_ty)), 16)
+                    x += tl.load(part + row * n_cols + cols, mask=mask, other=0.0)
+                else:
+                    x += tl.load(X + (g * n_rows + row) * n_cols + cols, mask=mask, other=0.0)
             if HAS_BIAS:
                 x += tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
             x = x.to(DT)
@@ -77,9 +88,10 @@ if triton is not None:
 
     @triton.jit
     def _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cols, mask,
-                  HAS_RES: tl.constexpr, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, DT: tl.constexpr):
+                  HAS_RES: tl.constexpr, GROUPS: tl.constexpr, PTRS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  DT: tl.constexpr):
         """x (or x + residual, rounded to DT as torch's add is) in DT; x as `_load_input`."""
-        x = _load_input(X, B, row, n_rows, n_cols, row_x, cols, mask, GROUPS, HAS_BIAS, DT)
+        x = _load_input(X, B, row, n_rows, n_cols, row_x, cols, mask, GROUPS, PTRS, HAS_BIAS, DT)
         if HAS_RES:
             r = tl.load(R + row_r + cols, mask=mask, other=0.0)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(DT)
@@ -89,7 +101,7 @@ if triton is not None:
     def _rms_norm_kernel(
         X, R, B, W, Y, H, n_rows, n_cols, inv_n, eps,
         stride_x, stride_r, stride_y, stride_h,
-        HAS_RES: tl.constexpr, GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HAS_RES: tl.constexpr, GROUPS: tl.constexpr, PTRS: tl.constexpr, HAS_BIAS: tl.constexpr,
         BLOCK: tl.constexpr, NUM_CHUNKS: tl.constexpr, PDL: tl.constexpr,
     ):
         """One row per program. HAS_RES: h = x + r is written to H and normalised. GROUPS > 0:
@@ -105,7 +117,7 @@ if triton is not None:
         cols = tl.arange(0, BLOCK)
         if NUM_CHUNKS == 1:
             mask = cols < n_cols
-            x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cols, mask, HAS_RES, GROUPS, HAS_BIAS, DT)
+            x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cols, mask, HAS_RES, GROUPS, PTRS, HAS_BIAS, DT)
             if HAS_RES:
                 tl.store(H + row_h + cols, x, mask=mask)
             xf = x.to(tl.float32)
@@ -120,7 +132,7 @@ if triton is not None:
             for c in range(NUM_CHUNKS):
                 cc = c * BLOCK + cols
                 mask = cc < n_cols
-                x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cc, mask, HAS_RES, GROUPS, HAS_BIAS, DT)
+                x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cc, mask, HAS_RES, GROUPS, PTRS, HAS_BIAS, DT)
                 if HAS_RES:
                     tl.store(H + row_h + cc, x, mask=mask)
                 xf = x.to(tl.float32)
@@ -131,7 +143,7 @@ if triton is not None:
             for c in range(NUM_CHUNKS):
                 cc = c * BLOCK + cols
                 mask = cc < n_cols
-                x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cc, mask, HAS_RES, GROUPS, HAS_BIAS, DT)
+                x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cc, mask, HAS_RES, GROUPS, PTRS, HAS_BIAS, DT)
                 y = (x.to(tl.float32) * scale).to(DT)
                 w = tl.load(W + cc, mask=mask, other=0.0)
                 out = y.to(tl.float32) * w.to(tl.float32)
@@ -203,7 +215,7 @@ if triton is not None:
         QKV, B, QO, K_POOL, V_POOL, SLOTS, QW, KW, C, S,
         n_rows, n_cols, n_q, inv_d, eps,
         stride_qkv, stride_qot, stride_qoh, stride_ps, stride_ph, stride_ct, stride_st,
-        GROUPS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
+        GROUPS: tl.constexpr, PTRS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
         HALF: tl.constexpr, PDL: tl.constexpr,
     ):
         """grid (T, n_q + n_kv): one head of token t's qkv row [q heads | k heads | v heads] per
@@ -218,8 +230,8 @@ if triton is not None:
         row = t * stride_qkv
         col = h * (2 * HALF) + d
         every = col < n_cols  # all true: the loads keep the masked form of the other kernels
-        x1 = _load_input(QKV, B, t, n_rows, n_cols, row, col, every, GROUPS, HAS_BIAS, dt).to(tl.float32)
-        x2 = _load_input(QKV, B, t, n_rows, n_cols, row, col + HALF, every, GROUPS, HAS_BIAS, dt).to(tl.float32)
+        x1 = _load_input(QKV, B, t, n_rows, n_cols, row, col, every, GROUPS, PTRS, HAS_BIAS, dt).to(tl.float32)
+        x2 = _load_input(QKV, B, t, n_rows, n_cols, row, col + HALF, every, GROUPS, PTRS, HAS_BIAS, dt).to(tl.float32)
         if h < n_q:
             o1, o2 = _norm_rope(x1, x2, QW, C, S, t, inv_d, eps, stride_ct, stride_st, HAS_QNORM, HALF)
             q_dst = QO + t * stride_qot + h * stride_qoh + d
@@ -232,8 +244,8 @@ if triton is not None:
             tl.store(K_POOL + off, o1.to(dt).to(K_POOL.dtype.element_ty))
             tl.store(K_POOL + off + HALF, o2.to(dt).to(K_POOL.dtype.element_ty))
             vcol = col + (n_cols - n_q * 2 * HALF) // 2  # the same head's v columns
-            v1 = _load_input(QKV, B, t, n_rows, n_cols, row, vcol, every, GROUPS, HAS_BIAS, dt)
-            v2 = _load_input(QKV, B, t, n_rows, n_cols, row, vcol + HALF, every, GROUPS, HAS_BIAS, dt)
+            v1 = _load_input(QKV, B, t, n_rows, n_cols, row, vcol, every, GROUPS, PTRS, HAS_BIAS, dt)
+            v2 = _load_input(QKV, B, t, n_rows, n_cols, row, vcol + HALF, every, GROUPS, PTRS, HAS_BIAS, dt)
             tl.store(V_POOL + off, v1.to(V_POOL.dtype.element_ty))
             tl.store(V_POOL + off + HALF, v2.to(V_POOL.dtype.element_ty))
 
@@ -281,17 +293,31 @@ def _norm_launch(n_cols: int, block: int | None) -> tuple[int, int, int]:
     return block, chunks, max(1, min(8, block // 512))
 
 
+def _parts(p: Partials) -> tuple[torch.Tensor, bool]:
+    """(X, PTRS) of `_load_input` for `p`'s parts: the one buffer [G, M, N]; or, in the
+    address-table form, the table viewed as the parts' dtype."""
+    if p.group_ptrs is None:
+        assert p.groups.is_contiguous(), "Partials: one dense [G, M, N] buffer"
+        return p.groups, False
+    first = p.groups[0]
+    assert all(g.shape == first.shape and g.dtype == first.dtype and g.device == first.device and g.is_contiguous()
+               and g.data_ptr() % 16 == 0 for g in p.groups), "Partials: parts of one shape, dtype and device, dense, 16-byte aligned"
+    assert p.group_ptrs.shape == (p.num_groups,) and p.group_ptrs.dtype == torch.int64 and p.group_ptrs.is_contiguous()
+    assert p.group_ptrs.device == first.device, "Partials: the address table on the parts' device"
+    return p.group_ptrs.view(first.dtype), True
+
+
 def _rms_norm_launch(x, residual, weight, eps, block):
     _check_triton()
     shape, n = x.shape, x.shape[-1]
     assert weight.shape == (n,), f"weight {tuple(weight.shape)} does not match hidden {n}"
-    if isinstance(x, Partials):  # a split linear's group sums: [G, M, N] fp32, summed as loaded
-        assert residual is not None and x.groups.is_contiguous() and x.dtype == residual.dtype
-        x2, groups, bias, dtype = x.groups, x.groups.shape[0], x.bias, x.dtype
-        rows = x2.shape[1]
+    if isinstance(x, Partials):  # a linear's parts (split GEMM groups, ranks' partials), summed as loaded
+        assert residual is not None and x.dtype == residual.dtype
+        x2, ptrs = _parts(x)
+        groups, bias, dtype = x.num_groups, x.bias, x.dtype
     else:
-        x2, groups, bias, dtype = _rows(x), 0, None, x.dtype
-        rows = x2.shape[0]
+        x2, groups, bias, dtype, ptrs = _rows(x), 0, None, x.dtype, False
+    rows = x.shape[0] if isinstance(x, Partials) else x2.shape[0]
     out_dtype = torch.promote_types(dtype, weight.dtype)
     y = torch.empty(rows, n, device=x2.device, dtype=out_dtype)
     if residual is not None:
@@ -305,8 +331,8 @@ def _rms_norm_launch(x, residual, weight, eps, block):
         block, chunks, warps = _norm_launch(n, block)
         _rms_norm_kernel[(rows,)](
             x2, r2, bias if bias is not None else weight, weight, y, h, rows, n, 1.0 / n, eps,
-            x2.stride(-2), r2.stride(0), y.stride(0), h.stride(-2),
-            HAS_RES=residual is not None, GROUPS=groups, HAS_BIAS=bias is not None, BLOCK=block, NUM_CHUNKS=chunks,
+            n if ptrs else x2.stride(-2), r2.stride(0), y.stride(0), h.stride(-2),
+            HAS_RES=residual is not None, GROUPS=groups, PTRS=ptrs, HAS_BIAS=bias is not None, BLOCK=block, NUM_CHUNKS=chunks,
             num_warps=warps, enable_fp_fusion=False, **launch_args(x2.device, rows),
         )
     y = y.view(shape)
@@ -438,11 +464,11 @@ def qkv_rope_write_triton(
     or its split launch's `Partials` (summed as loaded: no group-sum pass). Returns q [T, Hq, D]."""
     _check_triton()
     if isinstance(qkv, Partials):
-        assert qkv.groups.is_contiguous()
-        x, groups, bias, dtype, stride = qkv.groups, qkv.groups.shape[0], qkv.bias, qkv.dtype, 0
+        x, ptrs = _parts(qkv)
+        groups, bias, dtype, stride = qkv.num_groups, qkv.bias, qkv.dtype, 0
     else:
         assert qkv.dim() == 2 and qkv.stride(1) == 1, "qkv: [T, N], dense rows"
-        x, groups, bias, dtype, stride = qkv, 0, None, qkv.dtype, qkv.stride(0)
+        x, groups, bias, dtype, stride, ptrs = qkv, 0, None, qkv.dtype, qkv.stride(0), False
     t, n = qkv.shape
     d = n // (n_heads + 2 * n_kv)
     assert d * (n_heads + 2 * n_kv) == n and d >= 2 and d & (d - 1) == 0, "head_dim: a power of two"
@@ -462,7 +488,7 @@ def qkv_rope_write_triton(
         x, bias if bias is not None else c2, q, k_pool, v_pool, slots.contiguous(), qw, kw, c2, s2,
         t, n, n_heads, 1.0 / d, eps,
         stride, q.stride(0), q.stride(1), k_pool.stride(1), k_pool.stride(2), sc, ss,
-        GROUPS=groups, HAS_BIAS=bias is not None, HAS_QNORM=q_norm_weight is not None,
+        GROUPS=groups, PTRS=ptrs, HAS_BIAS=bias is not None, HAS_QNORM=q_norm_weight is not None,
         HAS_KNORM=k_norm_weight is not None, HALF=d // 2,
         num_warps=max(1, min(4, d // 256)), enable_fp_fusion=False,  # qk_norm_rope's, one head a program
         **launch_args(x.device, t),
@@ -489,7 +515,7 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(residual + x), residual + x): Triton on CUDA tensors, the reference elsewhere.
     x: a tensor, or a split linear's `Partials` (only the Triton GEMM makes them)."""
-    if _use_triton(x.groups if isinstance(x, Partials) else x, residual, weight):
+    if _use_triton(x.groups[0] if isinstance(x, Partials) else x, residual, weight):
         return add_rms_norm_triton(x, residual, weight, eps)
     return add_rms_norm_ref(x.sum() if isinstance(x, Partials) else x, residual, weight, eps)
 
@@ -530,7 +556,7 @@ def qkv_rope_write(
 ) -> torch.Tensor:
     """q of a fused qkv projection's output (or `Partials`), its k and v written to the cache
     slots: one Triton launch on CUDA, else the reference. Returns q [T, Hq, D] (normed, RoPE'd)."""
-    x = qkv.groups if isinstance(qkv, Partials) else qkv
+    x = qkv.groups[0] if isinstance(qkv, Partials) else qkv
     if _use_triton(x, q_norm_weight, k_norm_weight, cos, sin):
         return qkv_rope_write_triton(qkv, n_heads, n_kv, q_norm_weight, k_norm_weight, cos, sin, eps, k_pool, v_pool, slots)
     qkv = qkv.sum() if isinstance(qkv, Partials) else qkv

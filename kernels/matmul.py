@@ -205,23 +205,38 @@ def wide_tile_for(m: int, n: int, k: int, config: LinearConfig) -> WideTile | No
 
 @dataclass(frozen=True)
 class Partials:
-    """A split launch's output before its group-sum pass: `groups` [G, M, N] fp32 (group g's sum
-    of row m, column n), the bias [N] or None, and the output dtype. Its value is `sum()`: the
-    groups added in order to a zero fp32 total, the bias added, one cast. A consumer that takes
-    Partials (rather than the linear's output) does exactly these adds per element as it loads."""
+    """A linear's output before its sum: G parts [M, N] (a split launch's fp32 group sums; the
+    tensor-parallel ranks' partials), the bias [N] or None, and the output dtype. Its value is
+    `sum()`: the parts added in order to a zero fp32 total, the bias added, one cast. A consumer
+    that takes Partials (rather than the linear's output) does exactly these adds per element as
+    it loads.
 
-    groups: torch.Tensor
+    The parts live in one of two forms. `groups` a tensor [G, M, N] (one buffer); or, with
+    `group_ptrs`, a tuple of G tensors [M, N], each dense (row stride N) and 16-byte aligned at
+    its own address (a peer GPU's symmetric buffer, read in place), and `group_ptrs` their G
+    addresses (int64, on their device) from which the kernels load them. Indexing `groups[g]` gives part g in both."""
+
+    groups: torch.Tensor | tuple[torch.Tensor, ...]
     bias: torch.Tensor | None
     dtype: torch.dtype
+    group_ptrs: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
-        return self.groups.shape[1:]
+        return self.groups[0].shape
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    def stacked(self) -> torch.Tensor:
+        """The parts as one tensor [G, M, N] (a new one in the address-table form)."""
+        return torch.stack(self.groups) if isinstance(self.groups, tuple) else self.groups
 
     def sum(self) -> torch.Tensor:
         """The linear's output [M, N], `_sum_groups_kernel`'s arithmetic in torch (tests, CPU)."""
-        total = torch.zeros(self.shape, device=self.groups.device, dtype=torch.float32)
-        for g in range(self.groups.shape[0]):
+        total = torch.zeros(self.shape, device=self.groups[0].device, dtype=torch.float32)
+        for g in range(self.num_groups):
             total += self.groups[g]
         if self.bias is not None:
             total += self.bias.float()

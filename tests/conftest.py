@@ -77,6 +77,9 @@ class PointerChecker:
     def __init__(self) -> None:
         self.spans: list[tuple[int, int, str]] = []  # (first byte, end byte, argument) of the running launch
         self.kernel = ""
+        # Tensors a launch reaches through an address table rather than as arguments (Partials'
+        # group_ptrs): set by the test, allowed in every launch.
+        self.reachable: list[torch.Tensor] = []
 
     @staticmethod
     def span(t: torch.Tensor) -> tuple[int, int]:
@@ -88,6 +91,7 @@ class PointerChecker:
     def launch(self, name: str, named_args: dict) -> None:
         self.kernel = name
         self.spans = [(*self.span(a), arg) for arg, a in named_args.items() if isinstance(a, torch.Tensor)]
+        self.spans += [(*self.span(t), "a tensor reached through an address table") for t in self.reachable]
 
     def check(self, ptrs, mask, what: str) -> None:
         import numpy as np

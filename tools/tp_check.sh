@@ -6,7 +6,8 @@
 #  2. the engine-only bench on the Qwen3-8B shape (random weights, 5-layer random head) at
 #     --tp 1 and --tp N, context 512, trees of 1 and 128 nodes: AR step, verify, round@128;
 #  3. tools/tp_exchange_bench.py: the engine's two exchanges give the same bits, and microseconds
-#     per rank-sum exchange (ours, NCCL's all-gather, torch's one-shot; graphed, 1 and 128 rows);
+#     per rank-sum exchange (ours with its consumer, read in place and stacked; NCCL's all-gather,
+#     torch's one-shot; graphed, 1 and 128 rows);
 #  4. the GPU test file (PYTEST_K picks cases).
 # STEPS=... picks the steps and their order (default gen,bench,exchange,tests).
 # The TP=N / TP=1 ratios and each GPU's peak memory (nvidia-smi, sampled every second) are

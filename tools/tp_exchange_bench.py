@@ -4,14 +4,19 @@ Run with one process per GPU:
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
         python -m torch.distributed.run --nproc-per-node 2 tools/tp_exchange_bench.py
 
-A forward of the Qwen3-8B shape makes 72 exchanges (2 a layer) of [rows, 4096] bf16. This
-captures 72 back-to-back exchanges in one CUDA graph (as the engine's graphs hold them) and
-prints the microseconds per exchange for 1 and 128 rows: the engine's symmetric-memory exchange
-(`parallel.SymmetricExchange`, slots alternating as in a forward), the NCCL all-gather it falls
-back to (`parallel.gather_partials` without an exchange), and for comparison torch's
-symmetric-memory one-shot all-reduce where this torch has it (a latency reference only: its
-summation order is not the engine's). It first checks that both of the engine's exchanges hand
-every rank the same [N, rows, 4096] bits (prints "identical: True").
+A forward of the Qwen3-8B shape makes 72 exchanges (2 a layer) of [rows, 4096] bf16, each
+consumed by the next residual add + RMSNorm (`add_rms_norm`, which sums the N partials as it
+loads them). This captures 72 back-to-back exchanges in one CUDA graph (as the engine's graphs
+hold them) and prints the microseconds per exchange for 1 and 128 rows: the engine's
+symmetric-memory exchange with its consumer (`parallel.SymmetricExchange`, slots alternating as
+in a forward: the barrier, then the consumer reads the peers' slots in place), the same with a
+`torch.stack` of the slots into a local [N, rows, 4096] buffer between the two (the form before
+the in-place read), the consumer alone on a local buffer, the barrier alone, the NCCL all-gather
+the engine falls back to (`parallel.gather_partials` without an exchange), and for comparison
+torch's symmetric-memory one-shot all-reduce where this torch has it (a latency reference only:
+its summation order is not the engine's). It first checks that both of the engine's exchanges
+hand every rank the same [N, rows, 4096] bits and the consumer the same outputs (prints
+"identical: True").
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import torch.distributed as dist
 
 EXCHANGES = 72
 HIDDEN = 4096
+EPS = 1e-6
 
 
 def graphed_us(fn, reps: int = 20) -> float:
@@ -55,38 +61,60 @@ def main() -> None:
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
     from jetspec_chat.engine.parallel import SymmetricExchange, gather_partials
+    from jetspec_chat.kernels import Partials, add_rms_norm
 
     results = {}
     exchange = SymmetricExchange(128, HIDDEN, torch.bfloat16, device, dist.group.WORLD.group_name)
+    weight = torch.randn(HIDDEN, device=device).to(torch.bfloat16)
     same = True
     for rows in (1, 7, 128):
+        resid = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
         for slot in (0, 1, 0):
             x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16) * (rank + 1)
-            ours, nccl = exchange.gather(x, slot).groups.clone(), gather_partials(x, world).groups
+            nccl = gather_partials(x, world)
+            want = (nccl.groups, *add_rms_norm(nccl, resid, weight, EPS))
+            ours = exchange.gather(x, slot)
+            got = (ours.stacked(), *add_rms_norm(ours, resid, weight, EPS))
             exchange.out(rows, slot).copy_(x)
-            in_place = exchange.gather(exchange.out(rows, slot), slot).groups.clone()
-            same = same and torch.equal(ours, nccl) and torch.equal(in_place, nccl)
+            ours = exchange.gather(exchange.out(rows, slot), slot)
+            got_in_place = (ours.stacked(), *add_rms_norm(ours, resid, weight, EPS))
+            same = same and all(torch.equal(a, b) and torch.equal(c, b) for a, b, c in zip(got, want, got_in_place))
     results["identical"] = f"{same} (ours, copied in and written in place, vs the NCCL all-gather, 1/7/128 rows)"
     for rows in (1, 128):
         x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
+        resid = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
 
-        def ours():
+        def ours():  # as in the engine: the GEMM has written the partial into `out`
             for i in range(EXCHANGES):
-                exchange.gather(x, i % 2)
+                add_rms_norm(exchange.gather(exchange.out(rows, i % 2), i % 2), resid, weight, EPS)
 
-        results[f"ours (symmetric memory, unicast), {rows} rows"] = graphed_us(ours)
+        results[f"ours + consumer (barrier, the norm reads the peers' slots in place), {rows} rows"] = graphed_us(ours)
 
-        def ours_in_place():  # as in the engine: the GEMM has written the partial into `out`
+        def stacked():
             for i in range(EXCHANGES):
-                exchange.gather(exchange.out(rows, i % 2), i % 2)
+                parts = exchange.gather(exchange.out(rows, i % 2), i % 2)
+                add_rms_norm(Partials(parts.stacked(), None, parts.dtype), resid, weight, EPS)
 
-        results[f"  the partial already in place (the engine's GEMM writes it there), {rows} rows"] = graphed_us(ours_in_place)
+        results[f"  with a stack of the slots before the consumer (the earlier form), {rows} rows"] = graphed_us(stacked)
+
+        def copied_in():  # a MoE block's output is copied into the slot
+            for i in range(EXCHANGES):
+                add_rms_norm(exchange.gather(x, i % 2), resid, weight, EPS)
+
+        results[f"  the partial copied in first (a MoE block's), {rows} rows"] = graphed_us(copied_in)
+        local = Partials(torch.randn(world, rows, HIDDEN, device=device).to(torch.bfloat16), None, torch.bfloat16)
+
+        def consumer_only():
+            for _ in range(EXCHANGES):
+                add_rms_norm(local, resid, weight, EPS)
+
+        results[f"  the consumer alone on a local [N, rows, H] buffer, {rows} rows"] = graphed_us(consumer_only)
 
     def barrier_only():
         for _ in range(EXCHANGES):
             exchange.handle.barrier(channel=0)
 
-    results["  of which its barrier alone"] = graphed_us(barrier_only)
+    results["the barrier alone"] = graphed_us(barrier_only)
     for rows in (1, 128):
         x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16)
         out = torch.empty(world * rows, HIDDEN, device=device, dtype=torch.bfloat16)

@@ -49,36 +49,52 @@ def _exchange_rank(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     from jetspec_chat.engine.parallel import SymmetricExchange, gather_partials, init_ranks
+    from jetspec_chat.kernels import add_rms_norm
 
     device = torch.device("cuda", rank)
     init_ranks(rank, 2, port, device)
     exchange = SymmetricExchange(64, 256, torch.bfloat16, device, dist.group.WORLD.group_name)
     gen = torch.Generator(device=device).manual_seed(rank)
+    weight = torch.randn(256, device=device, generator=gen).to(torch.bfloat16)
+
+    def consumed(parts, resid):
+        """The parts as one [N, T, H] tensor and the consumer's outputs (residual add + norm)."""
+        return (parts.stacked().clone(), *add_rms_norm(parts, resid, weight, 1e-6))
+
+    def equal(a, b):
+        return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
     same = []
     for rows in (1, 5, 64):
+        resid = torch.randn(rows, 256, device=device, dtype=torch.bfloat16, generator=gen)
         for slot in (0, 1, 0, 1):
             x = torch.randn(rows, 256, device=device, dtype=torch.bfloat16, generator=gen)
-            want = gather_partials(x, 2).groups
-            same.append(torch.equal(exchange.gather(x, slot).groups.clone(), want))
+            want = consumed(gather_partials(x, 2), resid)
+            same.append(equal(consumed(exchange.gather(x, slot), resid), want))
             exchange.out(rows, slot).copy_(x)  # as the row-parallel GEMM leaves it: in place
-            same.append(torch.equal(exchange.gather(exchange.out(rows, slot), slot).groups.clone(), want))
-    # Graphed as in a forward (slots alternating), replayed on new inputs.
+            same.append(equal(consumed(exchange.gather(exchange.out(rows, slot), slot), resid), want))
+    # Graphed as in a forward (slots alternating, each consumed by the norm before the next
+    # exchange), replayed on new inputs.
     x = torch.zeros(3, 256, device=device, dtype=torch.bfloat16)
+    resid = torch.randn(3, 256, device=device, dtype=torch.bfloat16, generator=gen)
+
+    def forward():
+        first = add_rms_norm(exchange.gather(x, 0), resid, weight, 1e-6)
+        return first, add_rms_norm(exchange.gather(x + 1, 1), resid, weight, 1e-6)
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        exchange.gather(x, 0)
-        exchange.gather(x, 1)
+        forward()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        first = exchange.gather(x, 0).groups
-        second = exchange.gather(x + 1, 1).groups
+        first, second = forward()
     for _ in range(3):
         x.copy_(torch.randn(3, 256, device=device, dtype=torch.bfloat16, generator=gen))
         graph.replay()
-        same.append(torch.equal(first, gather_partials(x, 2).groups))
-        same.append(torch.equal(second, gather_partials(x + 1, 2).groups))
+        same.append(equal(first, add_rms_norm(gather_partials(x, 2), resid, weight, 1e-6)))
+        same.append(equal(second, add_rms_norm(gather_partials(x + 1, 2), resid, weight, 1e-6)))
     torch.cuda.synchronize()
     if rank == 0:
         torch.save(same, out)
@@ -88,8 +104,9 @@ def _exchange_rank(rank: int, port: int, out: str) -> None:
 
 def test_symmetric_exchange_equals_the_all_gather(tmp_path):
     """The symmetric-memory exchange hands every rank the same [N, T, H] bits as the NCCL
-    all-gather, eagerly (the partial copied in, and already in place) and replayed from a CUDA
-    graph (new inputs each replay)."""
+    all-gather, and its consumer (residual add + norm, reading the peers' slots in place) gives
+    the same bits as on the all-gathered buffer: eagerly (the partial copied in, and already in
+    place) and replayed from a CUDA graph (new inputs each replay)."""
     same = run_two_ranks(_exchange_rank, str(tmp_path / "same.pt"))
     assert len(same) == 30 and all(same), same
 

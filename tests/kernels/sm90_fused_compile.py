@@ -1,5 +1,6 @@
 """Compile kernels/fused.py's norm kernels for sm_90 without a GPU, each with and without a split
-linear's partials as its input (`_load_input`), and print per variant the register layouts in
+linear's partials as its input (`_load_input`; the norm also with the tensor-parallel ranks'
+bf16 partials read in place through an address table), and print per variant the register layouts in
 which its reductions run (resolved, not aliases) and how many layout conversions it has. A
 reduction's order is its layout's (each thread adds its own elements, then shuffles, then shared
 memory), so equal layouts mean the partials variant sums the squares as the plain one does.
@@ -46,8 +47,9 @@ def norm_variants(hidden: int):
     block, chunks, warps = fused._norm_launch(hidden, None)
     base = dict(R="*bf16", B="*bf16", W="*bf16", Y="*bf16", H="*bf16", n_rows="i32", n_cols="i32", inv_n="fp32",
                 eps="fp32", stride_x="i32", stride_r="i32", stride_y="i32", stride_h="i32")
-    for variant, x, groups in (("output", "*bf16", 0), ("partials", "*fp32", 8)):
-        consts = dict(HAS_RES=True, GROUPS=groups, HAS_BIAS=False, BLOCK=block, NUM_CHUNKS=chunks)
+    for variant, x, groups, ptrs in (("output", "*bf16", 0, False), ("partials", "*fp32", 8, False),
+                                     ("ranks' partials in place", "*bf16", 2, True)):
+        consts = dict(HAS_RES=True, GROUPS=groups, PTRS=ptrs, HAS_BIAS=False, BLOCK=block, NUM_CHUNKS=chunks)
         yield summary(f"norm-{hidden}", variant, ttgir(fused._rms_norm_kernel, {"X": x} | base, consts, warps))
 
 
@@ -64,7 +66,7 @@ def rope_variants(d: int):
                    C="*bf16", S="*bf16", n_rows="i32", n_cols="i32", n_q="i32", inv_d="fp32", eps="fp32",
                    stride_qkv="i32", stride_qot="i32", stride_qoh="i32", stride_ps="i32", stride_ph="i32",
                    stride_ct="i32", stride_st="i32")
-        consts = dict(GROUPS=groups, HAS_BIAS=True, HAS_QNORM=True, HAS_KNORM=True, HALF=half)
+        consts = dict(GROUPS=groups, PTRS=False, HAS_BIAS=True, HAS_QNORM=True, HAS_KNORM=True, HALF=half)
         yield summary(f"rope-{d}", variant, ttgir(fused._qkv_rope_write_kernel, sig, consts, 1))
 
 

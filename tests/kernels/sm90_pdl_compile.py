@@ -93,7 +93,7 @@ def kernels():
                 stride_x=i32, stride_r=i32, stride_y=i32, stride_h=i32)
     block, chunks, warps = fused._norm_launch(1536, None)
     yield compare("add_rms_norm (partials)", fused._rms_norm_kernel, norm,
-                  dict(HAS_RES=True, GROUPS=8, HAS_BIAS=False, BLOCK=block, NUM_CHUNKS=chunks), warps)
+                  dict(HAS_RES=True, GROUPS=8, PTRS=False, HAS_BIAS=False, BLOCK=block, NUM_CHUNKS=chunks), warps)
     yield compare("silu_mul", fused._silu_mul_kernel,
                   dict(G=p16, U=p16, O=p16, n_cols=i32, stride_g=i32, stride_u=i32, stride_o=i32),
                   dict(BLOCK=fused.SILU_BLOCK, USE_LIBDEVICE=True), 4)
@@ -104,7 +104,7 @@ def kernels():
                 n_rows=i32, n_cols=i32, n_q=i32, inv_d="fp32", eps="fp32") | ints(
         ("stride_qkv", "stride_qot", "stride_qoh", "stride_ps", "stride_ph", "stride_ct", "stride_st"), i32)
     yield compare("qkv_rope_write (partials)", fused._qkv_rope_write_kernel, rope,
-                  dict(GROUPS=3, HAS_BIAS=True, HAS_QNORM=False, HAS_KNORM=False, HALF=64), 1)
+                  dict(GROUPS=3, PTRS=False, HAS_BIAS=True, HAS_QNORM=False, HAS_KNORM=False, HALF=64), 1)
     attn = dict(Q=p16, K=p16, V=p16, BT="*i32", PREFIX="*i32", ORDER="*i32", COUNT="*i32", OUT=p16,
                 CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, SINKS=p32, T=i32, N_HEADS=i32, SPLIT_LEN=i32,
                 SPLIT_PROGRAMS=i32, TILE_STRIDE=i32, qk_scale="fp32") | ints(
