@@ -13,7 +13,8 @@ Each case is timed twice, per call, between timing events inside one CUDA graph 
 "hot", the calls back to back (K/V, page table and q stay in L2), and "cold", each call after a
 copy of a FLUSH_MB buffer that evicts L2, as in the engine, where each attention follows GEMMs
 that stream weights through L2. Medians over 3 replays. "diff" is the largest |new - old| (bf16
-outputs; where the split structures differ the bits may too; a broken kernel shows here).
+outputs; where the split structures differ the bits may too; a broken kernel shows here) and
+"same" whether the two outputs are equal bit for bit (a change of speed only must keep it True).
 
 Beside them, cold: `torch.nn.functional.scaled_dot_product_attention` on the flash backend (not
 batch-invariant) over the same prefix and new tokens without the tree mask (causal at ctx 0, else
@@ -64,6 +65,7 @@ import inspect
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -114,8 +116,8 @@ def load_old(rev_or_file: str):
         src = subprocess.run(["git", "show", f"{rev_or_file}:kernels/tree_attention.py"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "old_tree_attention.py"
-    path.write_text(src.replace("from .reference import", "from jetspec_chat.kernels.reference import")
-                    .replace("from .launch import", "from jetspec_chat.kernels.launch import"))
+    # Its relative imports (.reference, .launch, .key_order, ...) from this tree's package.
+    path.write_text(re.sub(r"^from \.(\w+) import", r"from jetspec_chat.kernels.\1 import", src, flags=re.M))
     spec = importlib.util.spec_from_file_location("old_tree_attention", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -283,12 +285,15 @@ def run_table(old, capacity: int, flush: Flush, json_rows: list, shapes: list[st
           f"hot: back to back, cold: after a {FLUSH_MB} MB copy; sdpa: flash, cold; bound: see the docstring")
     print(f"{'shape':>5} {'T':>4} {'ctx':>6} {'mask':>6} {'old hot':>8} {'new hot':>8} {'new/old':>7}"
           f" {'old cold':>8} {'new cold':>8} {'new/old':>7} {'sdpa':>8} {'bound':>7} {'new/bnd':>7} {'sdpa/bnd':>8}"
-          f" {'diff':>8}")
+          f" {'diff':>8} {'same':>5}")
     for case in cases():
         if case.shape not in shapes or (tokens is not None and case.t not in tokens):
             continue
         x = Inputs(case, capacity, old, gen)
-        diff = (x.new().float() - x.old(old).float()).abs().max().item()
+        new_out = x.new().clone()
+        old_out = x.old(old)
+        diff = (new_out.float() - old_out.float()).abs().max().item()
+        same = torch.equal(new_out, old_out)
         old_hot, old_cold = hot_cold(lambda: x.old(old), flush)
         new_hot, new_cold = hot_cold(x.new, flush)
         sdpa = Sdpa(case, x)
@@ -297,10 +302,10 @@ def run_table(old, capacity: int, flush: Flush, json_rows: list, shapes: list[st
         print(f"{case.shape:>5} {case.t:>4} {case.context:>6} {case.mask:>6} {old_hot:8.1f} {new_hot:8.1f} "
               f"{new_hot / old_hot:7.2f} {old_cold:8.1f} {new_cold:8.1f} {new_cold / old_cold:7.2f} "
               f"{sdpa_cold:7.1f}{' ' if sdpa.gqa else 'x'} {bound:7.1f} {new_cold / bound:7.2f} {sdpa_cold / bound:8.2f}"
-              f" {diff:8.1e}", flush=True)
+              f" {diff:8.1e} {str(same):>5}", flush=True)
         json_rows.append({**asdict(case), "old_hot_us": old_hot, "new_hot_us": new_hot, "old_cold_us": old_cold,
                           "new_cold_us": new_cold, "sdpa_cold_us": sdpa_cold, "sdpa_gqa": sdpa.gqa,
-                          "bound_us": bound, "max_abs_diff": diff})
+                          "bound_us": bound, "max_abs_diff": diff, "same_bits": same})
         del sdpa, x
 
 
