@@ -13,7 +13,9 @@
 #
 #   PY="python3" [BUDGET=295] [OLD_REV=REV | OLD_SRC=DIR] bash tools/remote-gpu/tp_in_place_check.sh
 set -u
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 JETSPEC_TP_STACKS=1
+# PYTHONSAFEPATH: the TP workers (`python -m jetspec_chat.engine.tp_launcher`) must import the
+# package PY imports, not the tree's jetspec_chat/ source folder from the current directory.
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 JETSPEC_TP_STACKS=1 PYTHONSAFEPATH=1
 PY=${PY:-python3}
 dir=${OUT:-.}/tp_in_place
 mkdir -p "$dir"
