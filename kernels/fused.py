@@ -318,10 +318,10 @@ def _rms_norm_launch(x, residual, weight, eps, block):
     if isinstance(x, Partials):  # a linear's parts (split GEMM groups, ranks' partials), summed as loaded
         assert residual is not None and x.dtype == residual.dtype
         x2, ptrs = _parts(x)
-        groups, bias, dtype = x.num_groups, x.bias, x.dtype
+        groups, bias, dtype, rows = x.num_groups, x.bias, x.dtype, x.shape[0]
     else:
         x2, groups, bias, dtype, ptrs = _rows(x), 0, None, x.dtype, False
-    rows = x.shape[0] if isinstance(x, Partials) else x2.shape[0]
+        rows = x2.shape[0]
     out_dtype = torch.promote_types(dtype, weight.dtype)
     y = torch.empty(rows, n, device=x2.device, dtype=out_dtype)
     if residual is not None:
