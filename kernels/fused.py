@@ -117,6 +117,10 @@ if triton is not None:
         cols = tl.arange(0, BLOCK)
         if NUM_CHUNKS == 1:
             mask = cols < n_cols
+            # The weight first: loaded after H's store it would wait for the reduction, and no
+            # load may pass a store to memory that could alias it; here its latency hides
+            # behind the input's.
+            w = tl.load(W + cols, mask=mask, other=0.0)
             x = _load_row(X, R, B, row, n_rows, n_cols, row_x, row_r, cols, mask, HAS_RES, GROUPS, PTRS, HAS_BIAS, DT)
             if HAS_RES:
                 tl.store(H + row_h + cols, x, mask=mask)
@@ -124,7 +128,6 @@ if triton is not None:
             ss = tl.sum(xf * xf, 0)
             scale = tl.math.rsqrt(ss * inv_n + eps)
             y = (xf * scale).to(DT)
-            w = tl.load(W + cols, mask=mask, other=0.0)
             out = y.to(tl.float32) * w.to(tl.float32)
             tl.store(Y + row_y + cols, out.to(Y.dtype.element_ty), mask=mask)
         else:
@@ -239,13 +242,15 @@ if triton is not None:
             tl.store(q_dst + HALF, o2.to(QO.dtype.element_ty))
         else:
             kv = h - n_q
-            o1, o2 = _norm_rope(x1, x2, KW, C, S, t, inv_d, eps, stride_ct, stride_st, HAS_KNORM, HALF)
-            off = tl.load(SLOTS + t).to(tl.int64) * stride_ps + kv * stride_ph + d
-            tl.store(K_POOL + off, o1.to(dt).to(K_POOL.dtype.element_ty))
-            tl.store(K_POOL + off + HALF, o2.to(dt).to(K_POOL.dtype.element_ty))
+            # Every load before the first store: a load after a store that may alias it waits
+            # for that store's turn, one more memory latency on this program's path.
             vcol = col + (n_cols - n_q * 2 * HALF) // 2  # the same head's v columns
             v1 = _load_input(QKV, B, t, n_rows, n_cols, row, vcol, every, GROUPS, PTRS, HAS_BIAS, dt)
             v2 = _load_input(QKV, B, t, n_rows, n_cols, row, vcol + HALF, every, GROUPS, PTRS, HAS_BIAS, dt)
+            off = tl.load(SLOTS + t).to(tl.int64) * stride_ps + kv * stride_ph + d
+            o1, o2 = _norm_rope(x1, x2, KW, C, S, t, inv_d, eps, stride_ct, stride_st, HAS_KNORM, HALF)
+            tl.store(K_POOL + off, o1.to(dt).to(K_POOL.dtype.element_ty))
+            tl.store(K_POOL + off + HALF, o2.to(dt).to(K_POOL.dtype.element_ty))
             tl.store(V_POOL + off, v1.to(V_POOL.dtype.element_ty))
             tl.store(V_POOL + off + HALF, v2.to(V_POOL.dtype.element_ty))
 
