@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The draft head's layers split over the tensor-parallel ranks, on 2 GPUs, from the repository
-# root, results under $OUT/tp_draft/ (BUDGET s, 280 by default):
-#   1. the GPU TP tests that run the split draft (bf16 speculative = AR under --tp 2 through the
-#      symmetric exchange and through NCCL, the exchange test);
+# root, results under $OUT/tp_draft/ (BUDGET s, 270 by default):
+#   1. the GPU TP tests that run the split draft (both ranks' draft logits the same bits and
+#      close to one GPU's; bf16 speculative = AR under --tp 2 through the symmetric exchange,
+#      with 1- and 3-layer heads, and through NCCL; the exchange test);
 #   2. the 8B-shape engine-only bench at --tp 2 (5-layer random head), this tree (PY) against an
 #      older one (OLD_PY, or OLD_SRC installed with pip --target), alternating new, old, old, new;
 #   3. the same bench at --tp 1 of this tree, for the TP=2 / TP=1 ratios;
 #   then a summary: draft, verify(128), round@128, AR step per run, and the medians' ratios.
 #
-#   PY="python3" [OLD_PY="..." | OLD_SRC=DIR] [BUDGET=280] bash tools/remote-gpu/tp_draft_check.sh
+#   PY="python3" [OLD_PY="..." | OLD_SRC=DIR] [BUDGET=270] bash tools/remote-gpu/tp_draft_check.sh
 # (MODEL and BENCH_EXTRA change the bench's model and add options: a dry run of the script on the
 # CPU is MODEL=random:tiny-qwen3 BENCH_EXTRA="--device cpu --reps 2 --copy-mib 8".)
 set -u
@@ -19,7 +20,7 @@ PY=${PY:-python3}
 dir=${OUT:-.}/tp_draft
 mkdir -p "$dir/runs"
 start=$SECONDS
-left() { echo $((${BUDGET:-280} - (SECONDS - start))); }
+left() { echo $((${BUDGET:-270} - (SECONDS - start))); }
 cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $((l > 5 ? l - 5 : 1)) || echo "$1"; }  # a step's limit, cut to the time left
 
 $PY -c "import jetspec_chat.engine.parallel" 2>/dev/null \
@@ -27,8 +28,10 @@ $PY -c "import jetspec_chat.engine.parallel" 2>/dev/null \
   || { echo "install failed"; exit 9; }
 $PY -c "import torch, triton; print(torch.cuda.get_device_name(), torch.cuda.device_count(), 'GPUs, torch', torch.__version__, 'triton', triton.__version__)" \
   | tee "$dir/device.txt"
+# (each check's output to a file first: a pipe into tee would hide its exit status)
 $PY -c "import jetspec_chat.engine.parallel as p; assert hasattr(p, 'shard_head'), p.__file__; print('new tree:', p.__file__)" \
-  | tee -a "$dir/device.txt" || { echo "PY does not import this tree"; exit 9; }
+  > "$dir/which.txt" 2>&1 || { cat "$dir/which.txt"; echo "PY does not import this tree"; exit 9; }
+cat "$dir/which.txt" | tee -a "$dir/device.txt"
 
 if [ -z "${OLD_PY:-}" ] && [ -n "${OLD_SRC:-}" ]; then  # the old tree into a folder of its own
   timeout "$(cap 60)" $PY -m pip install -q --no-deps --no-build-isolation --target "$dir/old-site" "$OLD_SRC" \
@@ -36,13 +39,17 @@ if [ -z "${OLD_PY:-}" ] && [ -n "${OLD_SRC:-}" ]; then  # the old tree into a fo
     || { echo "installing OLD_SRC failed"; tail -c 1500 "$dir/old-install.log"; }
 fi
 if [ -n "${OLD_PY:-}" ]; then
-  $OLD_PY -c "import jetspec_chat.engine.parallel as p; assert not hasattr(p, 'shard_head'), p.__file__; print('old tree:', p.__file__)" \
-    | tee -a "$dir/device.txt" || { echo "OLD_PY does not import the old tree: no A/B"; OLD_PY=; }
+  if $OLD_PY -c "import jetspec_chat.engine.parallel as p; assert not hasattr(p, 'shard_head'), p.__file__; print('old tree:', p.__file__)" \
+    > "$dir/which.txt" 2>&1; then
+    cat "$dir/which.txt" | tee -a "$dir/device.txt"
+  else
+    tail -2 "$dir/which.txt"; echo "OLD_PY does not import the old tree: no A/B" | tee -a "$dir/device.txt"; OLD_PY=
+  fi
 fi
 
 echo "== GPU TP tests (split draft), at $((SECONDS - start)) s" | tee "$dir/tests.txt"
-timeout -s USR1 -k 5 "$(cap 80)" $PY -m pytest -q -p no:cacheprovider tests/engine/test_gpu_parallel.py \
-  -k "symmetric_exchange or (bf16_speculation_equals_bf16_ar and (64 or nccl))" 2>&1 | tail -8 | tee -a "$dir/tests.txt"
+timeout -s USR1 -k 5 "$(cap 90)" $PY -m pytest -q -p no:cacheprovider tests/engine/test_gpu_parallel.py \
+  -k "symmetric_exchange or split_draft_head or (three_layer_head and not moe) or (bf16_speculation_equals_bf16_ar and (64 or nccl) and not three)" 2>&1 | tail -8 | tee -a "$dir/tests.txt"
 
 BENCH=("${MODEL:-random:Qwen/Qwen3-8B}" --draft-head random:5 --engine-only --contexts 512 --tree-sizes 1,128
        --round-budget 128 --reps 10 --profile-rounds 0 ${BENCH_EXTRA:-})
@@ -51,12 +58,14 @@ bench() {  # bench NAME TP PYTHON...: one run, its JSON to runs/NAME.json
   local l; l=$(left)
   if [ "$l" -lt 40 ]; then echo "$name: skipped (${l} s left)" | tee -a "$dir/bench.txt"; return; fi
   echo "$name (--tp $tp), at $((SECONDS - start)) s" | tee -a "$dir/bench.txt"
-  timeout -s USR1 -k 5 "$(cap 60)" "$@" -m jetspec_chat bench "${BENCH[@]}" --tp "$tp" --json-out "$dir/runs/$name.json" \
+  # (~35 s a run; the first one may compile kernels for the 8B's shapes)
+  local limit=70; [ -e "$dir/runs/first" ] || { limit=100; touch "$dir/runs/first"; }
+  timeout -s USR1 -k 5 "$(cap $limit)" "$@" -m jetspec_chat bench "${BENCH[@]}" --tp "$tp" --json-out "$dir/runs/$name.json" \
     > "$dir/runs/$name.log" 2>&1 || { echo "$name failed or ran out of time"; tail -c 1500 "$dir/runs/$name.log"; } | tee -a "$dir/bench.txt"
 }
 echo "== 8B shape, engine-only, at $((SECONDS - start)) s" | tee "$dir/bench.txt"
 if [ -n "${OLD_PY:-}" ]; then
-  # new, old, old, new, with --tp 1 in the middle (drift falls on both; time short: new-1 goes first)
+  # new, old, old, new, with --tp 1 in the middle (drift falls on both; if time runs short, new-1 is skipped)
   bench new-0 2 $PY; bench old-0 2 $OLD_PY; bench tp1 1 $PY; bench old-1 2 $OLD_PY; bench new-1 2 $PY
 else
   echo "no OLD_PY / OLD_SRC: this tree alone" | tee -a "$dir/bench.txt"
