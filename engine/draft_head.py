@@ -351,8 +351,9 @@ class DraftHead(nn.Module):
         return lm_head_logits(x[1 : depth + 1], lm_head_weight, vocab_split, upcast)  # x is the final-normed block
 
     # -- weights ---------------------------------------------------------------------------
-    def init_random(self, seed: int, std: float = 0.02) -> None:
-        init_random_(self, seed, std)
+    def init_random(self, seed: int, std: float = 0.02, shard=None) -> None:
+        """`shard`: see init_random_ (the whole head's numbers, this rank's part kept)."""
+        init_random_(self, seed, std, shard)
 
     def save(self, directory: str | Path, int8: bool = False) -> None:
         """Write the published format: config.json + model.safetensors in the weights' dtype; with
@@ -388,16 +389,26 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale.float()[:, None]
 
 
-def build_head(cfg: DraftHeadConfig, device: torch.device, dtype: torch.dtype) -> DraftHead:
+def build_head(cfg: DraftHeadConfig, device: torch.device, dtype: torch.dtype, shard=None) -> DraftHead:
+    """An empty head on `device` in `dtype`. `shard` (a parallel.Shard, from parallel.head_shard):
+    the unallocated head is cut to that tensor-parallel rank's part (parallel.shard_head)
+    before anything is allocated."""
     with torch.device("meta"):
         head = DraftHead(cfg)
+    if shard is not None:
+        from .parallel import shard_head
+
+        shard_head(head, shard.rank, shard.world)
     head = head.to_empty(device=device).to(dtype)
     head.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings).to(device)
     return head.eval().requires_grad_(False)
 
 
-def load_head_dir(directory: Path, device: torch.device, dtype: torch.dtype) -> DraftHead:
-    """Load a head directory in the published format (our own module; remote code is ignored)."""
+def load_head_dir(directory: Path, device: torch.device, dtype: torch.dtype, shard=None) -> DraftHead:
+    """Load a head directory in the published format (our own module; remote code is ignored).
+    `shard` (a parallel.Shard): keep only that tensor-parallel rank's part of each layer, where
+    the head splits (parallel.head_shard); each tensor is read (and dequantized) whole, one at a
+    time, and cut, so the rank holds exactly its part of the unsplit head."""
     from safetensors import safe_open
 
     directory = Path(directory)
@@ -415,7 +426,11 @@ def load_head_dir(directory: Path, device: torch.device, dtype: torch.dtype) -> 
     if quantized is not None and quantized != INT8:
         raise DraftHeadError(f"draft head {directory} has an unsupported quantization {quantized!r} "
                              f"(this version reads {INT8!r})")
-    head = build_head(cfg, device, dtype)
+    if shard is not None:
+        from .parallel import head_shard
+
+        shard = head_shard(cfg, shard)
+    head = build_head(cfg, device, dtype, shard)
     params = dict(hf_parameters(head))  # published name -> parameter (or rows of a fused one)
     seen = set()
     with safe_open(str(weights), framework="pt", device="cpu") as st:
@@ -427,12 +442,18 @@ def load_head_dir(directory: Path, device: torch.device, dtype: torch.dtype) -> 
             if name not in params:
                 raise DraftHeadError(f"draft head {directory} has an unexpected weight {key}")
             t = st.get_tensor(key)
-            if t.shape != params[name].shape:
+            dim = shard.take(name) if shard is not None else None
+            expected = list(params[name].shape)
+            if dim is not None:
+                expected[dim] *= shard.world
+            if list(t.shape) != expected:
                 raise DraftHeadError(
-                    f"draft head weight {key} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)}"
+                    f"draft head weight {key} has shape {tuple(t.shape)}, expected {tuple(expected)}"
                 )
             if t.dtype == torch.int8 or (quantized and t.dim() == 2):
                 t = _dequantized(directory, name, t, tensors, st, quantized is not None)
+            if dim is not None:
+                t = shard.part(t, dim)
             with torch.no_grad():
                 params[name].copy_(t.to(device=device, dtype=dtype))
             seen.add(name)

@@ -1,21 +1,27 @@
-"""Tensor parallelism: the target's weights split over N ranks, and the two exchanges it needs.
+"""Tensor parallelism: the target's and the draft head's layers split over N ranks, and the two
+exchanges they need.
 
-Every rank holds the embedding, the final norm and the whole draft head; of the lm_head it
-holds 1/N of the vocabulary (rows [r V/N, (r+1) V/N); a tied lm_head is that view of the whole
-embedding), and the target's and the draft's logits are one all-gather of the ranks' slices
-(`VocabSplit`: values moved, none added, so every logit keeps the bits its rank's GEMM gave
-it). The vocabulary must divide by N, as the heads must. Inside each layer a rank holds 1/N of
-the attention heads (q/k/v rows of `qkv_proj`, the matching columns of `o_proj`, its KV heads
-of the paged cache) and 1/N of the
-MLP's intermediate columns (rows of `gate_up_proj`, columns of `down_proj`; for a MoE layer the
-same 1/N of every expert's columns, the router whole). The two row-parallel products per layer
-(o_proj, down_proj / the MoE experts) leave each rank a partial sum of the layer's output; the
-ranks exchange them (every rank gets all N partials, `gather_partials`) and every rank adds the
-N partials in rank order in fp32 (the add is fused into the next residual add + norm). That sum is the same bits on every rank (so every rank computes the
-same hidden states, hence after the logits' gather the same draft and accepted tokens) and the same bits for a
-row whether it runs alone (an AR step) or among many (a verify tree): speculative decoding stays
-token-identical to AR under TP in bf16 as well. An all-reduce gives neither guarantee (NCCL
-picks its ring/tree order by message size).
+Every rank holds the embedding, the final norm, and the draft head's fc, hidden_norm and norms;
+of the lm_head it holds 1/N of the vocabulary (rows [r V/N, (r+1) V/N); a tied lm_head is that
+view of the whole embedding), and the target's and the draft's logits are one all-gather of the
+ranks' slices (`VocabSplit`: values moved, none added, so every logit keeps the bits its rank's
+GEMM gave it). The vocabulary must divide by N, as the heads must. Inside each layer, the
+target's and the draft head's alike (`shard_attention`, `shard_mlp`), a rank holds 1/N of the
+attention heads (q/k/v rows of `qkv_proj`, the matching columns of `o_proj`, its KV heads of
+the paged cache or of the draft's context cache) and 1/N of the MLP's intermediate columns
+(rows of `gate_up_proj`, columns of `down_proj`; for a MoE layer the same 1/N of every expert's
+columns, the router whole). The two row-parallel products per layer (o_proj, down_proj / the
+MoE experts) leave each rank a partial sum of the layer's output; the ranks exchange them (every
+rank gets all N partials, `gather_partials`) and every rank adds the N partials in rank order in
+fp32 (the add is fused into the next residual add + norm). That sum is the same bits on every
+rank (so every rank computes the same hidden states and draft logits, hence after the logits'
+gather the same draft tree and accepted tokens) and the same bits for a row whether it runs
+alone (an AR step) or among many (a verify tree): speculative decoding stays token-identical to
+AR under TP in bf16 as well. An all-reduce gives neither guarantee (NCCL picks its ring/tree
+order by message size). The draft's context append (K/V of the accepted rows: fc, hidden_norm,
+then each layer's k/v rows) needs no exchange: fc is whole and each rank projects its own KV
+heads. A draft head whose heads or MLP width do not divide by N runs whole on every rank
+(`head_shard`).
 
 MoE by columns, not by experts: with top-8 of 128 experts a single token's experts fall unevenly
 on N expert-owners (the slowest rank sets every layer's pace), whereas a column split gives each
@@ -81,8 +87,9 @@ class SymmetricExchange:
     kernel here waits for its predecessor before its first load). So a Partials from `gather`
     must be consumed before the rank's next exchange, as the forward does (the next residual
     add + norm, or `sum()`). That holds while consecutive exchanges use different slots: the
-    attention's o_proj uses slot 0 and the MLP / MoE block slot 1, and every forward runs the
-    layers in order (o, mlp, o, ...)."""
+    attention's o_proj uses slot 0 and the MLP / MoE block slot 1, and every forward, the
+    target's and the draft head's alike, runs its layers in order (o, mlp, o, ..., mlp), so it
+    starts on slot 0 and ends on slot 1 (the draft's context append makes no exchange)."""
 
     SLOTS = 2
 
@@ -140,9 +147,11 @@ class SymmetricExchange:
         return views
 
 
-def open_exchange(model: TargetModel, ranks: Ranks, rows: int, dtype: torch.dtype) -> SymmetricExchange | None:
+def open_exchange(model: TargetModel, ranks: Ranks, rows: int, dtype: torch.dtype,
+                  head: nn.Module | None = None) -> SymmetricExchange | None:
     """Every rank at once, after the load: a SymmetricExchange for batches of up to `rows` rows,
-    given to every row-parallel module of `model`; or None (every rank keeps the NCCL all-gather)
+    given to every row-parallel module of `model` and of the draft `head` (split like the
+    target's layers, of the same hidden size); or None (every rank keeps the NCCL all-gather)
     where it cannot open on every rank (the CPU, a GPU pair without peer access, a torch without
     symmetric memory, EXCHANGE_ENV=nccl). The ranks agree on the outcome over the control group."""
     device = model.model.embed_tokens.weight.device
@@ -159,9 +168,10 @@ def open_exchange(model: TargetModel, ranks: Ranks, rows: int, dtype: torch.dtyp
         exchange = None
     if not _all_ranks(exchange is not None, ranks):
         return None
-    for module in model.modules():
-        if isinstance(module, (RowParallelLinear, RowParallelMoe)):
-            module.exchange = exchange
+    for part in (model, head):
+        for module in part.modules() if part is not None else ():
+            if isinstance(module, (RowParallelLinear, RowParallelMoe)):
+                module.exchange = exchange
     return exchange
 
 
@@ -317,11 +327,12 @@ class Shard:
     LM_HEAD = "lm_head.weight"  # split by vocabulary rows (an untied lm_head; a tied one is the embedding's)
 
     def take(self, name: str) -> int | None:
-        """The dimension along which this rank holds 1/world of checkpoint tensor `name`, or
-        None: the rank holds all of it (embedding, norms, router)."""
+        """The dimension along which this rank holds 1/world of checkpoint tensor `name` (the
+        target's `model.layers.*` or a draft head's `layers.*`), or None: the rank holds all of
+        it (embedding, norms, router, a draft head's fc)."""
         if name == self.LM_HEAD:
             return 0
-        if ".layers." not in name:
+        if not (name.startswith("layers.") or ".layers." in name):
             return None
         return next((dim for suffix, dim in self.SPLIT_DIMS if name.endswith(suffix)), None)
 
@@ -331,30 +342,49 @@ class Shard:
         return full.narrow(dim, self.rank * n, n)
 
 
+def shard_attention(attn, rank: int, world: int) -> None:
+    """Keep this rank's 1/N of an attention layer's heads, in place: its q, k and v rows of
+    `qkv_proj` (query heads [r nh, (r+1) nh), KV heads [r nkv, (r+1) nkv): each rank's query
+    heads read its own KV heads, as GQA groups are consecutive) and the matching input columns
+    of `o_proj`, which becomes row-parallel (slot 0)."""
+    hd, heads, kv_heads = attn.head_dim, attn.n_heads, attn.n_kv
+    nh, nkv = _share(heads, world, "the attention heads"), _share(kv_heads, world, "the KV heads")
+    qkv = attn.qkv_proj
+    # Indices made on the CPU and moved (a meta arange would import torch._dynamo: seconds of a start).
+    q_rows = torch.arange(rank * nh * hd, (rank + 1) * nh * hd)
+    k_rows = heads * hd + torch.arange(rank * nkv * hd, (rank + 1) * nkv * hd)
+    v_rows = k_rows + kv_heads * hd
+    rows = torch.cat([q_rows, k_rows, v_rows]).to(qkv.weight.device)
+    qkv.weight = _param(qkv.weight[rows])
+    if qkv.bias is not None:
+        qkv.bias = _param(qkv.bias[rows])
+    qkv.parts = {"q_proj": nh * hd, "k_proj": nkv * hd, "v_proj": nkv * hd}
+    qkv.out_features = qkv.weight.shape[0]
+    attn.n_heads, attn.n_kv = nh, nkv
+    attn.o_proj = _row_parallel(attn.o_proj.weight[:, q_rows.to(attn.o_proj.weight.device)], world, slot=0)
+
+
+def shard_mlp(mlp, rank: int, world: int) -> None:
+    """Keep this rank's 1/N of a dense MLP's intermediate width, in place: its gate and up rows
+    of `gate_up_proj` and the matching columns of `down_proj`, which becomes row-parallel (slot 1)."""
+    n = _share(mlp.down_proj.weight.shape[1], world, "the MLP width")
+    cols = slice(rank * n, (rank + 1) * n)
+    gate, up = mlp.gate_up_proj.weight.chunk(2, dim=0)
+    mlp.gate_up_proj.weight = _param(torch.cat([gate[cols], up[cols]]))
+    mlp.gate_up_proj.parts = {"gate_proj": n, "up_proj": n}
+    mlp.gate_up_proj.out_features = 2 * n
+    mlp.down_proj = _row_parallel(mlp.down_proj.weight[:, cols], world, slot=1)
+
+
 def shard_target(model: TargetModel, rank: int, world: int) -> None:
     """Keep this rank's share of every decoder layer and of the lm_head's vocabulary (module
     docstring), in place; `model.cfg` becomes the rank's view (its heads and widths, the whole
     vocabulary), from which the KV cache is sized."""
     cfg = model.cfg
     check_splits(cfg, world)
-    hd = cfg.head_dim
-    nh, nkv = cfg.num_heads // world, cfg.num_kv_heads // world
-    q_rows = torch.arange(rank * nh * hd, (rank + 1) * nh * hd)
-    k_rows = cfg.num_heads * hd + torch.arange(rank * nkv * hd, (rank + 1) * nkv * hd)
-    v_rows = k_rows + cfg.num_kv_heads * hd
-    qkv_rows = torch.cat([q_rows, k_rows, v_rows])
     with torch.no_grad():
         for i, layer in enumerate(model.model.layers):
-            attn = layer.self_attn
-            qkv = attn.qkv_proj
-            rows = qkv_rows.to(qkv.weight.device)
-            qkv.weight = _param(qkv.weight[rows])
-            if qkv.bias is not None:
-                qkv.bias = _param(qkv.bias[rows])
-            qkv.parts = {"q_proj": nh * hd, "k_proj": nkv * hd, "v_proj": nkv * hd}
-            qkv.out_features = qkv.weight.shape[0]
-            attn.n_heads, attn.n_kv = nh, nkv
-            attn.o_proj = _row_parallel(attn.o_proj.weight[:, q_rows.to(attn.o_proj.weight.device)], world, slot=0)
+            shard_attention(layer.self_attn, rank, world)
             if cfg.is_moe_layer(i):
                 experts = layer.mlp.experts
                 n = cfg.moe_intermediate_size // world
@@ -365,14 +395,7 @@ def shard_target(model: TargetModel, rank: int, world: int) -> None:
                 experts.intermediate = n
                 RowParallelMoe.as_row_parallel(layer.mlp, world)
             else:
-                mlp = layer.mlp
-                n = cfg.intermediate_size // world
-                cols = slice(rank * n, (rank + 1) * n)
-                gate, up = mlp.gate_up_proj.weight.chunk(2, dim=0)
-                mlp.gate_up_proj.weight = _param(torch.cat([gate[cols], up[cols]]))
-                mlp.gate_up_proj.parts = {"gate_proj": n, "up_proj": n}
-                mlp.gate_up_proj.out_features = 2 * n
-                mlp.down_proj = _row_parallel(mlp.down_proj.weight[:, cols], world, slot=1)
+                shard_mlp(layer.mlp, rank, world)
         if world > 1:  # the lm_head's vocabulary rows (a tied one's are a view of the whole embedding)
             vocab_rows = cfg.vocab_size // world
             model.vocab_split = VocabSplit(rank, world, vocab_rows)
@@ -380,11 +403,35 @@ def shard_target(model: TargetModel, rank: int, world: int) -> None:
                 model.lm_head.weight = _param(model.lm_head.weight[rank * vocab_rows : (rank + 1) * vocab_rows])
                 model.lm_head.out_features = vocab_rows
     model.cfg = dataclasses.replace(
-        cfg, num_heads=nh, num_kv_heads=nkv,
+        cfg, num_heads=cfg.num_heads // world, num_kv_heads=cfg.num_kv_heads // world,
         intermediate_size=cfg.intermediate_size // world if any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers))
         else cfg.intermediate_size,
         moe_intermediate_size=cfg.moe_intermediate_size // world if cfg.moe_layers else 0,
     )
+
+
+def head_shard(cfg, shard: Shard) -> Shard | None:
+    """How a draft head of config `cfg` (a DraftHeadConfig) is held by rank `shard`: split like
+    the target's layers (`shard`) where its attention heads, KV heads and MLP width all divide by
+    the ranks, else None: the whole head on every rank, with no exchange in its layers. A head is
+    optional speed, not the answer, so one that does not split still runs; every head shaped
+    like its target splits wherever the target does."""
+    dims = (cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
+    return shard if all(n % shard.world == 0 for n in dims) else None
+
+
+def shard_head(head, rank: int, world: int) -> None:
+    """Keep this rank's share of every layer of a draft head (a DraftHead), in place, split as
+    the target's layers are (`shard_attention`, `shard_mlp`); fc, the norms and the rotary stay
+    whole. `head.cfg` becomes the rank's view (its heads and MLP width), from which the draft's
+    KV cache is sized. The caller checks that it splits (`head_shard`)."""
+    cfg = head.cfg
+    with torch.no_grad():
+        for layer in head.layers:
+            shard_attention(layer.self_attn, rank, world)
+            shard_mlp(layer.mlp, rank, world)
+    head.cfg = dataclasses.replace(cfg, num_heads=cfg.num_heads // world, num_kv_heads=cfg.num_kv_heads // world,
+                                   intermediate_size=cfg.intermediate_size // world)
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:

@@ -1,7 +1,7 @@
 """Tensor-parallel launch: rank 0 is the caller's process, ranks 1..N-1 are worker processes.
 
-Every rank loads only its share of the same model (`load_engine(..., shard=Shard(rank, N))`:
-shard-on-load; random weights draw the same numbers) and holds a full SpecEngine. Rank 0 drives:
+Every rank loads only its share of the same model and draft head (`load_engine(...,
+shard=Shard(rank, N))`: shard-on-load; random weights draw the same numbers) and holds a full SpecEngine. Rank 0 drives:
 `TPEngine` stands in for its SpecEngine and sends each call that runs the model (generate,
 reset, set_max_context, allocate) to the workers before running it itself; a worker runs the
 same call on its own engine (`_follow`). Inside an answer the ranks meet at every row-parallel
@@ -71,7 +71,7 @@ def _load_rank(load: LoadArgs, ranks: Ranks, progress=None):
     from .engine import PREFILL_CHUNK
 
     # Up to a prefill chunk's rows (every verify tree and AR step): larger batches use NCCL.
-    open_exchange(engine.target, ranks, PREFILL_CHUNK, engine.torch_dtype)
+    open_exchange(engine.target, ranks, PREFILL_CHUNK, engine.torch_dtype, engine.head)
     engine.round_sync = RoundSync(ranks)
     return engine
 

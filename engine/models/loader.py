@@ -117,12 +117,15 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype, s
 
 
 def load_draft_head(
-    head_arg: str | None, source: ModelSource, target_cfg: ModelConfig, device: torch.device, dtype: torch.dtype
+    head_arg: str | None, source: ModelSource, target_cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+    shard=None,
 ) -> tuple[DraftHead | None, str | None]:
     """Resolve the head: the given argument, else the model's default. Returns (head, display name).
 
     Argument forms: a directory in the published format, a hub id, `random` / `random:LAYERS`
-    (a random head shaped for this target), or `none` (plain AR only).
+    (a random head shaped for this target), or `none` (plain AR only). `shard` (a
+    parallel.Shard): hold only that tensor-parallel rank's part of the head's layers where the
+    head splits (parallel.head_shard; random weights drawn whole and cut).
     """
     from safetensors import SafetensorError
 
@@ -132,9 +135,7 @@ def load_draft_head(
             cfg = DraftHeadConfig.for_target(
                 target_cfg, num_layers=shape.get("num_hidden_layers", 1), block_size=shape.get("block_size", 16)
             )
-            head = build_head(cfg, device, dtype)
-            head.init_random(source.seed + 1)
-            return head, random_head_name(cfg)
+            return _random_head(cfg, source.seed + 1, device, dtype, shard), random_head_name(cfg)
         head_arg = source.default_draft_head
         if head_arg is None:
             return None, None
@@ -143,16 +144,14 @@ def load_draft_head(
     if head_arg == "random" or head_arg.startswith("random:"):
         layers = int(head_arg.split(":", 1)[1]) if ":" in head_arg else 1
         cfg = DraftHeadConfig.for_target(target_cfg, num_layers=layers, block_size=16)
-        head = build_head(cfg, device, dtype)
-        head.init_random(1)
-        return head, random_head_name(cfg)
+        return _random_head(cfg, 1, device, dtype, shard), random_head_name(cfg)
     path = Path(head_arg).expanduser()
     if not path.exists():
         if head_arg.count("/") != 1 or head_arg.startswith((".", "/", "~")):
             raise DraftHeadError(f"draft head {head_arg} not found (no such directory)")
         path = download_hub_dir(head_arg, ["config.json", "model.safetensors"])
     try:
-        head = load_head_dir(path, device, dtype)
+        head = load_head_dir(path, device, dtype, shard)
     except (SafetensorError, OSError) as err:  # a truncated or corrupt model.safetensors
         what = "reinstall jetspec-chat" if head_arg == source.default_draft_head else "download or copy the head again"
         raise DraftHeadError(
@@ -163,6 +162,16 @@ def load_draft_head(
     if source.kind == "embedded" and head_arg == source.default_draft_head:
         return head, f"{source.name} head (shipped)"  # a short name for the header, not the install path
     return head, head_arg
+
+
+def _random_head(cfg: DraftHeadConfig, seed: int, device: torch.device, dtype: torch.dtype, shard) -> DraftHead:
+    if shard is not None:
+        from ..parallel import head_shard
+
+        shard = head_shard(cfg, shard)
+    head = build_head(cfg, device, dtype, shard)
+    head.init_random(seed, shard=shard)
+    return head
 
 
 def stop_token_ids(tokenizer, source: ModelSource) -> tuple[int, ...]:
@@ -192,15 +201,15 @@ def load_engine(
 ) -> SpecEngine:
     """`depth`: the tree depth the caller will ask for, checked against the draft head before the
     target's weights load (the head is small and loads first), so a wrong depth costs no load.
-    `shard` (a parallel.Shard): load only that tensor-parallel rank's part of the target (the
-    draft head is whole on every rank)."""
+    `shard` (a parallel.Shard): load only that tensor-parallel rank's part of the target and of
+    the draft head's layers."""
     report = progress or (lambda what, frac: None)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     source = resolve_model(model, progress=progress)
     target_cfg = ModelConfig.from_hf(source.hf_config)
     report("Loading the draft head", None)
-    head, head_name = load_draft_head(draft_head, source, target_cfg, dev, dt)
+    head, head_name = load_draft_head(draft_head, source, target_cfg, dev, dt, shard)
     if head is None and draft_head is None and source.name.lower() in HEAD_NOTES:
         report(HEAD_NOTES[source.name.lower()], None)
     check_head_depth(depth, head.cfg.max_depth if head is not None else None)

@@ -45,6 +45,15 @@ def test_tp2_bf16_speculation_equals_bf16_ar(model, budget):
     assert out["lossless"], out
 
 
+@pytest.mark.parametrize("model", ["random:tiny-qwen3", "random:tiny-qwen3-moe"])
+def test_tp2_bf16_speculation_equals_bf16_ar_with_a_split_three_layer_head(model):
+    """The draft head's layers split over the ranks, several of them (o_proj, MLP, o_proj, ...:
+    the exchange's slots alternate inside the draft graph too), between target forwards."""
+    out = _generate(model, "--dtype", "bfloat16", "--draft-head", "random:3", "--budget", "32",
+                    "--max-new-tokens", "48", "--check-lossless=ar")
+    assert out["lossless"], out
+
+
 def _exchange_rank(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
@@ -109,6 +118,60 @@ def test_symmetric_exchange_equals_the_all_gather(tmp_path):
     place) and replayed from a CUDA graph (new inputs each replay)."""
     same = run_two_ranks(_exchange_rank, str(tmp_path / "same.pt"))
     assert len(same) == 30 and all(same), same
+
+
+def split_draft_logp(device: torch.device, shard=None, ranks=None) -> torch.Tensor:
+    """bf16 draft log-probs (DraftRunner.logp: CUDA-graphed on the GPU) of a random 3-layer head
+    on random context taps, tiny-qwen3 target; with `shard` and `ranks` the rank's part of both,
+    its exchange open (symmetric memory where it can)."""
+    import gc
+
+    from jetspec_chat.engine.draft_head import DraftKVCache
+    from jetspec_chat.engine.graphs import DraftRunner
+    from jetspec_chat.engine.model_config import ModelConfig
+    from jetspec_chat.engine.models.loader import load_draft_head, load_target
+    from jetspec_chat.engine.models.model_sources import resolve_model
+    from jetspec_chat.engine.parallel import open_exchange
+
+    source, dtype = resolve_model("random:tiny-qwen3"), torch.bfloat16
+    target = load_target(source, device, dtype, shard)
+    head, _ = load_draft_head("random:3", source, ModelConfig.from_hf(source.hf_config), device, dtype, shard)
+    if ranks is not None:
+        open_exchange(target, ranks, 64, dtype, head)
+    cache = DraftKVCache(head.cfg, 64, device, dtype)
+    taps = torch.randn(6, len(head.cfg.target_layer_ids) * target.cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    anchor = torch.tensor(7, device=device)
+    with torch.inference_mode():
+        head.append_context(cache, taps.to(device, dtype))
+        runner = DraftRunner(head, cache, target, anchor, verify=None)
+        logp = [runner.logp(anchor, 3).clone() for _ in range(2)]  # captured, then replayed
+    assert torch.equal(logp[0], logp[1])
+    del runner  # its graph holds NCCL's captured all-gather: gone before the group is left
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return logp[0].cpu()
+
+
+def _draft_rank(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from jetspec_chat.engine.parallel import Shard, init_ranks
+
+    device = torch.device("cuda", rank)
+    ranks = init_ranks(rank, 2, port, device)
+    torch.save(split_draft_logp(device, Shard(rank, 2), ranks), out if rank == 0 else out + ".rank1")
+    dist.destroy_process_group()
+
+
+def test_a_split_draft_head_gives_every_rank_the_same_logits(tmp_path):
+    """The draft head's layers split over 2 GPUs (bf16, graphed, the exchange inside): both
+    ranks get the same bits (so they build the same tree), close to the whole head's on one GPU
+    (the layers' sums add the ranks' partials in another order)."""
+    out = str(tmp_path / "draft.pt")
+    got = run_two_ranks(_draft_rank, out)
+    assert torch.equal(got, torch.load(out + ".rank1"))
+    torch.testing.assert_close(got, split_draft_logp(torch.device("cuda", 0)), atol=2e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -155,6 +155,67 @@ def test_a_rank_loads_only_its_part(name, tmp_path):
         assert sum(p.numel() for p in random_part.parameters()) < sum(p.numel() for p in whole.parameters())
 
 
+def _random_head(name: str, shard=None):
+    from jetspec_chat.engine.models.loader import load_draft_head
+    from jetspec_chat.engine.models.model_sources import resolve_model
+
+    source = resolve_model(name)
+    target_cfg = _load(name).cfg
+    return load_draft_head("random:2", source, target_cfg, torch.device("cpu"), torch.float32, shard)[0]
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_rank_holds_its_part_of_the_draft_head(int8, tmp_path):
+    # A random head drawn whole and cut, and a head file (int8 too) read and cut, give the rank
+    # exactly what cutting the whole head gives: 1/N of each layer's heads and MLP width
+    # (q/k/v rows, o_proj and down_proj columns), fc and the norms whole.
+    from jetspec_chat.engine.draft_head import load_head_dir
+    from jetspec_chat.engine.parallel import Shard, shard_head
+
+    name = "random:tiny-qwen3"
+    whole = _random_head(name)
+    whole.save(tmp_path, int8=int8)
+    for rank in range(2):
+        shard = Shard(rank, 2)
+        want = _random_head(name)
+        shard_head(want, rank, 2)
+        cut = load_head_dir(tmp_path, torch.device("cpu"), torch.float32)
+        shard_head(cut, rank, 2)
+        expected = dict(want.named_parameters())
+        for got, reference in ((_random_head(name, shard), expected),
+                               (load_head_dir(tmp_path, torch.device("cpu"), torch.float32, shard),
+                                dict(cut.named_parameters()))):
+            params = dict(got.named_parameters())
+            assert params.keys() == reference.keys() and got.cfg == want.cfg
+            for key, value in reference.items():
+                assert torch.equal(params[key], value), key
+        attn, mlp = want.layers[0].self_attn, want.layers[0].mlp
+        heads, hd = whole.cfg.num_heads // 2, whole.cfg.head_dim
+        w = whole.layers[0].self_attn.qkv_proj.weight
+        assert torch.equal(attn.qkv_proj.weight[: heads * hd], w[rank * heads * hd : (rank + 1) * heads * hd])
+        assert torch.equal(attn.o_proj.weight, whole.layers[0].self_attn.o_proj.weight[:, rank * heads * hd : (rank + 1) * heads * hd])
+        n = whole.cfg.intermediate_size // 2
+        assert torch.equal(mlp.down_proj.weight, whole.layers[0].mlp.down_proj.weight[:, rank * n : (rank + 1) * n])
+        assert torch.equal(want.fc.weight, whole.fc.weight)
+        assert want.cfg.num_kv_heads == whole.cfg.num_kv_heads // 2 and want.cfg.intermediate_size == n
+
+
+def test_a_draft_head_that_does_not_split_stays_whole():
+    import dataclasses
+
+    from jetspec_chat.engine.parallel import Shard, head_shard
+
+    cfg = _random_head("random:tiny-qwen3").cfg  # 4 heads, 2 KV heads, width 128
+    assert head_shard(cfg, Shard(1, 2)) == Shard(1, 2)
+    assert head_shard(cfg, Shard(1, 4)) is None  # 2 KV heads over 4 ranks
+    assert head_shard(dataclasses.replace(cfg, intermediate_size=129), Shard(0, 2)) is None
+    assert head_shard(dataclasses.replace(cfg, num_heads=3, num_kv_heads=1), Shard(0, 2)) is None
+    whole = _random_head("random:tiny-qwen3")
+    kept = _random_head("random:tiny-qwen3", Shard(3, 4))
+    assert kept.cfg == whole.cfg
+    assert all(torch.equal(a, b) for a, b in zip(kept.parameters(), whole.parameters()))
+
+
 class _RecordingExchange:
     """Stands in for a SymmetricExchange of one rank: records each exchange's slot, and whether
     its partial was written in place (into the tensor `out_for` handed out)."""
@@ -198,6 +259,40 @@ def test_consecutive_exchanges_alternate_slots(name):
     assert exchange.in_place == [not is_moe for is_moe in moe] * 2
 
 
+def test_the_draft_head_alternates_slots_and_its_append_exchanges_nothing():
+    # A split draft head's forward starts on slot 0 and ends on slot 1 as the target's does, so
+    # target and draft forwards may follow each other in any order; its context append (each
+    # rank projects its own KV heads) makes no exchange.
+    from jetspec_chat.engine.draft_head import DraftKVCache
+    from jetspec_chat.engine.graphs import DraftRunner
+    from jetspec_chat.engine.parallel import RowParallelLinear, Shard, shard_target
+
+    name = "random:tiny-qwen3"
+    model = _load(name)
+    head = _random_head(name)
+    taps = torch.randn(6, len(head.cfg.target_layer_ids) * model.cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+
+    def draft(head):
+        cache = DraftKVCache(head.cfg, 64, torch.device("cpu"), torch.float32)
+        with torch.inference_mode():
+            head.append_context(cache, taps)
+            appended = list(exchange.slots)
+            return DraftRunner(head, cache, model, torch.tensor(7), verify=None).logp(torch.tensor(7), 3), appended
+
+    exchange = _RecordingExchange()
+    want, _ = draft(head)
+    shard_target(model, 0, 1)
+    one_rank = _random_head(name, Shard(0, 1))
+    for module in one_rank.modules():
+        if isinstance(module, RowParallelLinear):
+            module.exchange = exchange
+    got, appended = draft(one_rank)
+    assert appended == []
+    assert exchange.slots == [0, 1] * head.cfg.num_layers
+    assert exchange.in_place == [True] * (2 * head.cfg.num_layers)
+    assert torch.equal(got, want)
+
+
 def build_shard_like(model):
     """An empty copy of a rank's model (same shapes), to load a checkpoint into."""
     import copy
@@ -209,26 +304,28 @@ def build_shard_like(model):
     return other
 
 
-def _draft_logp(model, name: str, whole_cfg) -> torch.Tensor:
+def _draft_logp(model, name: str, whole_cfg, shard=None) -> tuple[torch.Tensor, int]:
     """The engine's draft log-probs (DraftRunner: the head through the target's lm_head) for a
-    random head on random context taps."""
+    random 2-layer head on random context taps, and the head's attention heads on this rank;
+    `shard`: the head's layers split as on that rank."""
     from jetspec_chat.engine.draft_head import DraftKVCache
     from jetspec_chat.engine.graphs import DraftRunner
     from jetspec_chat.engine.models.loader import load_draft_head
     from jetspec_chat.engine.models.model_sources import resolve_model
 
     cpu = torch.device("cpu")
-    head, _ = load_draft_head("random", resolve_model(name), whole_cfg, cpu, torch.float32)
+    head, _ = load_draft_head("random:2", resolve_model(name), whole_cfg, cpu, torch.float32, shard)
     cache = DraftKVCache(head.cfg, 64, cpu, torch.float32)
     width = len(head.cfg.target_layer_ids) * whole_cfg.hidden_size
     with torch.inference_mode():
         head.append_context(cache, torch.randn(6, width, generator=torch.Generator().manual_seed(2)))
-        return DraftRunner(head, cache, model, torch.tensor(7), verify=None).logp(torch.tensor(7), 3)
+        logp = DraftRunner(head, cache, model, torch.tensor(7), verify=None).logp(torch.tensor(7), 3)
+    return logp, head.cfg.num_heads
 
 
 def _tp_rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    from jetspec_chat.engine.parallel import init_ranks, shard_target
+    from jetspec_chat.engine.parallel import Shard, init_ranks, shard_target
 
     init_ranks(rank, 2, port, torch.device("cpu"))
     logits = {}
@@ -240,7 +337,8 @@ def _tp_rank(rank: int, port: int, out: str) -> None:
         logits[name] = _forward_logits(model, TOKENS)
         with torch.inference_mode():  # the gathered lm_head alone, on the same hidden states
             logits[name, "head"] = [model.logits(hidden[:m]) for m in (1, 2, 9)]
-        logits[name, "draft"] = _draft_logp(model, name, whole_cfg)
+        logits[name, "draft"] = _draft_logp(model, name, whole_cfg, Shard(rank, 2))  # its layers split
+        logits[name, "whole draft"] = _draft_logp(model, name, whole_cfg)  # as a head that does not split
     if rank == 0:
         torch.save(logits, out)
     torch.distributed.destroy_process_group()
@@ -259,8 +357,14 @@ def test_tp2_logits_equal_tp1(tmp_path):
             for m, logits in zip((1, 2, 9), got[name, "head"]):
                 assert logits.dtype == torch.float32 and logits.is_contiguous()
                 assert torch.equal(logits, whole.logits(hidden[:m])), (name, m)
-        # The draft head's logits through the split lm_head: the same bits too.
-        assert torch.equal(got[name, "draft"], _draft_logp(whole, name, whole.cfg)), name
+        want, heads = _draft_logp(whole, name, whole.cfg)
+        # The draft head's layers split like the target's: its row-parallel sums add the ranks'
+        # partials in another order, so close; a whole head through the split lm_head: the
+        # same bits.
+        (split, split_heads), (whole_draft, whole_heads) = got[name, "draft"], got[name, "whole draft"]
+        assert (split_heads, whole_heads) == (heads // 2, heads), name
+        torch.testing.assert_close(split, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(whole_draft, want), name
 
 
 def _generate(model: str, *extra: str) -> dict:
