@@ -48,7 +48,7 @@ if [ -n "${OLD_PY:-}" ]; then
 fi
 
 echo "== GPU TP tests (split draft), at $((SECONDS - start)) s" | tee "$dir/tests.txt"
-timeout -s USR1 -k 5 "$(cap 90)" $PY -m pytest -q -p no:cacheprovider tests/engine/test_gpu_parallel.py \
+timeout -s USR1 -k 5 "$(cap 150)" $PY -m pytest -q -p no:cacheprovider tests/engine/test_gpu_parallel.py \
   -k "symmetric_exchange or split_draft_head or (three_layer_head and not moe) or (bf16_speculation_equals_bf16_ar and (64 or nccl) and not three)" 2>&1 | tail -8 | tee -a "$dir/tests.txt"
 
 BENCH=("${MODEL:-random:Qwen/Qwen3-8B}" --draft-head random:5 --engine-only --contexts 512 --tree-sizes 1,128
