@@ -99,7 +99,7 @@ def accept_and_pack(
 
 
 # append(taps of the path's P nodes [P, taps * hidden], accepted count (0-d)): DraftHead.append_accepted
-# on the engine's draft cache.
+# on the engine's draft cache, or for a graphed AR round the hold of its row (DraftKVCache.hold).
 DraftAppend = Callable[[torch.Tensor, torch.Tensor], None]
 
 
