@@ -133,7 +133,8 @@ def finish_round(
     if getattr(kv, "recurrent", False):  # HybridCache: the state moves to the deepest accepted node's
         kv.commit_path(acc.path, acc.count)
     if draft_append is not None:
-        draft_append(taps[acc.path], acc.count)  # rows past count: the root's taps, never read
+        # rows past count: the root's taps, never read; a one-node tree's path is its root (no gather)
+        draft_append(taps if taps.shape[0] == 1 else taps[acc.path], acc.count)
     kv.device_length.add_(acc.count)  # after every use of base (the same tensor)
     anchor.copy_(acc.bonus)  # last: a root-only tree's token is a view of the anchor
     return PackedRound(packed, p)
