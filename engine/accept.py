@@ -128,8 +128,10 @@ def finish_round(
     acc, packed = accept_and_pack(tree, choices, size, path_len)
     p = acc.path.shape[0]
     base = kv.device_length
-    # Rows past the path copy the root into positions past the new length: scratch.
-    kv.move_rows(base + acc.path, base + torch.arange(p, device=choices.device))
+    # Rows past the path copy the root into positions past the new length: scratch. A path of one
+    # (an AR round's) is the root, whose row the forward wrote in place.
+    if p > 1:
+        kv.move_rows(base + acc.path, base + torch.arange(p, device=choices.device))
     if getattr(kv, "recurrent", False):  # HybridCache: the state moves to the deepest accepted node's
         kv.commit_path(acc.path, acc.count)
     if draft_append is not None:
