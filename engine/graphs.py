@@ -173,8 +173,11 @@ class VerifyRunner:
 
     def _padded_forward(self, b: _TreeBucket) -> tuple[Tree, torch.Tensor, torch.Tensor | None]:
         """The forward over a bucket's staged tree (inside its graphs)."""
-        valid = b.index < b.n
-        ancestors = (b.ancestors & valid[:, None] & valid[None, :]) | b.eye  # padding sees only itself
+        if b.index.shape[0] == 1:  # bucket 1: the root alone, which sees itself (no mask kernels)
+            ancestors = b.eye
+        else:
+            valid = b.index < b.n
+            ancestors = (b.ancestors & valid[:, None] & valid[None, :]) | b.eye  # padding sees only itself
         tree = Tree(b.tokens, b.parents, b.depths, b.scores, ancestors, b.path_len - 1)
         prefix = self.kv.device_length
         batch = ForwardBatch(b.tokens, prefix + b.depths, ancestors, prefix)
