@@ -99,7 +99,7 @@ def accept_and_pack(
 
 
 # append(taps of the path's P nodes [P, taps * hidden], accepted count (0-d)): DraftHead.append_accepted
-# on the engine's draft cache.
+# on the engine's draft cache, or for a graphed AR round the hold of its row (DraftKVCache.hold).
 DraftAppend = Callable[[torch.Tensor, torch.Tensor], None]
 
 
@@ -128,12 +128,15 @@ def finish_round(
     acc, packed = accept_and_pack(tree, choices, size, path_len)
     p = acc.path.shape[0]
     base = kv.device_length
-    # Rows past the path copy the root into positions past the new length: scratch.
-    kv.move_rows(base + acc.path, base + torch.arange(p, device=choices.device))
+    # Rows past the path copy the root into positions past the new length: scratch. A path of one
+    # (an AR round's) is the root, whose row the forward wrote in place.
+    if p > 1:
+        kv.move_rows(base + acc.path, base + torch.arange(p, device=choices.device))
     if getattr(kv, "recurrent", False):  # HybridCache: the state moves to the deepest accepted node's
         kv.commit_path(acc.path, acc.count)
     if draft_append is not None:
-        draft_append(taps[acc.path], acc.count)  # rows past count: the root's taps, never read
+        # rows past count: the root's taps, never read; a one-node tree's path is its root (no gather)
+        draft_append(taps if taps.shape[0] == 1 else taps[acc.path], acc.count)
     kv.device_length.add_(acc.count)  # after every use of base (the same tensor)
     anchor.copy_(acc.bonus)  # last: a root-only tree's token is a view of the anchor
     return PackedRound(packed, p)

@@ -224,7 +224,16 @@ class DraftKVCache(TrackedLength):
     Contiguous, but also viewed as a pool of blocks in logical order (no block table) so the
     draft's attention runs on the same paged tree kernel as the target's. Rows past the length are
     scratch: the draft block's own K/V and the fixed-size appends' surplus rows land there, so
-    the capacity must exceed the longest context by a block (block_size rows)."""
+    the capacity must exceed the longest context by a block (block_size rows).
+
+    Held rows: a graphed AR round (no draft forward) does not append its accepted row; it keeps
+    the row's taps in `held_taps` (`hold`), at index (committed length - draft length), and one
+    later append projects all held rows at once (graphs.VerifyRunner.append_held): before the
+    next draft forward or prefill append, and whenever `held_rows` rows are held. `held` counts
+    them on the host as rounds are launched (an AR round holds exactly one row). held_rows is
+    the block size, the longest append a drafting round makes (its path): the scratch rows past
+    the context already take an append that long, and AR decoding pays one such append every
+    block_size tokens instead of one a token."""
 
     def __init__(self, cfg: DraftHeadConfig, capacity: int, device: torch.device, dtype: torch.dtype):
         capacity = -(-capacity // KV_BLOCK) * KV_BLOCK
@@ -232,6 +241,25 @@ class DraftKVCache(TrackedLength):
         self.v = torch.empty_like(self.k)
         self.device_length = torch.zeros((), dtype=torch.long, device=device)
         self._length = 0
+        self.held_rows = cfg.block_size
+        # zeros: the rows past the held count are projected into scratch rows too, never read
+        self.held_taps = torch.zeros(self.held_rows, len(cfg.target_layer_ids) * cfg.hidden_size,
+                                     device=device, dtype=dtype)
+        self.held = 0
+
+    @TrackedLength.length.setter
+    def length(self, n: int) -> None:
+        """A length the host decides (prefill, rollback, the bench) makes the context exactly the
+        first n rows: nothing is held (a rollback sets `held` again after it)."""
+        TrackedLength.length.fset(self, n)
+        self.held = 0
+
+    def hold(self, committed: torch.Tensor, taps: torch.Tensor, count: torch.Tensor) -> None:
+        """An AR round's draft-context step (finish_round's `draft_append` for it, inside the verify
+        graph): keep the accepted row's taps (taps[0]; count is 1) at index committed - length,
+        `committed` being the target cache's device length before the round advances it."""
+        index = (committed - self.device_length).reshape(1)
+        self.held_taps.index_copy_(0, index, taps[:1])
 
     def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (-1, KV_BLOCK, *self.k.shape[2:])

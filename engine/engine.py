@@ -5,9 +5,12 @@ Invariant between rounds: the target's KV cache holds every committed token exce
 the anchor (whose hidden state does not exist yet). The anchor also lives on the device
 (`SpecEngine.anchor`, a 0-d scalar): the prefill's choice seeds it and each round's verify step
 writes its bonus token there, so the next round's draft reads it without a host->device copy.
-The draft context mirrors the KV cache: draft_kv.length == kv.length between rounds (the
-prefill appends its chunks' features eagerly; each round's verify step appends the accepted
-rows and advances both lengths on the device, and the host follows from the round's one copy).
+The draft context mirrors the KV cache: draft_kv.length + draft_kv.held == kv.length between
+rounds (the prefill appends its chunks' features eagerly; a drafting round's verify step appends
+the accepted rows and advances both lengths on the device, and the host follows from the round's
+one copy). A graphed AR round holds its row instead (DraftKVCache.hold): the held rows are
+appended in one step before the next draft forward or prefill append, and every held_rows AR
+rounds, so every draft forward sees draft_kv.length == kv.length.
 During a round's event the next round may already be running on the device (the round ahead,
 `_generate`): then the device's lengths and anchor are that round's, and the host catches up at
 its copy.
@@ -61,6 +64,8 @@ class _Launched:
     path_len: int
     size: int  # tree nodes
     clock: "_PhaseClock"
+    held: bool  # an AR round that held its draft-context row: the draft length stays
+    appended: int  # held rows appended to the draft context just before this round
 
 
 class _PhaseClock:
@@ -210,11 +215,30 @@ class SpecEngine:
             ) from None
 
     def rollback(self, length: int) -> None:
-        """Roll the caches back to `length` committed tokens."""
+        """Roll the caches back to `length` committed tokens (no round in flight)."""
         self.kv.truncate(length)  # a recurrent cache may land earlier (HybridCache.truncate)
-        if self.draft_kv is not None:
-            self.draft_kv.length = min(self.draft_kv.length, self.kv.length)
+        d = self.draft_kv
+        if d is not None:
+            d.length = min(d.length, self.kv.length)
+            d.held = self.kv.length - d.length  # held rows below the new length stay valid
         self.tokens = self.tokens[: length + 1]
+
+    @property
+    def _holds(self) -> bool:
+        """Whether AR rounds hold their draft-context row (DraftKVCache.hold): on the graph path,
+        but for recurrent caches (they roll back inside a round; the eager path appends)."""
+        return self.draft_kv is not None and self.verify.use_graphs and not self.verify.recurrent
+
+    def _append_held(self) -> int:
+        """Append the rows AR rounds held to the draft context (VerifyRunner.append_held), after
+        the rounds already launched; returns how many, which the host's draft length takes when
+        the caller says (the device's has them once the append has run)."""
+        d = self.draft_kv
+        n = d.held
+        if n:
+            self.verify.append_held()
+            d.held = 0
+        return n
 
     # -- timing ----------------------------------------------------------------------------
     def _now(self) -> float:
@@ -234,6 +258,8 @@ class SpecEngine:
         lcp = min(lcp, len(prompt_ids) - 1)  # at least one token must run to get the next logits
         self.rollback(lcp)
         lcp = self.kv.length  # a recurrent cache may restore only an earlier length (HybridCache.truncate)
+        if self.draft_kv is not None:  # the context below lcp is complete before the chunks append
+            self.draft_kv.note_advance(self._append_held())
         self.tokens = list(prompt_ids)
         start = lcp
         logits = None
@@ -299,7 +325,18 @@ class SpecEngine:
         base = self.kv.length
         clock = _PhaseClock(self.torch_device)
         positions_left = self.target.cfg.max_position_embeddings - 1 - base
-        if spec.enabled and spec.budget > 1 and self.head is not None and positions_left > 0:
+        drafting = spec.enabled and spec.budget > 1 and self.head is not None and positions_left > 0
+        # An AR round on the graph path holds its draft-context row; the held rows are appended
+        # before any other round (a draft forward reads the whole context) or when they fill
+        # the buffer.
+        hold = not drafting and self._holds
+        d = self.draft_kv
+        appended = 0
+        if d is not None and d.held and (not hold or d.held == d.held_rows):
+            appended = self._append_held()
+        if hold:
+            d.held += 1
+        if drafting:
             # A tree of `budget` nodes is at most budget - 1 deep: draft no further than that.
             depth = min(spec.depth or self.head.cfg.max_depth, positions_left, max(spec.budget - 1, 1))
             tree, staged = self.drafter.tree(self.anchor, depth, spec.tree_algo, spec.budget, spec.width, clock.mark)
@@ -309,23 +346,24 @@ class SpecEngine:
         # finish_round (accept, KV commit, draft-context append, lengths, packing, next anchor): verify_ms is that graph
         # and accept_ms only the copy of its packed output to the host. Elsewhere verify_ms ends
         # at the target's choices and accept_ms holds finish_round.
-        packed = self.verify.round(tree, staged, sampling, generator, clock.mark)
+        packed = self.verify.round(tree, staged, sampling, generator, clock.mark, hold)
         # The round's one device->host copy, into a buffer of its own (the graph path's output
         # buffer is the next round's too); from pinned memory on CUDA, so it runs in the stream.
         ints = torch.empty(packed.ints.shape, dtype=packed.ints.dtype, pin_memory=packed.ints.is_cuda)
         ints.copy_(packed.ints, non_blocking=True)
         clock.mark("accept_ms")  # after the copy: _collect waits for this event
-        return _Launched(ints, packed.path_len, tree.size, clock)
+        return _Launched(ints, packed.path_len, tree.size, clock, hold, appended)
 
     def _collect(self, launched: "_Launched") -> RoundOutput:
         """Wait for a launched round (its one device->host copy, enqueued at its launch); the
         host's lengths follow the device's."""
         timings = launched.clock.elapsed()  # waits for the round and its one device->host copy
         r = unpack_round(launched.ints, launched.path_len, launched.size)
-        # finish_round advanced the device lengths by the count: the host copies follow.
+        # finish_round advanced the device lengths by the count (the draft's, but for a round
+        # that held its row), after the append of held rows before it: the host copies follow.
         self.kv.note_advance(r.count)
         if self.draft_kv is not None:
-            self.draft_kv.note_advance(r.count)
+            self.draft_kv.note_advance((0 if launched.held else r.count) + launched.appended)
         return RoundOutput(
             tree_tokens=r.tokens,
             tree_parents=r.parents,

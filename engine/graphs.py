@@ -11,8 +11,9 @@ Elsewhere (CPU) the same functions run eagerly on exact sizes.
 A greedy round with a fixed-shape tree on CUDA is two graph replays and one copy (a sampling
 round adds the draw of its uniforms, and a write of the temperature or top_p when they change): the draft
 graph (draft forward, tree build, and the tree written straight into the verify bucket's static
-inputs) and the verify graph (target forward, accept, KV commit, draft-context append, lengths
-and anchor advanced on the device, packing); then the packed integers go to the host.
+inputs) and the verify graph (target forward, accept, KV commit, draft-context append (an AR
+round holds its row instead: VerifyRunner), lengths and anchor advanced on the device, packing);
+then the packed integers go to the host.
 """
 from __future__ import annotations
 
@@ -89,11 +90,12 @@ class _TreeBucket:
         self.path_len = path_len
         self.forward_graph: torch.cuda.CUDAGraph | None = None
         self.forward_out: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        self.rounds: dict[RoundKey, tuple[torch.cuda.CUDAGraph, PackedRound]] = {}
+        # per (round_key, whether an AR round holds its draft-context row: VerifyRunner.round)
+        self.rounds: dict[tuple[RoundKey, bool], tuple[torch.cuda.CUDAGraph, PackedRound]] = {}
         # A recurrent cache's handles on the graphs' own tensors (HybridCache.stash / last_round
         # as each capture left them; each replay rewrites those tensors).
         self.forward_stash = None
-        self.round_commits: dict[RoundKey, tuple | None] = {}
+        self.round_commits: dict[tuple[RoundKey, bool], tuple | None] = {}
 
     def load(self, tree: Tree) -> None:
         """Write a tree into the static inputs (device to device; inside the draft graph for
@@ -125,8 +127,12 @@ class VerifyRunner:
     The draft-context append of the accepted rows (finish_round's `draft_append`) sits at the
     end of this graph rather than at the start of the draft graph: the path and the taps are
     made here (each bucket's graph has its own taps buffer, which a draft graph would have to
-    pick by the last round's bucket), every round passes here (AR rounds too, so no pending
-    context builds up), and the eager path (CPU, recurrent caches) runs the same finish_round."""
+    pick by the last round's bucket). A graphed AR round (`hold`: no draft forward, one accepted
+    row) only keeps that row's taps (DraftKVCache.hold, one copy) instead of the ~10 kernels of
+    the append; `append_held` projects the held rows in one fixed-size append (its own graph),
+    which the engine runs before the next draft forward or prefill append, and every
+    held_rows AR rounds. The eager path (CPU, recurrent caches, which roll back inside a round)
+    appends in every round: finish_round with `draft_append`."""
 
     def __init__(
         self, target: TargetModel, kv: PagedKVCache, tap_layers: tuple[int, ...], anchor: torch.Tensor, max_depth: int,
@@ -147,6 +153,7 @@ class VerifyRunner:
         self.temperature = torch.ones((), dtype=torch.float32, device=self.device)
         self.top_p = torch.ones((), dtype=torch.float64, device=self.device)
         self._loaded: tuple[float, float] | None = None
+        self._append_held: tuple[torch.cuda.CUDAGraph, object] | None = None
 
     def bucket(self, n: int) -> _TreeBucket:
         """The static inputs for trees of n nodes (created on first use)."""
@@ -166,15 +173,36 @@ class VerifyRunner:
 
     def _padded_forward(self, b: _TreeBucket) -> tuple[Tree, torch.Tensor, torch.Tensor | None]:
         """The forward over a bucket's staged tree (inside its graphs)."""
-        valid = b.index < b.n
-        ancestors = (b.ancestors & valid[:, None] & valid[None, :]) | b.eye  # padding sees only itself
+        if b.index.shape[0] == 1:  # bucket 1: the root alone, which sees itself (no mask kernels)
+            ancestors = b.eye
+        else:
+            valid = b.index < b.n
+            ancestors = (b.ancestors & valid[:, None] & valid[None, :]) | b.eye  # padding sees only itself
         tree = Tree(b.tokens, b.parents, b.depths, b.scores, ancestors, b.path_len - 1)
         prefix = self.kv.device_length
         batch = ForwardBatch(b.tokens, prefix + b.depths, ancestors, prefix)
         hidden, taps = self.target(batch, self.kv, self.tap_layers)
         return tree, hidden, taps
 
-    def _graph_round(self, b: _TreeBucket, key: RoundKey) -> PackedRound:
+    def _hold(self, taps: torch.Tensor, count: torch.Tensor) -> None:
+        """An AR round's draft_append: keep the row (DraftKVCache.hold) for `append_held`."""
+        self.draft_kv.hold(self.kv.device_length, taps, count)
+
+    def append_held(self) -> None:
+        """Append the rows that AR rounds held (DraftKVCache.hold) to the draft context: one
+        fixed-size append (`draft_append`) of all held_rows rows, committed length - draft
+        length of them real, read on the device (graphed once, replayed). The host's count and
+        length are the caller's."""
+        d = self.draft_kv
+        fn = lambda: self.draft_append(d.held_taps, self.kv.device_length - d.device_length)
+        if not self.use_graphs:
+            fn()
+            return
+        if self._append_held is None:
+            self._append_held = capture(fn, self.device, self._pool, (d.device_length,))
+        self._append_held[0].replay()
+
+    def _graph_round(self, b: _TreeBucket, key: RoundKey, hold: bool) -> PackedRound:
         # The root is the anchor: the AR round's tree (bucket 1) gets its token here, in the graph.
         b.tokens[:1].copy_(self.anchor)
         tree, hidden, taps = self._padded_forward(b)
@@ -184,7 +212,8 @@ class VerifyRunner:
             top_k, nucleus = key
             choices = sample(self.target.logits(hidden), self.temperature, self.top_p if nucleus else 1.0, top_k,
                              b.uniforms)
-        return finish_round(tree, choices, self.kv, taps, self.anchor, self.draft_append, b.n, b.path_len)
+        append = self._hold if hold else self.draft_append
+        return finish_round(tree, choices, self.kv, taps, self.anchor, append, b.n, b.path_len)
 
     def _load_sampling(self, sampling: SamplingParams) -> None:
         """Write the temperature and top_p into the graphs' device scalars if they changed."""
@@ -213,32 +242,38 @@ class VerifyRunner:
         return hidden[:n], (taps[:n] if taps is not None else None)
 
     def round(
-        self, tree: Tree, staged: bool, sampling: SamplingParams, generator: torch.Generator | None, mark
+        self, tree: Tree, staged: bool, sampling: SamplingParams, generator: torch.Generator | None, mark,
+        hold: bool = False,
     ) -> PackedRound:
         """Verify the tree and finish the round (finish_round). `staged`: the tree is already in
         its bucket's inputs (the draft graph wrote it, or it is the root-only tree, whose token
-        the round graph reads from the anchor). `mark(phase)` closes the verify phase: after the
-        graph on the CUDA path (which holds the acceptance too), else after the target's
-        choices. Sampling: one uniform per node from `generator`, drawn before the replay (the
-        graph holds no generator state), so a seed gives the same answer every time."""
+        the round graph reads from the anchor). `hold` (graph path, root-only trees): the round
+        keeps its accepted row's taps for `append_held` instead of appending it. `mark(phase)`
+        closes the verify phase: after the graph on the CUDA path (which holds the acceptance
+        too), else after the target's choices. Sampling: one uniform per node from `generator`,
+        drawn before the replay (the graph holds no generator state), so a seed gives the same
+        answer every time."""
         if self.use_graphs:
             b = self.bucket(tree.size) if staged else self._stage(tree)
             key = round_key(sampling)
             if key is not None:
                 self._load_sampling(sampling)
                 uniforms(b.uniforms.shape[0], generator, self.device, out=b.uniforms)
-            if key not in b.rounds:
+            assert not hold or (tree.size == 1 and self.draft_kv is not None)
+            graph_key = (key, hold)
+            if graph_key not in b.rounds:
                 keep = (self.anchor, self.kv.device_length) + ((self.draft_kv.device_length,) if self.draft_kv else ())
                 if self.recurrent:  # the warm-ups commit: put the committed state back too
                     keep += (self.kv.conv, self.kv.state)
-                b.rounds[key] = capture(lambda: self._graph_round(b, key), self.device, self._pool, keep)
-                b.round_commits[key] = self.kv.last_round if self.recurrent else None
-            graph, out = b.rounds[key]
+                b.rounds[graph_key] = capture(lambda: self._graph_round(b, key, hold), self.device, self._pool, keep)
+                b.round_commits[graph_key] = self.kv.last_round if self.recurrent else None
+            graph, out = b.rounds[graph_key]
             graph.replay()
             if self.recurrent:  # this round's commit, for a rollback inside it
-                self.kv.replayed(b.round_commits[key])
+                self.kv.replayed(b.round_commits[graph_key])
             mark("verify_ms")
             return out
+        assert not hold
         hidden, taps = self.forward(tree)
         choices = target_choices(self.target.logits(hidden), sampling, generator)
         mark("verify_ms")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import sys
 
 import torch
@@ -205,6 +206,7 @@ def emulated_graphs(engine):
         for r in runners:
             r.use_graphs = False
         engine.verify._buckets.clear()
+        engine.verify._append_held = None
         if engine.drafter is not None:
             engine.drafter._graphs.clear()
 
@@ -274,15 +276,24 @@ class RoundLaunches(TorchDispatchMode):
         return [op for op in self.host_ops if not self._is_copy(op)]
 
 
-def assert_launches_per_round(rounds: list[tuple[int, int, list[str]]], replays: int, ops: int = 0) -> None:
+def assert_launches_per_round(
+    rounds: list[tuple[int, int, list[str]]], replays: int, ops: int = 0, held_rows: int | None = None
+) -> None:
     """round_launches' records of one answer: each round launched `replays` graph replays, its
     one copy to the host and `ops` other host ops. The round after next is queued before a round
     is collected, so the first event's record holds two rounds' launches, the next ones one
     each, and the last ones none (a round that could end the answer by its length queues
-    none; one may be dropped where the answer ends at a stop token)."""
+    none; one may be dropped where the answer ends at a stop token). `held_rows`: AR rounds
+    that hold their draft-context row, so the launch of every (held_rows + 1)-th one (after the
+    prefill's) also replays the held rows' append graph."""
     assert len(rounds) > 2, rounds
     launched = [copies for _, copies, _ in rounds]  # one copy a round
-    assert [r for r, _, _ in rounds] == [k * replays for k in launched], rounds
+    appends = [0] * len(rounds)
+    if held_rows is not None:
+        cumulative = list(itertools.accumulate(launched))
+        appends = [(c - 1) // held_rows - (p - 1) // held_rows for p, c in zip([1] + cumulative, cumulative)]
+        assert sum(appends) > 0, rounds  # the answer is long enough to show them
+    assert [r for r, _, _ in rounds] == [k * replays + a for k, a in zip(launched, appends)], rounds
     assert [len(o) for _, _, o in rounds] == [k * ops for k in launched], rounds
     assert launched[0] == 2 and set(launched[1:-2]) <= {1} and launched[-1] == 0, rounds
     assert sum(launched) in (len(rounds), len(rounds) + 1), rounds
@@ -318,3 +329,47 @@ def run_two_ranks(target, out: str):
         p.join(timeout=120)
     assert [p.exitcode for p in procs] == [0, 0]
     return torch.load(out)
+
+
+def spec_change_rounds(engine, prompt, params, changes) -> list:
+    """Round events of one answer; `changes` maps a round index to the spec from the next round."""
+    out = []
+    for ev in engine.generate(prompt, params):
+        if isinstance(ev, RoundEvent):
+            out.append(ev)
+            if ev.index in changes:
+                engine.update_spec(changes[ev.index])
+    return out
+
+
+def held_rows_scenario(engine, drafts: list, graphs_context) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Two answers on the graph path mixing drafting rounds, AR rounds (spec off, budget 1) past
+    held_rows of them and live changes between them, then a second prompt whose reused prefix
+    ends inside the held rows (its prefill rolls back, appends what is held and its own rows).
+    `drafts` gets (committed length, draft length) on the device at every draft forward.
+    `graphs_context`: emulated_graphs(engine) on the CPU, a null context on CUDA. Returns
+    the draft cache's K and V rows [0, draft length), the committed length and the rows held at
+    the end of the first answer."""
+    spec, ar, budget_1 = SpecParams(budget=16, width=4), SpecParams(enabled=False), SpecParams(budget=1)
+    engine.allocate()
+    tree = engine.drafter.tree
+
+    def recorded_tree(*args, **kwargs):
+        drafts.append((int(engine.kv.device_length), int(engine.draft_kv.device_length)))
+        return tree(*args, **kwargs)
+
+    engine.reset()
+    engine.drafter.tree = recorded_tree
+    try:
+        with graphs_context:
+            prompt = random_prompt(305, 12)
+            spec_change_rounds(engine, prompt, GenerationParams(max_new_tokens=47, spec=spec), {1: ar, 13: spec, 15: budget_1})
+            held = engine.draft_kv.held
+            second = engine.tokens[: engine.kv.length - 2] + random_prompt(306, 5)
+            spec_change_rounds(engine, second, GenerationParams(max_new_tokens=30, spec=ar), {10: spec, 12: budget_1})
+    finally:
+        del engine.drafter.tree
+    d = engine.draft_kv
+    assert d.length + d.held == engine.kv.length  # no round in flight
+    return d.k[:, : d.length].clone(), d.v[:, : d.length].clone(), engine.kv.length, held
+

@@ -9,11 +9,13 @@ from engine_helpers import (
     OracleDraft,
     assert_launches_per_round,
     emulated_graphs,
+    held_rows_scenario,
     hf_greedy,
     hf_model,
     random_prompt,
     round_launches,
     run,
+    spec_change_rounds,
     tiny_engine,
 )
 from jetspec_chat.engine import GenerationParams, RoundEvent, SamplingParams, SpecParams
@@ -46,17 +48,6 @@ def test_graph_path_is_lossless_with_long_accepted_paths(name):
     assert max(taus) > 3.0  # long paths were accepted, so padding and the KV commit were exercised
 
 
-def _rounds(engine, prompt, params, changes):
-    """Round events of one answer; `changes` maps a round index to the spec from the next round."""
-    out = []
-    for ev in engine.generate(prompt, params):
-        if isinstance(ev, RoundEvent):
-            out.append(ev)
-            if ev.index in changes:
-                engine.update_spec(changes[ev.index])
-    return out
-
-
 def test_graph_path_rounds_equal_the_eager_rounds_across_spec_changes():
     """Same trees, paths and tokens round by round as the eager path, with the draft head's own
     (context-dependent) drafts: the device anchor and the accepted nodes' taps (read from the
@@ -66,10 +57,10 @@ def test_graph_path_rounds_equal_the_eager_rounds_across_spec_changes():
     prompt = random_prompt(301, 11)
     params = GenerationParams(max_new_tokens=48, spec=SpecParams(budget=16, width=4))
     changes = {2: SpecParams(enabled=False), 6: SpecParams(budget=64, width=8), 9: SpecParams(budget=1)}
-    eager = _rounds(engine, prompt, params, changes)
+    eager = spec_change_rounds(engine, prompt, params, changes)
     engine.reset()
     with emulated_graphs(engine):
-        graphed = _rounds(engine, prompt, params, changes)
+        graphed = spec_change_rounds(engine, prompt, params, changes)
     assert len(graphed) == len(eager)
     for g, e in zip(graphed, eager):
         assert (g.tree_tokens, g.tree_parents, g.tree_depths, g.accepted_nodes, g.new_tokens) == (
@@ -82,11 +73,12 @@ def test_graph_path_rounds_equal_the_eager_rounds_across_spec_changes():
 def test_a_greedy_round_is_the_graph_replays_and_one_copy(spec, replays):
     """Fixed-shape greedy rounds: the draft graph writes the tree into the verify bucket and the
     verify graph appends the draft context and advances the lengths, so the host issues nothing
-    but the replays (draft + verify, or verify alone for an AR round) and the one copy."""
+    but the replays (draft + verify, or verify alone for an AR round, plus every held_rows AR
+    rounds the append of the rows they held) and the one copy."""
     engine = tiny_engine("tiny-qwen3")
     with emulated_graphs(engine):
         rounds = round_launches(engine, random_prompt(302, 10), GenerationParams(max_new_tokens=24, spec=spec))
-    assert_launches_per_round(rounds, replays)
+    assert_launches_per_round(rounds, replays, held_rows=None if spec.enabled else engine.draft_kv.held_rows)
 
 
 @pytest.mark.parametrize("spec,replays", [(SpecParams(budget=16, width=4), 2), (SpecParams(enabled=False), 1)])
@@ -97,7 +89,7 @@ def test_a_sampling_round_is_the_uniforms_the_replays_and_one_copy(spec, replays
     params = GenerationParams(max_new_tokens=24, spec=spec, sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=3))
     with emulated_graphs(engine):
         rounds = round_launches(engine, random_prompt(304, 10), params)
-    assert_launches_per_round(rounds, replays, ops=1)
+    assert_launches_per_round(rounds, replays, ops=1, held_rows=None if spec.enabled else engine.draft_kv.held_rows)
     assert {op for _, _, ops in rounds for op in ops} == {"aten.rand.generator_out"}
 
 
@@ -117,16 +109,18 @@ def test_graph_rounds_append_the_accepted_rows_to_the_draft_context(budget, widt
     the draft cache holds exactly the committed tokens' projected features, at their positions,
     and the host and device lengths agree: the fixed-size append inside the verify graph wrote
     the accepted rows (not the padding, the rejected nodes or the root twice) and advanced the
-    device length by the accepted count."""
+    device length by the accepted count. The AR rounds hold their rows, which the next drafting
+    round's launch appends."""
     engine = tiny_engine("tiny-qwen3")
     prompt = random_prompt(303, 13)
     params = GenerationParams(max_new_tokens=40, spec=SpecParams(budget=budget, width=width, tree_algo=algo))
-    lengths = []
+    lengths, helds = [], []
     with emulated_graphs(engine), OracleDraft(engine, hf_model("tiny-qwen3"), error_rate=0.3, seed=budget):
         for ev in engine.generate(prompt, params):
             if isinstance(ev, RoundEvent):
                 kv, d = engine.kv, engine.draft_kv
                 lengths.append(((kv.length, d.length), (int(kv.device_length), int(d.device_length)), engine.round_ahead))
+                helds.append(d.held)
                 if ev.index == 3:
                     engine.update_spec(SpecParams(enabled=False))
                 if ev.index == 5:
@@ -137,11 +131,43 @@ def test_graph_rounds_append_the_accepted_rows_to_the_draft_context(budget, widt
     # ahead when there is one, which the host sees at the next event (but for the last round,
     # which ends the answer and may roll back inside itself).
     hosts = [host for host, _, _ in lengths]
-    assert all(h[0] == h[1] for h in hosts), lengths
     for (host, device, ahead), later in zip(lengths[:-2], hosts[1:-1]):
         assert device == (later if ahead else host), lengths
     assert lengths[-1][:2] == (hosts[-1], hosts[-1]) and not lengths[-1][2], lengths
+    assert hosts[-1][0] == hosts[-1][1] and helds[-1] == 0, (lengths, helds)  # the last rounds drafted
+    assert max(helds) > 1, helds  # AR rounds held rows
     assert max(b[0] - a[0] for a, b in itertools.pairwise(hosts)) > 3  # long paths were appended
     ref_k, ref_v = _draft_context_reference(engine, tokens)
     torch.testing.assert_close(k, ref_k, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(v, ref_v, rtol=1e-4, atol=1e-4)
+
+
+def test_ar_rounds_hold_their_rows_and_the_draft_context_equals_the_always_appended_one(monkeypatch):
+    """AR rounds on the graph path hold their draft-context rows (one append of the held rows
+    every held_rows of them, before a draft forward and before a prefill's append): across live
+    spec changes, a rollback into the held rows and a second prompt reusing the prefix, every
+    draft forward sees the whole context (draft length == committed length) and the context
+    rows equal those of appending in every round."""
+    engine = tiny_engine("tiny-qwen3")
+    held_drafts, always_drafts = [], []
+    k, v, committed, held = held_rows_scenario(engine, held_drafts, emulated_graphs(engine))
+    assert held >= 3  # the second prompt's prefill rolled back into them
+    with monkeypatch.context() as m:
+        m.setattr(type(engine), "_holds", property(lambda self: False))
+        ref_k, ref_v, ref_committed, _ = held_rows_scenario(engine, always_drafts, emulated_graphs(engine))
+    assert engine.draft_kv.length == ref_committed == committed
+    assert held_drafts == always_drafts and all(c == d for c, d in held_drafts), held_drafts
+    assert len(held_drafts) > 4
+    n = k.shape[1]
+    assert n < committed  # rows were still held at the end
+    # the same projections of the same taps, 1 row (each AR round) or held_rows at a time
+    torch.testing.assert_close(k, ref_k[:, :n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(v, ref_v[:, :n], rtol=1e-5, atol=1e-5)
+    # appending the held rows completes the context
+    with torch.inference_mode():
+        engine.reset()
+        held_rows_scenario(engine, [], emulated_graphs(engine))
+        engine.draft_kv.note_advance(engine._append_held())
+    assert engine.draft_kv.length == committed
+    torch.testing.assert_close(engine.draft_kv.k[:, :committed], ref_k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(engine.draft_kv.v[:, :committed], ref_v, rtol=1e-5, atol=1e-5)

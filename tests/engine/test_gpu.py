@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 import torch
-from engine_helpers import assert_launches_per_round, round_launches
+from engine_helpers import assert_launches_per_round, held_rows_scenario, round_launches
 
 from jetspec_chat.engine import ChatSession, GenerationParams, RoundEvent, SamplingParams, SpecParams, load_engine
 from jetspec_chat.engine.models.oracle import check_lossless
@@ -125,14 +125,15 @@ def test_a_graphed_greedy_round_never_syncs_the_stream(engine, spec):
 def test_a_graphed_greedy_round_launches_only_its_graphs_and_one_copy(engine, spec, replays):
     """After capture, a greedy fixed-shape round is the draft graph's replay (which writes the
     tree into the verify bucket), the verify graph's (which appends the draft context and
-    advances the lengths on the device), and the packed device->host copy: no aten op is
+    advances the lengths on the device; an AR round holds its row instead, and every held_rows
+    AR rounds the held rows' append graph is replayed), and the packed device->host copy: no aten op is
     dispatched outside the replays but that copy (eager fills, staging copies, the context
     append would all show). (An eager Triton launch with no aten op around it would not: none
     is left on this path.)"""
     params = GenerationParams(max_new_tokens=40, spec=spec)
     engine.reset()
     rounds = round_launches(engine, PROMPT, params)
-    assert_launches_per_round(rounds, replays)
+    assert_launches_per_round(rounds, replays, held_rows=None if spec.enabled else engine.draft_kv.held_rows)
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.8, top_k=20, seed=5),
@@ -160,7 +161,8 @@ def test_a_graphed_sampling_round_draws_its_uniforms_replays_and_copies(engine, 
     params = GenerationParams(max_new_tokens=40, spec=spec, sampling=SamplingParams(temperature=0.7, top_p=0.95, seed=1))
     engine.reset()
     rounds = round_launches(engine, PROMPT, params)
-    assert_launches_per_round(rounds, 2 if spec.enabled else 1, ops=1)
+    assert_launches_per_round(rounds, 2 if spec.enabled else 1, ops=1,
+                              held_rows=None if spec.enabled else engine.draft_kv.held_rows)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -263,3 +265,26 @@ def test_hybrid_targets_on_cuda(model):
     assert second.reused_tokens >= len(BF16_PROMPTS[1]) + len(eager.token_ids) - 1
     verdict = check_lossless(bf16, turn2, second, 48, against="ar", params=params)
     assert verdict["lossless"], (model, "second turn", verdict)
+
+
+def test_ar_rounds_hold_their_rows_and_the_draft_context_equals_the_always_appended_one_bitwise(monkeypatch):
+    """bf16, CUDA graphs: AR rounds hold their draft-context rows and append them in one graph
+    every held_rows rounds, before a draft forward and before a prefill's append; every draft
+    forward sees the whole context, and the context rows are bitwise those of appending in every
+    round (the head's GEMMs and row kernels are batch-invariant)."""
+    engine = load_engine("random:tiny-qwen3", None, device="cuda", dtype="bfloat16", max_context=2048)
+    held_drafts, always_drafts = [], []
+    k, v, committed, held = held_rows_scenario(engine, held_drafts, contextlib.nullcontext())
+    with monkeypatch.context() as m:
+        m.setattr(type(engine), "_holds", property(lambda self: False))
+        ref_k, ref_v, ref_committed, _ = held_rows_scenario(engine, always_drafts, contextlib.nullcontext())
+    assert ref_committed == committed and held > 0
+    assert held_drafts == always_drafts and all(c == d for c, d in held_drafts) and held_drafts, held_drafts
+    n = k.shape[1]
+    assert torch.equal(k, ref_k[:, :n]) and torch.equal(v, ref_v[:, :n]), (k.float() - ref_k[:, :n].float()).abs().max()
+    with torch.inference_mode():
+        engine.reset()
+        held_rows_scenario(engine, [], contextlib.nullcontext())
+        engine.draft_kv.note_advance(engine._append_held())
+    assert engine.draft_kv.length == committed
+    assert torch.equal(engine.draft_kv.k[:, :committed], ref_k) and torch.equal(engine.draft_kv.v[:, :committed], ref_v)
