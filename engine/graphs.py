@@ -171,16 +171,22 @@ class VerifyRunner:
         b.load(tree)
         return b
 
-    def _padded_forward(self, b: _TreeBucket) -> tuple[Tree, torch.Tensor, torch.Tensor | None]:
-        """The forward over a bucket's staged tree (inside its graphs)."""
-        if b.index.shape[0] == 1:  # bucket 1: the root alone, which sees itself (no mask kernels)
-            ancestors = b.eye
+    def _padded_forward(self, b: _TreeBucket, tokens: torch.Tensor | None = None) -> tuple[Tree, torch.Tensor, torch.Tensor | None]:
+        """The forward over a bucket's staged tree (inside its graphs); `tokens`: in place of
+        the bucket's (the round graph's root-only tree reads the anchor itself)."""
+        tokens = b.tokens if tokens is None else tokens
+        prefix = self.kv.device_length
+        if b.index.shape[0] == 1:
+            # Bucket 1: the root alone, which sees itself, at the committed length (no mask or
+            # position kernels; the positions are a view of the length, read before the round
+            # advances it).
+            ancestors, positions = b.eye, prefix.reshape(1)
         else:
             valid = b.index < b.n
             ancestors = (b.ancestors & valid[:, None] & valid[None, :]) | b.eye  # padding sees only itself
-        tree = Tree(b.tokens, b.parents, b.depths, b.scores, ancestors, b.path_len - 1)
-        prefix = self.kv.device_length
-        batch = ForwardBatch(b.tokens, prefix + b.depths, ancestors, prefix)
+            positions = prefix + b.depths
+        tree = Tree(tokens, b.parents, b.depths, b.scores, ancestors, b.path_len - 1)
+        batch = ForwardBatch(tokens, positions, ancestors, prefix)
         hidden, taps = self.target(batch, self.kv, self.tap_layers)
         return tree, hidden, taps
 
@@ -203,9 +209,13 @@ class VerifyRunner:
         self._append_held[0].replay()
 
     def _graph_round(self, b: _TreeBucket, key: RoundKey, hold: bool) -> PackedRound:
-        # The root is the anchor: the AR round's tree (bucket 1) gets its token here, in the graph.
-        b.tokens[:1].copy_(self.anchor)
-        tree, hidden, taps = self._padded_forward(b)
+        # The root is the anchor: a drafted tree gets its root token here, in the graph; the AR
+        # round's tree (bucket 1) is a view of the anchor (read before finish_round sets it).
+        if b.index.shape[0] == 1:
+            tree, hidden, taps = self._padded_forward(b, self.anchor.reshape(1))
+        else:
+            b.tokens[:1].copy_(self.anchor)
+            tree, hidden, taps = self._padded_forward(b)
         if key is None:
             choices = self.target.greedy(hidden)
         else:

@@ -181,7 +181,10 @@ class TargetModel(nn.Module):
         t = batch.input_ids.shape[0]
         h = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
-        slots = kv.slots_of(batch.prefix_len + torch.arange(t, device=h.device))
+        if t == 1 and isinstance(batch.prefix_len, torch.Tensor):  # an AR round's root: no arange, no add
+            slots = kv.slots_of(batch.prefix_len.reshape(1))
+        else:
+            slots = kv.slots_of(batch.prefix_len + torch.arange(t, device=h.device))
         # The Triton kernel reads each row's keys in its own order and the length as an int32
         # tensor: derive both once for all layers.
         keys = visible_keys(batch.tree_mask, shared=batch.causal) if h.is_cuda else None
