@@ -29,8 +29,11 @@ def test_bench_app_prints_app_and_engine_tokens_per_second(capsys, tmp_path):
     assert set(rows) == {"ar", "spec@4"}, out
     for m in rows.values():
         engine, app, ratio = (float(m.group(i)) for i in (2, 3, 4))
-        # the table rounds tok/s to 0.1 and the ratio to 0.01 (a busy CPU can make it ~0.07)
-        assert engine > 0 and app > 0 and ratio == pytest.approx(app / engine, rel=0.02, abs=0.006)
+        # the table rounds tok/s to 0.1 and the ratio to 0.01: at a few tok/s (a busy CPU) the
+        # rounding alone moves app / engine by 0.05 / engine + 0.05 / app
+        assert engine > 0 and app > 0
+        rounding = 0.05 / engine + 0.05 / app
+        assert ratio == pytest.approx(app / engine, rel=0.02 + rounding, abs=0.006)
     assert re.search(r"first answer after start [\d.]+ tok/s, second [\d.]+ tok/s", out), out
     # --json-out: the engine bench's JSON, plus the app's numbers beside the engine's
     report = json.loads(out_json.read_text())
