@@ -13,21 +13,10 @@
 # (MODEL and BENCH_EXTRA change the bench's model and add options: a dry run of the script on the
 # CPU is MODEL=random:tiny-qwen3 BENCH_EXTRA="--device cpu --reps 2 --copy-mib 8".)
 set -u
-# PYTHONSAFEPATH: the TP workers (`python -m jetspec_chat.engine.tp_launcher`) must import the
-# package PY imports, not the tree's jetspec_chat/ source folder from the current directory.
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 JETSPEC_TP_STACKS=1 PYTHONSAFEPATH=1
-PY=${PY:-python3}
 dir=${OUT:-.}/tp_draft
 mkdir -p "$dir/runs"
-start=$SECONDS
-left() { echo $((${BUDGET:-270} - (SECONDS - start))); }
-cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $((l > 5 ? l - 5 : 1)) || echo "$1"; }  # a step's limit, cut to the time left
-
-$PY -c "import jetspec_chat.engine.parallel" 2>/dev/null \
-  || $PY -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
-  || { echo "install failed"; exit 9; }
-$PY -c "import torch, triton; print(torch.cuda.get_device_name(), torch.cuda.device_count(), 'GPUs, torch', torch.__version__, 'triton', triton.__version__)" \
-  | tee "$dir/device.txt"
+budget=270
+source "$(dirname "$0")/tp_check_env.sh"
 # (each check's output to a file first: a pipe into tee would hide its exit status)
 $PY -c "import jetspec_chat.engine.parallel as p; assert hasattr(p, 'shard_head'), p.__file__; print('new tree:', p.__file__)" \
   > "$dir/which.txt" 2>&1 || { cat "$dir/which.txt"; echo "PY does not import this tree"; exit 9; }

@@ -13,21 +13,10 @@
 #
 #   PY="python3" [BUDGET=295] [OLD_REV=REV | OLD_SRC=DIR] bash tools/remote-gpu/tp_in_place_check.sh
 set -u
-# PYTHONSAFEPATH: the TP workers (`python -m jetspec_chat.engine.tp_launcher`) must import the
-# package PY imports, not the tree's jetspec_chat/ source folder from the current directory.
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 JETSPEC_TP_STACKS=1 PYTHONSAFEPATH=1
-PY=${PY:-python3}
 dir=${OUT:-.}/tp_in_place
 mkdir -p "$dir"
-start=$SECONDS
-left() { echo $((${BUDGET:-295} - (SECONDS - start))); }
-cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $((l > 5 ? l - 5 : 1)) || echo "$1"; }  # a step's limit, cut to the time left
-
-$PY -c "import jetspec_chat.engine.parallel" 2>/dev/null \
-  || $PY -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
-  || { echo "install failed"; exit 9; }
-$PY -c "import torch, triton; print(torch.cuda.get_device_name(), torch.cuda.device_count(), 'GPUs, torch', torch.__version__, 'triton', triton.__version__)" \
-  | tee "$dir/device.txt"
+budget=295
+source "$(dirname "$0")/tp_check_env.sh"
 
 echo "== kernel tests (parts read in place)" | tee "$dir/tests.txt"
 timeout "$(cap 60)" $PY -m pytest -q -p no:cacheprovider tests/kernels/test_partials_in_place.py 2>&1 | tail -5 | tee -a "$dir/tests.txt"
