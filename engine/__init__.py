@@ -15,10 +15,15 @@ from .events import Event, FinishEvent, GenerationResult, PhaseTimings, PrefillE
 from .params import TREE_ALGOS, GenerationParams, SamplingParams, SpecParams
 
 
-def load_engine(*args, tp: int = 1, **kwargs):
+def load_engine(*args, tp: int | None = None, **kwargs):
     """See loader.load_engine. Imported on first use: it pulls in torch and transformers.
     tp > 1: the model split over tp ranks (tp_launcher.launch), each a process with its own
-    device; the engine returned is rank 0's, driving the others."""
+    device; the engine returned is rank 0's, driving the others (`engine.tp` says how many).
+    tp None: 1, or on a GPU the fewest GPUs that hold the target's weights (loader.auto_tp)."""
+    if tp is None:
+        from .models.loader import auto_tp
+
+        tp = auto_tp(*args, **kwargs)
     if tp != 1:
         from .tp_launcher import launch
 

@@ -96,6 +96,8 @@ class _PhaseClock:
 
 
 class SpecEngine:
+    tp = 1  # the tensor-parallel ranks it drives (tp_launcher.TPEngine: the group's)
+
     def __init__(
         self,
         target: TargetModel,

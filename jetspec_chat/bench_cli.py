@@ -140,7 +140,7 @@ def print_end_to_end(report, console) -> None:
     from rich.table import Table
 
     env = report.env
-    tp = report.options.get("tp", 1)
+    tp = report.options.get("tp") or 1  # None: an engine loaded by the caller
     console.print(f"[bold]jetspec-chat bench[/bold] end to end on {env.get('device_name')} ({env.get('device')}), "
                   f"torch {env.get('torch')}, transformers {env.get('transformers')}"
                   + (f", tensor parallel over {tp} ranks" if tp > 1 else ""))
@@ -169,7 +169,7 @@ def print_engine_only(report, console) -> None:
     from rich.table import Table
 
     env = report.env
-    tp = report.options.get("tp", 1)
+    tp = report.options.get("tp") or 1  # None: an engine loaded by the caller
     console.print(f"[bold]jetspec-chat bench --engine-only[/bold] on {env.get('device_name')} ({env.get('device')}), "
                   f"torch {env.get('torch')}" + (f", tensor parallel over {tp} ranks (rank 0's times and "
                                                  f"weight bytes, per rank)" if tp > 1 else ""))
@@ -263,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     progress = lambda msg: err.print(f"[dim]\\[bench] {msg}[/dim]")
     try:
         if args.app:
-            if args.tp != 1:
+            if args.tp not in (None, 1):
                 raise EngineError("bench --app runs the app, which takes no --tp yet; drop --tp or --app")
             from .app_bench import run as run_app_bench
 

@@ -198,7 +198,7 @@ def run_generate(argv: list[str]) -> int:
         "device": engine.device,
         "dtype": engine.dtype,
         "kv_cache_bytes": engine.memory_bytes(),  # target paged KV + draft KV, sized to this job (per rank)
-        "tp": args.tp,
+        "tp": engine.tp,
     }
     if result.message:
         out["message"] = result.message
@@ -217,7 +217,7 @@ def run_generate(argv: list[str]) -> int:
         print(line, file=sys.stderr)
         if result.message:
             print(result.message, file=sys.stderr)
-    if args.tp > 1:
+    if engine.tp > 1:
         engine.close()  # the worker ranks exit with it
     return 0
 

@@ -106,8 +106,8 @@ OPTIONS: dict[str, Option] = {o.dest: o for o in (
     Option("--dtype", None, "auto", "auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16, float16",
            choices=DTYPES),
     Option("--max-context", int_in(16, 1 << 24, "max context"), None, "KV cache size in tokens", "N"),
-    Option("--tp", int_in(1, 64, "tp"), 1, "tensor parallel: split the model over N processes (one GPU each; "
-           "N CPU processes on a CPU; default 1)", "N"),
+    Option("--tp", int_in(1, 64, "tp"), None, "tensor parallel: split the model over N processes (one GPU each; "
+           "N CPU processes on a CPU); default 1, or on GPUs the fewest that hold the model's weights", "N"),
     # the draft tree
     Option("--budget", int_in(1, MAX_BUDGET, "budget"), None,
            f"draft tree nodes including the root (1-{MAX_BUDGET}; default: {GPU_BUDGET} on a GPU, {CPU_BUDGET} on a CPU)",

@@ -10,8 +10,8 @@ import torch
 from ..draft_head import DraftHead, DraftHeadConfig, build_head, load_head_dir
 from ..engine import SpecEngine
 from ..errors import ConfigError, DeviceMemoryError, DraftHeadError, ModelNotFoundError
-from ..gemma4 import build_gemma4_target
-from ..hybrid_model import build_hybrid_target
+from ..gemma4 import Gemma4TargetModel, build_gemma4_target
+from ..hybrid_model import HybridTargetModel, build_hybrid_target
 from ..model import TargetModel, build_target
 from ...kernels.tree_attention import MAX_FP32_HEAD_DIM, MAX_HEAD_DIM
 from ..model_config import ModelConfig
@@ -45,6 +45,61 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
     return DTYPES[dtype]
+
+
+# `--tp` left unset: one GPU while the target's weights take at most this share of its memory
+# (the rest holds the KV cache, the draft head, activations and graphs), else the fewest GPUs
+# over which the weights split to that share. Measured: the 235B at --tp 4 holds 111.3 GiB of
+# weights a rank and peaked at 115.6 GiB of an H200's ~140 (docs/performance.md).
+TP_WEIGHT_SHARE = 0.85
+
+
+def target_weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """The bytes of the target's weights in `dtype`, counted on a model built on the meta device
+    (nothing allocated; a tied lm_head counted once)."""
+    cls = HybridTargetModel if cfg.hybrid is not None else Gemma4TargetModel if cfg.gemma4 is not None else TargetModel
+    with torch.device("meta"):
+        model = cls(cfg)
+    return sum(p.numel() for p in model.parameters()) * dtype.itemsize
+
+
+def choose_tp(cfg: ModelConfig, weight_bytes: int, gpu_bytes: int, gpus: int, name: str) -> int:
+    """The tensor-parallel ranks for `--tp` left unset: 1 where the weights fit one GPU
+    (TP_WEIGHT_SHARE of `gpu_bytes`), else the fewest of the `gpus` GPUs over which the model
+    splits (parallel.check_splits) and each rank's share fits; DeviceMemoryError where none does."""
+    from ..parallel import check_splits
+
+    room = TP_WEIGHT_SHARE * gpu_bytes
+    if weight_bytes <= room:
+        return 1
+    why = ""
+    for n in range(2, gpus + 1):
+        try:
+            check_splits(cfg, n)
+        except ValueError as err:
+            why = f" ({n} GPUs: {err})"  # the widest split's reason
+            continue
+        if weight_bytes / n <= room:
+            return n
+    raise DeviceMemoryError(
+        f"{name}'s weights take {weight_bytes / 1e9:.1f} GB, more than {TP_WEIGHT_SHARE:.0%} of "
+        f"{'each' if gpus > 1 else 'the'} GPU's {gpu_bytes / 1e9:.1f} GB, and no split over the {gpus} GPU"
+        f"{'s' if gpus > 1 else ''} here holds them{why}; use a machine with more GPU memory, or pass --tp to try anyway")
+
+
+def auto_tp(model: str | None, draft_head: str | None = None, device: str = "auto", dtype: str = "auto",
+            max_context: int | None = None, progress: ProgressFn | None = None, depth: int | None = None) -> int:
+    """`--tp` left unset (load_engine's arguments): 1 on a CPU, else `choose_tp` for this
+    model's weights and the GPUs torch sees."""
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return 1
+    source = resolve_model(model, progress=progress)
+    cfg = ModelConfig.from_hf(source.hf_config)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    gpu_bytes = torch.cuda.get_device_properties(index).total_memory
+    return choose_tp(cfg, target_weight_bytes(cfg, resolve_dtype(dtype, dev)), gpu_bytes, torch.cuda.device_count(),
+                     source.name)
 
 
 def unreadable_safetensors(files: list[Path]) -> tuple[Path, str] | None:

@@ -83,7 +83,7 @@ class EndToEndOptions:
     device: str = "auto"
     dtype: str = "auto"
     max_context: int | None = None
-    tp: int = 1  # tensor-parallel ranks (one GPU each)
+    tp: int | None = None  # tensor-parallel ranks (one GPU each); None: load_engine's choice
     width: int = DEFAULT_WIDTH
     depth: int | None = None
     tree_algo: str = "accum_logp"
@@ -337,6 +337,8 @@ def load_bench_engine(model_arg: str | None, opts: EndToEndOptions, say: Progres
     say(f"loading {model_arg or 'the default model'}")
     engine = load_engine(model_arg, opts.draft_head, device=opts.device, dtype=opts.dtype,
                          max_context=opts.max_context, tp=opts.tp)
+    if opts.tp is None:  # the first model's choice, for the report and the models after it
+        opts.tp = engine.tp
     return engine, time.perf_counter() - t0
 
 
@@ -403,7 +405,7 @@ def run_end_to_end(opts: EndToEndOptions, progress: ProgressFn | None = None,
             weight_bytes=weight_bytes(engine.target), sets=set_results, load_seconds=load_s,
         ))
         if loaded is None:  # a loaded engine stays with its caller
-            if opts.tp > 1:
+            if engine.tp > 1:
                 engine.close()
             del hf_model, engine
             free_device_memory(device)

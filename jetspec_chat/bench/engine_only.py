@@ -49,7 +49,8 @@ class EngineOnlyOptions:
     profile_rounds: int = 5  # rounds under the torch profiler for the GPU idle analysis (CUDA only)
     bar_context: int | None = None  # context of the headline numbers; None: the smallest context
     seed: int = 0
-    tp: int = 1  # tensor-parallel ranks (one GPU each); every rank runs the measurements, rank 0 reports
+    tp: int | None = None  # tensor-parallel ranks (one GPU each; None: load_engine's choice); every rank
+    # runs the measurements, rank 0 reports
 
     def validate(self) -> None:
         if not self.models:
@@ -365,10 +366,12 @@ def run_engine_only(opts: EngineOnlyOptions, progress: ProgressFn | None = None)
         t0 = time.perf_counter()
         say(f"loading {model_arg}")
         engine = load_engine(model_arg, opts.draft_head, device=opts.device, dtype=opts.dtype, tp=opts.tp)
+        if opts.tp is None:  # the first model's choice, for the report and the models after it
+            opts.tp = engine.tp
         load_s = time.perf_counter() - t0
         device = engine.torch_device
         env = env or environment(device)
-        if opts.tp > 1:  # every rank runs the same measurements in step (their collectives meet); rank 0's count
+        if engine.tp > 1:  # every rank runs the same measurements in step (their collectives meet); rank 0's count
             copy_bytes, copy_ms, bw, contexts, idle, peak = engine.run_on_ranks(_measure_model, opts, say=say)
         else:
             copy_bytes, copy_ms, bw, contexts, idle, peak = _measure_model(engine, opts, say)
@@ -381,7 +384,7 @@ def run_engine_only(opts: EngineOnlyOptions, progress: ProgressFn | None = None)
             peak_memory_bytes=peak, load_seconds=load_s,
         ))
         engine.reset()
-        if opts.tp > 1:
+        if engine.tp > 1:
             engine.close()
         del engine
         free_device_memory(device)

@@ -63,7 +63,7 @@ class JetspecApp(App):
         device: str = "auto",
         dtype: str = "auto",
         max_context: int | None = None,
-        tp: int = 1,
+        tp: int | None = None,
         backend: ew.Backend | None = None,
         settings: Settings | None = None,
         theme: str | None = None,

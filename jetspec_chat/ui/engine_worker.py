@@ -59,7 +59,7 @@ class EngineSetup:
     device: str = "auto"
     dtype: str = "auto"
     max_context: int | None = None
-    tp: int = 1  # tensor-parallel ranks: this process is rank 0 and starts the others
+    tp: int | None = None  # tensor-parallel ranks: this process is rank 0 and starts the others (None: load_engine's choice)
 
 
 @dataclass(frozen=True)
@@ -392,7 +392,7 @@ class EngineWorker:
                 dtype=setup.dtype,
                 max_context=setup.max_context,
                 progress=progress,
-                **({"tp": setup.tp} if setup.tp != 1 else {}),  # the fake backend has no tp
+                **({"tp": setup.tp} if setup.tp is not None else {}),  # the fake backend has no tp
             )
             session = self.backend.ChatSession(engine, system_prompt=cmd.system_prompt, thinking=cmd.thinking)
         except BaseException as err:  # noqa: BLE001

@@ -85,7 +85,7 @@ def build_app(args: argparse.Namespace):
         device=getattr(args, "device", "auto") or "auto",
         dtype=getattr(args, "dtype", "auto") or "auto",
         max_context=getattr(args, "max_context", None),
-        tp=getattr(args, "tp", 1) or 1,
+        tp=getattr(args, "tp", None),
         backend=backend,
         settings=_settings_from_args(args),
         theme=getattr(args, "theme", None),
@@ -103,7 +103,7 @@ def app_argv(args: argparse.Namespace) -> list[str]:
     for name in ("draft_head", "budget", "depth", "width", "tree_algo", "temperature", "top_p", "seed", "max_new_tokens",
                  "device", "dtype", "max_context", "tp", "theme", "session", "system"):
         value = getattr(args, name, None)
-        if value is None or (name in ("device", "dtype") and value == "auto") or (name == "tp" and value == 1):
+        if value is None or (name in ("device", "dtype") and value == "auto"):
             continue
         out += [f"--{name.replace('_', '-')}", str(value)]
     for flag in ("no_spec", "thinking", "demo", "race"):
