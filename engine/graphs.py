@@ -97,6 +97,11 @@ class _TreeBucket:
         self.forward_stash = None
         self.round_commits: dict[tuple[RoundKey, bool], tuple | None] = {}
 
+    @property
+    def root_only(self) -> bool:
+        """Bucket 1: the root alone (AR rounds), with no padding."""
+        return self.index.shape[0] == 1
+
     def load(self, tree: Tree) -> None:
         """Write a tree into the static inputs (device to device; inside the draft graph for
         fixed-shape trees, else the eager staging)."""
@@ -153,7 +158,7 @@ class VerifyRunner:
         self.temperature = torch.ones((), dtype=torch.float32, device=self.device)
         self.top_p = torch.ones((), dtype=torch.float64, device=self.device)
         self._loaded: tuple[float, float] | None = None
-        self._append_held: tuple[torch.cuda.CUDAGraph, object] | None = None
+        self._held_graph: tuple[torch.cuda.CUDAGraph, object] | None = None  # append_held's
 
     def bucket(self, n: int) -> _TreeBucket:
         """The static inputs for trees of n nodes (created on first use)."""
@@ -176,7 +181,7 @@ class VerifyRunner:
         the bucket's (the round graph's root-only tree reads the anchor itself)."""
         tokens = b.tokens if tokens is None else tokens
         prefix = self.kv.device_length
-        if b.index.shape[0] == 1:
+        if b.root_only:
             # Bucket 1: the root alone, which sees itself, at the committed length (no mask or
             # position kernels; the positions are a view of the length, read before the round
             # advances it).
@@ -204,14 +209,14 @@ class VerifyRunner:
         if not self.use_graphs:
             fn()
             return
-        if self._append_held is None:
-            self._append_held = capture(fn, self.device, self._pool, (d.device_length,))
-        self._append_held[0].replay()
+        if self._held_graph is None:
+            self._held_graph = capture(fn, self.device, self._pool, (d.device_length,))
+        self._held_graph[0].replay()
 
     def _graph_round(self, b: _TreeBucket, key: RoundKey, hold: bool) -> PackedRound:
         # The root is the anchor: a drafted tree gets its root token here, in the graph; the AR
         # round's tree (bucket 1) is a view of the anchor (read before finish_round sets it).
-        if b.index.shape[0] == 1:
+        if b.root_only:
             tree, hidden, taps = self._padded_forward(b, self.anchor.reshape(1))
         else:
             b.tokens[:1].copy_(self.anchor)

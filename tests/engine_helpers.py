@@ -206,7 +206,7 @@ def emulated_graphs(engine):
         for r in runners:
             r.use_graphs = False
         engine.verify._buckets.clear()
-        engine.verify._append_held = None
+        engine.verify._held_graph = None
         if engine.drafter is not None:
             engine.drafter._graphs.clear()
 
