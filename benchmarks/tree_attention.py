@@ -50,12 +50,23 @@ in blocks (VERIFY_SPLITS_BLOCK states, optionally VERIFY_MERGE_MAX_REGISTERS), t
 sets it ("default"); "same" says whether every variant's output equals the serial merge's bit
 for bit. --shapes / --tokens narrow it.
 
+--v-split-sweep (alone) times the AR call and verify calls (T = 16-256 at 512 / 2048 / 8192 keys),
+cold, with V and the output's columns cut in V_SPLIT programs a query tile (each computing the
+whole head's scores: half the accumulators, twice the programs) and pipeline depths; "same" says
+whether every variant's output equals V_SPLIT 1's bit for bit.
+
+--tail-sweep (alone) times the same calls with a TREE call's tile programs in a launch of their
+own (SEPARATE_TAIL_PROGRAMS 0, TAIL_STAGES 1 / 2: a binary without the split programs' registers),
+the module's default rule, and the AR binary at AR_NUM_STAGES 1; "same" against the one launch,
+bit for bit.
+
 --shapes / --tokens keep only those rows of the table (e.g. --shapes 8b --tokens 1,16,64,128).
 
 Runs from the repository root without installing the package.
 
     python3 benchmarks/tree_attention.py [--old main|FILE] [--capacity 33792] [--shapes 8b] [--tokens 1,64]
-        [--sweep | --split-sweep | --tile-sweep | --merge-sweep | --grid-sweep | --verify-merge-sweep] [--json-out FILE]
+        [--sweep | --split-sweep | --tile-sweep | --merge-sweep | --grid-sweep | --verify-merge-sweep
+         | --v-split-sweep | --tail-sweep] [--json-out FILE]
 """
 from __future__ import annotations
 
@@ -501,6 +512,43 @@ def run_verify_merge_sweep(capacity: int, flush: Flush, shapes: list[str], token
     return rows
 
 
+V_SPLIT_SWEEP = {"v1": {"V_SPLIT": 1}, "v2": {"V_SPLIT": 2}, "v2 s2": {"V_SPLIT": 2, "NUM_STAGES": 2},
+                 "v2 s4": {"V_SPLIT": 2, "NUM_STAGES": 4}, "v4": {"V_SPLIT": 4}}
+TAIL_SWEEP = {"one launch": {"SEPARATE_TAIL_PROGRAMS": 1 << 30, "AR_NUM_STAGES": 2},
+              "tail s1": {"SEPARATE_TAIL_PROGRAMS": 0, "TAIL_STAGES": 1, "AR_NUM_STAGES": 2},
+              "tail s2": {"SEPARATE_TAIL_PROGRAMS": 0, "TAIL_STAGES": 2, "AR_NUM_STAGES": 2},
+              "default": {}, "AR s1": {"SEPARATE_TAIL_PROGRAMS": 1 << 30, "AR_NUM_STAGES": 1}}
+
+
+def run_knob_sweep(title: str, variants: dict, capacity: int, flush: Flush, shapes: list[str],
+                   tokens: list[int] | None) -> list:
+    """The AR call and verify calls (random trees, T = 16-256 at 512 / 2048 / 8192 keys) under each
+    variant's module constants (speed knobs), cold µs; whether each variant's output is the first
+    variant's, bitwise."""
+    gen = torch.Generator().manual_seed(6)
+    rows = []
+    first = next(iter(variants))
+    print(f"\n{title} (capacity {capacity}, split {tree_attention.split_len_for(capacity)} keys): cold µs; "
+          f"same: bitwise equal to {first!r}")
+    for case in [Case(s, t, c) for s in HEADS for t in (1, 16, 64, 128, 256) for c in (512, 2048, 8192)]:
+        if case.shape not in shapes or (tokens is not None and case.t not in tokens):
+            continue
+        x = Inputs(case, capacity, tree_attention, gen)
+        us, outs = {}, {}
+        for name, values in variants.items():
+            try:
+                with knobs(**values):
+                    outs[name] = x.new().clone()
+                    us[name] = per_call_us(x.new, flush)
+            except Exception as exc:  # noqa: BLE001 - a variant this Triton cannot build: say so, go on
+                print(f"  {name} failed: {exc!r}"[:300], flush=True)
+        same = {name: torch.equal(o, outs[first]) for name, o in outs.items()}
+        rows.append({**asdict(case), "new_cold_us": us, "same_bits": same})
+        print(f"{case.shape:>5} T={case.t:<4} ctx={case.context:<5} " + " ".join(f"{n}: {u:.1f}" for n, u in us.items())
+              + "  same: " + " ".join(f"{n}={int(v)}" for n, v in same.items() if n != first), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", default="main", help="the previous kernel: a git revision, or its saved file (no .git)")
@@ -517,6 +565,10 @@ def main() -> None:
                     help="only verify calls and causal chunks at SPLIT_PROGRAMS_CAP 4 / 8 / 16 / uncapped (cold)")
     ap.add_argument("--verify-merge-sweep", action="store_true",
                     help="only verify calls with their merge serial or loading blocks of split states (cold)")
+    ap.add_argument("--v-split-sweep", action="store_true",
+                    help="only the AR call and verify calls with V's columns split over programs (cold)")
+    ap.add_argument("--tail-sweep", action="store_true",
+                    help="only the AR call and verify calls with the tree's tile programs launched apart (cold)")
     ap.add_argument("--shapes", default=",".join(HEADS), help="the table's shapes (comma-separated: 1.5b, 8b)")
     ap.add_argument("--tokens", default=None, help="the table's new-token counts T (comma-separated; default all)")
     ap.add_argument("--json-out", default=os.path.join(os.environ.get("OUT", "."), "attention_bench.json"))
@@ -542,6 +594,19 @@ def main() -> None:
         tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
         rows = run_verify_merge_sweep(args.capacity, flush, args.shapes.split(","), tokens)
         Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "verify_merge_sweep": rows}))
+        return
+    if args.v_split_sweep:
+        tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+        rows = run_knob_sweep("V_SPLIT sweep: vN, V's columns in N programs a query tile; sN, N pipeline stages",
+                              V_SPLIT_SWEEP, args.capacity, flush, args.shapes.split(","), tokens)
+        Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "v_split_sweep": rows}))
+        return
+    if args.tail_sweep:
+        tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+        rows = run_knob_sweep("tail sweep: a TREE call's tile programs in the split programs' launch or in one of "
+                              "their own (TAIL_STAGES sN); the AR binary at AR_NUM_STAGES 1",
+                              TAIL_SWEEP, args.capacity, flush, args.shapes.split(","), tokens)
+        Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "tail_sweep": rows}))
         return
     if args.split_sweep:
         rows = run_split_sweep(old, args.capacity, flush)

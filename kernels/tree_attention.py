@@ -33,6 +33,8 @@ its bits, so the work can be cut as suits each call:
     the prefix (each token's own keys, its ancestors; in parallel rather than stepped one token
     after another in one program), in AR mode (T = 1) every tile of the row, spread over
     AR_TILE_PROGRAMS programs per KV head (an AR step was one program walking up to 9 tiles).
+    A big tree's tile programs (SEPARATE_TAIL_PROGRAMS) run in a launch of their own (TAIL
+    mode), a binary without the split programs' registers: the same code, more programs an SM.
   * Flat programs (TREE, small trees with a short prefix: FLAT_TILES, FLAT_MAX_CHAINS) store each
     prefix tile's partial for a query tile's rows, in place of the split programs' chain.
   * `_merge_kernel` folds, per row, each split's state then its tiles' partials, split by split.
@@ -74,6 +76,8 @@ NUM_WARPS = 4
 # binary measured the same with 2 or 3 (docs/performance.md).
 NUM_STAGES = 3
 AR_NUM_STAGES = 2
+# Programs that share a query tile's V and output columns, for heads up to 256 (see WIDE_V_SPLIT).
+V_SPLIT = 1
 # Heads wider than 256 (Gemma 4's global layers, 512; `tile_config`): each query tile's V and
 # output columns are cut in WIDE_V_SPLIT parts, a program each (every part computes the scores
 # over the whole head), with 32-key tiles and 2 stages. Offline sm_90 compile at 512, bf16
@@ -124,6 +128,17 @@ FLAT_TILES = 16
 # 11.6/15.7/21.6, T=256 (48) 31.2 -> 35.2; 8B T=16 (8) 20.3 -> 14.4, T=64 (32) 26.4 -> 27.8, T=128 43 -> 48.
 # In the engine the 1.5B's verify(64) took 0.953x, its verify(128) 1.020x: hence 16, not 24.
 FLAT_MAX_CHAINS = 16
+# A TREE call with at least SEPARATE_TAIL_PROGRAMS tile programs (a program a token and KV head,
+# for its tiles past the prefix) launches them apart (TAIL mode, TAIL_STAGES pipeline stages),
+# before the split and flat programs (speed only: the same code for each tile). In the TREE binary
+# they take the split programs' 255 registers and 115 KB a program, two an SM; the TAIL binary
+# takes 128 registers and 48 KB (offline sm_90), four an SM. Apart they lose the overlap with the
+# split programs' chains. H200, cold µs (`benchmarks/tree_attention.py --tail-sweep`), one launch
+# -> apart: 8B T=256 (2048 tile programs) at 512 / 2048 / 8192 keys 68.4 / 96.9 / 216.8 -> 58.8 /
+# 83.5 / 206.0; T=128 (1024) 38.0 / 52.5 / 112.1 -> 39.3 / 48.4 / 115.6; the 1.5B's T=256 (512)
+# 26.6 -> 34.2 at 512 keys.
+SEPARATE_TAIL_PROGRAMS = 2048
+TAIL_STAGES = 1
 # The widest head the kernel takes (Gemma 4's global layers).
 MAX_HEAD_DIM = 512
 # The widest in fp32: the verify binary's fp32 tiles take 180 KB of shared memory at 128, 344 KB
@@ -146,7 +161,7 @@ def tile_config(head_dim: int) -> TileConfig:
     """Heads up to 256 wide: 64-key tiles, 4 warps, the whole head in one program (the constants
     above). Wider heads: the WIDE_* constants."""
     if head_dim <= 256:
-        return TileConfig(BLOCK_N, NUM_WARPS, NUM_STAGES, AR_NUM_STAGES, 1)
+        return TileConfig(BLOCK_N, NUM_WARPS, NUM_STAGES, AR_NUM_STAGES, V_SPLIT)
     return TileConfig(WIDE_BLOCK_N, WIDE_NUM_WARPS, WIDE_STAGES, WIDE_STAGES, WIDE_V_SPLIT)
 
 
@@ -220,6 +235,7 @@ if triton is not None:
     AR_MODE = tl.constexpr(0)
     TREE_MODE = tl.constexpr(1)
     CHUNK_MODE = tl.constexpr(2)
+    TAIL_MODE = tl.constexpr(3)  # a TREE call's tile programs alone (SEPARATE_TAIL_PROGRAMS)
 
     @triton.jit
     def _load_kv_tile(
@@ -455,6 +471,49 @@ if triton is not None:
                 m, den, a = _fold_loaded(m, den, a, xm, xl, xa, first + i < n_splits)
         return m, den, a
 
+    @triton.jit
+    def _tile_program(
+        extra, Q, K, V, BT, prefix, prefix_tiles_end, ORDER, COUNT, TL_A, TL_M, TL_L, T, N_HEADS, TILE_STRIDE,
+        qk_scale, stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        kv, d, dv, cols,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, MODE: tl.constexpr, FLAT_TILES: tl.constexpr, PAGED: tl.constexpr,
+        PRECISION: tl.constexpr, WINDOW: tl.constexpr, V_SPLIT: tl.constexpr,
+    ):
+        """A tile program (MODE AR or TREE): one token's GROUP query heads (rows 0..GROUP-1 of the
+        tile) and its tiles from the first past the shared ones (AR: all), every TILE_STRIDE-th
+        from its own (`extra`: the program's index among the tile programs); each tile's partial
+        is stored alone, for the merge to fold in order."""
+        tau = 0 if MODE == AR_MODE else extra
+        first = extra if MODE == AR_MODE else prefix_tiles_end // BLOCK_N
+        tail_start = _tile_slots_start(prefix, MODE, FLAT_TILES, BLOCK_N)
+        rows = tl.arange(0, BLOCK_M)
+        row_valid = rows < GROUP
+        head = kv * GROUP + rows
+        count = tl.load(COUNT + tau)
+        length = tl.where(row_valid, prefix + count, 0)
+        n_tiles = tl.cdiv(prefix + count, BLOCK_N)
+        if first < n_tiles:
+            q = tl.load(Q + tau * stride_qt + head[:, None] * stride_qh + d[None, :],
+                        mask=row_valid[:, None], other=0.0)
+            for j in range(first, n_tiles, TILE_STRIDE):
+                pos = j * BLOCK_N + cols
+                valid = pos < prefix + count
+                if MODE == AR_MODE:
+                    key_pos = pos  # one token: its keys sit at their own positions
+                else:
+                    depth = pos - prefix
+                    new = valid & (depth >= 0)
+                    idx = tl.load(ORDER + tau * T + depth, mask=new, other=0)
+                    key_pos = tl.where(new, prefix + idx, pos)
+                kt, v = _load_kv_tile(K, V, BT, key_pos, valid, kv, d, dv,
+                                      stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                      BLOCK_SIZE, True, PAGED)
+                visible = _row_sees(pos, length, WINDOW)
+                m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
+                at = ((j - tail_start) * T + tau) * N_HEADS + head  # [tile slots, T, N_HEADS]
+                _store_partial(TL_M, TL_L, TL_A, at, m_t, l_t, a_t, row_valid, dv, HEAD_DIM, V_SPLIT)
+
     # T and SPLIT_PROGRAMS are never specialised: one binary per MODE (AR: T = 1; TREE; CHUNK) for
     # every T and cache size (SPLIT_PROGRAMS 16 would otherwise get a binary of its own, %16).
     @triton.jit(do_not_specialize=["T", "SPLIT_PROGRAMS"])
@@ -483,140 +542,121 @@ if triton is not None:
             # A wide head: this program's part (program_id(2)) of V and of the output columns.
             dv = tl.program_id(2) * (HEAD_DIM // V_SPLIT) + tl.arange(0, HEAD_DIM // V_SPLIT)
         cols = tl.arange(0, BLOCK_N)
-        n_query_tiles = tl.cdiv(T * GROUP, BLOCK_M)
-        n_split_programs = 0 if MODE == AR_MODE else SPLIT_PROGRAMS * n_query_tiles
-        n_flat_programs = FLAT_TILES * n_query_tiles if MODE == TREE_MODE else 0
-        # TREE with a short prefix: its tiles' partials are stored one by one (flat programs, in
-        # parallel) rather than folded in a chain by the split programs (`_tile_slots_start`).
-        flat = prefix_tiles_end // BLOCK_N <= FLAT_TILES
-
-        if pid < n_split_programs:
-            # A split program: query tile pid % n, and of that tile's splits with work those from
-            # pid // n on, every SPLIT_PROGRAMS-th (split 0's programs first; a short row's
-            # programs past its last split return at once). Per split it folds the split's tiles
-            # that all its rows share (TREE: those wholly inside the prefix, unless `flat`;
-            # CHUNK: all) in order and stores the state, or, for a CHUNK row of one split, the
-            # output: the same code per split whichever program runs it, so the same bits.
-            query_tile = pid % n_query_tiles
-            row_valid, tok, head, length = _query_rows(COUNT, prefix, query_tile, kv, T, GROUP, BLOCK_M)
-            row_end = tl.max(length, 0)
-            if MODE == CHUNK_MODE:
-                work_end = row_end
-            else:
-                work_end = tl.where(flat, 0, tl.minimum(row_end, prefix_tiles_end))
-            first_split = pid // n_query_tiles
-            n_work_splits = tl.cdiv(work_end, SPLIT_LEN)  # each has lo < end below
-            if first_split < n_work_splits:
-                q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                            mask=row_valid[:, None], other=0.0)
-                for split in range(first_split, n_work_splits, SPLIT_PROGRAMS):
-                    lo = split * SPLIT_LEN
-                    hi = tl.minimum(lo + SPLIT_LEN, row_end)
-                    shared_end = tl.minimum(hi, prefix_tiles_end)
-                    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-                    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-                    acc = tl.zeros([BLOCK_M, HEAD_DIM // V_SPLIT], dtype=tl.float32)
-                    # Tiles wholly inside the prefix: the same keys for every row (all visible).
-                    for start in range(lo, shared_end, BLOCK_N):
-                        pos = start + cols
-                        kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d, dv,
-                                              stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                              BLOCK_SIZE, False, PAGED)
-                        visible = _row_sees(pos, length, WINDOW)
-                        m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION)
-                    if MODE == CHUNK_MODE:
-                        # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
-                        # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
-                        for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
-                            pos = start + cols
-                            sees = _row_sees(pos, length, WINDOW) & row_valid[:, None]  # [BLOCK_M, BLOCK_N]
-                            depth = pos - prefix
-                            new = sees & (depth >= 0)[None, :]
-                            idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
-                            key_pos = tl.where(new, prefix + idx, pos[None, :])  # where row r's key sits
-                            top = tl.max(tl.where(sees, key_pos, -1), 0)
-                            bottom = tl.min(tl.where(sees, key_pos, 2147483647), 0)
-                            if tl.min(((top == bottom) | (top < 0)).to(tl.int32), 0) == 1:
-                                # Every row that sees a column sees the same key there (causal, full).
-                                kt, v = _load_kv_tile(K, V, BT, top, top >= 0, kv, d, dv,
-                                                      stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                                      BLOCK_SIZE, True, PAGED)
-                                m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, sees, qk_scale, PRECISION)
-                            else:
-                                # Rows disagree (not what a CHUNK caller promised): a step per token;
-                                # the other rows fold the empty partial, which keeps them exactly.
-                                for tau in range(query_tile * BLOCK_M // GROUP,
-                                                 tl.minimum((query_tile * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1) + 1):
-                                    mine = (tok == tau)[:, None] & sees
-                                    keys = tl.max(tl.where(mine, key_pos, -1), 0)
-                                    if tl.max(keys, 0) >= 0:
-                                        kt, v = _load_kv_tile(K, V, BT, keys, keys >= 0, kv, d, dv,
-                                                              stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                                                              stride_vh, BLOCK_SIZE, True, PAGED)
-                                        m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, mine, qk_scale,
-                                                                   PRECISION)
-                    mine_here = row_valid & (lo < length)
-                    direct = mine_here & (tl.cdiv(length, SPLIT_LEN) == 1) & (MODE == CHUNK_MODE)
-                    l_out, a_out = l_i, acc  # a direct row's final state (the stored state stays without the sink)
-                    if HAS_SINKS:
-                        c1, c2 = _sink_weights(m_i, SINKS, head)
-                        l_out = l_i * c1 + c2
-                        a_out = acc * c1[:, None]
-                    out = a_out / tl.where(l_out > 0.0, l_out, 1.0)[:, None]
-                    o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
-                    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=direct[:, None])
-                    state = mine_here & ~direct
-                    at = (split * T + tok) * N_HEADS + head  # [NUM_SPLITS, T, N_HEADS]
-                    _store_partial(CH_M, CH_L, CH_A, at, m_i, l_i, acc, state, dv, HEAD_DIM, V_SPLIT)
-        elif pid < n_split_programs + n_flat_programs:
-            # A flat program (TREE, `flat`): prefix tile j of query tile pid % n, its partial
-            # stored for the merge (tile slot j: with `flat` the slots start at tile 0).
-            j = (pid - n_split_programs) // n_query_tiles
-            if flat & (j < prefix_tiles_end // BLOCK_N):
-                row_valid, tok, head, length = _query_rows(COUNT, prefix, pid % n_query_tiles, kv, T, GROUP, BLOCK_M)
-                q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                            mask=row_valid[:, None], other=0.0)
-                pos = j * BLOCK_N + cols
-                kt, v = _load_kv_tile(K, V, BT, pos, pos < prefix, kv, d, dv,
-                                      stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                      BLOCK_SIZE, False, PAGED)
-                visible = _row_sees(pos, length, WINDOW)
-                m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
-                _store_partial(TL_M, TL_L, TL_A, (j * T + tok) * N_HEADS + head, m_t, l_t, a_t, row_valid, dv, HEAD_DIM, V_SPLIT)
+        if MODE == TAIL_MODE:
+            # A TREE call's tile programs in a launch of their own (SEPARATE_TAIL_PROGRAMS): a
+            # binary without the split programs' two accumulators, so more of them fit an SM.
+            _tile_program(
+                pid, Q, K, V, BT, prefix, prefix_tiles_end, ORDER, COUNT,
+                TL_A, TL_M, TL_L, T, N_HEADS, TILE_STRIDE, qk_scale, stride_qt, stride_qh,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, kv, d, dv, cols,
+                GROUP, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N, TREE_MODE, FLAT_TILES, PAGED, PRECISION, WINDOW, V_SPLIT)
         else:
-            # A tile program: one token's GROUP query heads (rows 0..GROUP-1 of the tile) and its
-            # tiles from the first past the shared ones (AR: all), every TILE_STRIDE-th from its
-            # own; each tile's partial is stored alone, for the merge to fold in order.
-            extra = pid - n_split_programs - n_flat_programs
-            tau = 0 if MODE == AR_MODE else extra
-            first = extra if MODE == AR_MODE else prefix_tiles_end // BLOCK_N
-            tail_start = _tile_slots_start(prefix, MODE, FLAT_TILES, BLOCK_N)
-            rows = tl.arange(0, BLOCK_M)
-            row_valid = rows < GROUP
-            head = kv * GROUP + rows
-            count = tl.load(COUNT + tau)
-            length = tl.where(row_valid, prefix + count, 0)
-            n_tiles = tl.cdiv(prefix + count, BLOCK_N)
-            if first < n_tiles:
-                q = tl.load(Q + tau * stride_qt + head[:, None] * stride_qh + d[None, :],
-                            mask=row_valid[:, None], other=0.0)
-                for j in range(first, n_tiles, TILE_STRIDE):
+            n_query_tiles = tl.cdiv(T * GROUP, BLOCK_M)
+            n_split_programs = 0 if MODE == AR_MODE else SPLIT_PROGRAMS * n_query_tiles
+            n_flat_programs = FLAT_TILES * n_query_tiles if MODE == TREE_MODE else 0
+            # TREE with a short prefix: its tiles' partials are stored one by one (flat programs, in
+            # parallel) rather than folded in a chain by the split programs (`_tile_slots_start`).
+            flat = prefix_tiles_end // BLOCK_N <= FLAT_TILES
+
+            if pid < n_split_programs:
+                # A split program: query tile pid % n, and of that tile's splits with work those from
+                # pid // n on, every SPLIT_PROGRAMS-th (split 0's programs first; a short row's
+                # programs past its last split return at once). Per split it folds the split's tiles
+                # that all its rows share (TREE: those wholly inside the prefix, unless `flat`;
+                # CHUNK: all) in order and stores the state, or, for a CHUNK row of one split, the
+                # output: the same code per split whichever program runs it, so the same bits.
+                query_tile = pid % n_query_tiles
+                row_valid, tok, head, length = _query_rows(COUNT, prefix, query_tile, kv, T, GROUP, BLOCK_M)
+                row_end = tl.max(length, 0)
+                if MODE == CHUNK_MODE:
+                    work_end = row_end
+                else:
+                    work_end = tl.where(flat, 0, tl.minimum(row_end, prefix_tiles_end))
+                first_split = pid // n_query_tiles
+                n_work_splits = tl.cdiv(work_end, SPLIT_LEN)  # each has lo < end below
+                if first_split < n_work_splits:
+                    q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                                mask=row_valid[:, None], other=0.0)
+                    for split in range(first_split, n_work_splits, SPLIT_PROGRAMS):
+                        lo = split * SPLIT_LEN
+                        hi = tl.minimum(lo + SPLIT_LEN, row_end)
+                        shared_end = tl.minimum(hi, prefix_tiles_end)
+                        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+                        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+                        acc = tl.zeros([BLOCK_M, HEAD_DIM // V_SPLIT], dtype=tl.float32)
+                        # Tiles wholly inside the prefix: the same keys for every row (all visible).
+                        for start in range(lo, shared_end, BLOCK_N):
+                            pos = start + cols
+                            kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d, dv,
+                                                  stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                                  BLOCK_SIZE, False, PAGED)
+                            visible = _row_sees(pos, length, WINDOW)
+                            m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION)
+                        if MODE == CHUNK_MODE:
+                            # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
+                            # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
+                            for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
+                                pos = start + cols
+                                sees = _row_sees(pos, length, WINDOW) & row_valid[:, None]  # [BLOCK_M, BLOCK_N]
+                                depth = pos - prefix
+                                new = sees & (depth >= 0)[None, :]
+                                idx = tl.load(ORDER + tok[:, None] * T + depth[None, :], mask=new, other=0)
+                                key_pos = tl.where(new, prefix + idx, pos[None, :])  # where row r's key sits
+                                top = tl.max(tl.where(sees, key_pos, -1), 0)
+                                bottom = tl.min(tl.where(sees, key_pos, 2147483647), 0)
+                                if tl.min(((top == bottom) | (top < 0)).to(tl.int32), 0) == 1:
+                                    # Every row that sees a column sees the same key there (causal, full).
+                                    kt, v = _load_kv_tile(K, V, BT, top, top >= 0, kv, d, dv,
+                                                          stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                                          BLOCK_SIZE, True, PAGED)
+                                    m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, sees, qk_scale, PRECISION)
+                                else:
+                                    # Rows disagree (not what a CHUNK caller promised): a step per token;
+                                    # the other rows fold the empty partial, which keeps them exactly.
+                                    for tau in range(query_tile * BLOCK_M // GROUP,
+                                                     tl.minimum((query_tile * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1) + 1):
+                                        mine = (tok == tau)[:, None] & sees
+                                        keys = tl.max(tl.where(mine, key_pos, -1), 0)
+                                        if tl.max(keys, 0) >= 0:
+                                            kt, v = _load_kv_tile(K, V, BT, keys, keys >= 0, kv, d, dv,
+                                                                  stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                                                  stride_vh, BLOCK_SIZE, True, PAGED)
+                                            m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, mine, qk_scale,
+                                                                       PRECISION)
+                        mine_here = row_valid & (lo < length)
+                        direct = mine_here & (tl.cdiv(length, SPLIT_LEN) == 1) & (MODE == CHUNK_MODE)
+                        l_out, a_out = l_i, acc  # a direct row's final state (the stored state stays without the sink)
+                        if HAS_SINKS:
+                            c1, c2 = _sink_weights(m_i, SINKS, head)
+                            l_out = l_i * c1 + c2
+                            a_out = acc * c1[:, None]
+                        out = a_out / tl.where(l_out > 0.0, l_out, 1.0)[:, None]
+                        o_ptr = OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
+                        tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=direct[:, None])
+                        state = mine_here & ~direct
+                        at = (split * T + tok) * N_HEADS + head  # [NUM_SPLITS, T, N_HEADS]
+                        _store_partial(CH_M, CH_L, CH_A, at, m_i, l_i, acc, state, dv, HEAD_DIM, V_SPLIT)
+            elif pid < n_split_programs + n_flat_programs:
+                # A flat program (TREE, `flat`): prefix tile j of query tile pid % n, its partial
+                # stored for the merge (tile slot j: with `flat` the slots start at tile 0).
+                j = (pid - n_split_programs) // n_query_tiles
+                if flat & (j < prefix_tiles_end // BLOCK_N):
+                    row_valid, tok, head, length = _query_rows(COUNT, prefix, pid % n_query_tiles, kv, T, GROUP, BLOCK_M)
+                    q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                                mask=row_valid[:, None], other=0.0)
                     pos = j * BLOCK_N + cols
-                    valid = pos < prefix + count
-                    if MODE == AR_MODE:
-                        key_pos = pos  # one token: its keys sit at their own positions
-                    else:
-                        depth = pos - prefix
-                        new = valid & (depth >= 0)
-                        idx = tl.load(ORDER + tau * T + depth, mask=new, other=0)
-                        key_pos = tl.where(new, prefix + idx, pos)
-                    kt, v = _load_kv_tile(K, V, BT, key_pos, valid, kv, d, dv,
+                    kt, v = _load_kv_tile(K, V, BT, pos, pos < prefix, kv, d, dv,
                                           stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                          BLOCK_SIZE, True, PAGED)
+                                          BLOCK_SIZE, False, PAGED)
                     visible = _row_sees(pos, length, WINDOW)
                     m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
-                    at = ((j - tail_start) * T + tau) * N_HEADS + head  # [tile slots, T, N_HEADS]
-                    _store_partial(TL_M, TL_L, TL_A, at, m_t, l_t, a_t, row_valid, dv, HEAD_DIM, V_SPLIT)
+                    _store_partial(TL_M, TL_L, TL_A, (j * T + tok) * N_HEADS + head, m_t, l_t, a_t, row_valid, dv, HEAD_DIM, V_SPLIT)
+            else:
+                _tile_program(
+                    pid - n_split_programs - n_flat_programs, Q, K, V, BT, prefix, prefix_tiles_end, ORDER, COUNT,
+                    TL_A, TL_M, TL_L, T, N_HEADS, TILE_STRIDE, qk_scale, stride_qt, stride_qh,
+                    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, kv, d, dv, cols,
+                    GROUP, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N, MODE, FLAT_TILES, PAGED, PRECISION, WINDOW, V_SPLIT)
 
     @triton.jit(do_not_specialize=["T"])
     def _merge_kernel(
@@ -805,21 +845,28 @@ def paged_tree_attention_triton(
     sink_arg = sinks if sinks is not None else prefix  # an unread stand-in without sinks
     ch_a, ch_m, ch_l = f32(states, t, n_heads, head_dim), f32(states, t, n_heads), f32(states, t, n_heads)
     tl_a, tl_m, tl_l = f32(tile_slots, t, n_heads, head_dim), f32(tile_slots, t, n_heads), f32(tile_slots, t, n_heads)
-    _tree_attn_kernel[(n_kv, split_programs + flat_programs + tile_programs, cfg.v_split)](
-        q, k_pool, v_pool, prefix if block_table is None else block_table,  # an unread stand-in
-        prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, sink_arg,
-        t, n_heads, split_len, per_tile, AR_TILE_PROGRAMS if mode == AR_MODE else 1, scale * LOG2E,
-        q.stride(0), q.stride(1),
-        k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
-        v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
-        out.stride(0), out.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, MODE=mode, FLAT_TILES=flat_tiles, PAGED=block_table is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
-        WINDOW=int(window), HAS_SINKS=sinks is not None, V_SPLIT=cfg.v_split,
-        num_warps=cfg.num_warps, num_stages=cfg.ar_stages if t == 1 else cfg.stages, enable_fp_fusion=False,
-        **launch_args(q.device, t),
-    )
+    def attend(programs: int, kernel_mode: int, stages: int) -> None:
+        _tree_attn_kernel[(n_kv, programs, cfg.v_split)](
+            q, k_pool, v_pool, prefix if block_table is None else block_table,  # an unread stand-in
+            prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, sink_arg,
+            t, n_heads, split_len, per_tile, AR_TILE_PROGRAMS if mode == AR_MODE else 1, scale * LOG2E,
+            q.stride(0), q.stride(1),
+            k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+            v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
+            out.stride(0), out.stride(1),
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+            BLOCK_M=BLOCK_M, BLOCK_N=block_n, MODE=kernel_mode, FLAT_TILES=flat_tiles, PAGED=block_table is not None,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
+            WINDOW=int(window), HAS_SINKS=sinks is not None, V_SPLIT=cfg.v_split,
+            num_warps=cfg.num_warps, num_stages=stages, enable_fp_fusion=False,
+            **launch_args(q.device, t),
+        )
+
+    if mode == TREE_MODE and tile_programs * n_kv >= SEPARATE_TAIL_PROGRAMS:
+        attend(tile_programs, TAIL_MODE, TAIL_STAGES)
+        attend(split_programs + flat_programs, TREE_MODE, cfg.stages)
+    else:
+        attend(split_programs + flat_programs + tile_programs, mode, cfg.ar_stages if t == 1 else cfg.stages)
     if mode != CHUNK_MODE or num_splits > 1:
         _merge_kernel[(t, n_heads)](
             out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, sink_arg, t, n_heads, out.stride(0), out.stride(1),

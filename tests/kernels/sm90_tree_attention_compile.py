@@ -35,17 +35,17 @@ def compile_attention(head_dim: int, mode: int, window: int = 0, group: int = 8)
     for 16 over 2), no block table."""
     cfg = ta.tile_config(head_dim)
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=ta.BLOCK_M, BLOCK_N=cfg.block_n,
-                  MODE=mode, FLAT_TILES=ta.FLAT_TILES if mode == 1 else 0, PAGED=False, PRECISION="tf32",
+                  MODE=mode, FLAT_TILES=ta.FLAT_TILES if mode in (1, 3) else 0, PAGED=False, PRECISION="tf32",
                   WINDOW=window, HAS_SINKS=False, V_SPLIT=cfg.v_split, PDL=True)
     sig = dict(POINTERS) | {n: "i32" for n in INTS} | {"qk_scale": "fp32"} | {n: "constexpr" for n in consts}
     sig = {n: sig[n] for n in ta._tree_attn_kernel.arg_names}
     aligned = list(POINTERS) + [i for i in INTS if i.startswith("stride")]
     src = ASTSource(fn=ta._tree_attn_kernel, signature=sig, constexprs=consts,
                     attrs={(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned})
-    stages = cfg.ar_stages if mode == 0 else cfg.stages
+    stages = {0: cfg.ar_stages, 3: ta.TAIL_STAGES}.get(mode, cfg.stages)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(
         num_warps=cfg.num_warps, num_stages=stages, enable_fp_fusion=False, launch_pdl=True))
-    return dict(head_dim=head_dim, mode=("AR", "TREE", "CHUNK")[mode], window=window, block_n=cfg.block_n,
+    return dict(head_dim=head_dim, mode=("AR", "TREE", "CHUNK", "TAIL")[mode], window=window, block_n=cfg.block_n,
                 warps=cfg.num_warps, stages=stages, v_split=cfg.v_split, **resource_usage(kernel))
 
 
@@ -78,7 +78,7 @@ def compile_merge(head_dim: int, mode: int, capacity: int = 32768) -> dict:
 
 if __name__ == "__main__":
     for arg in sys.argv[1:]:
-        for mode in (0, 1, 2):  # AR, TREE, CHUNK
+        for mode in (0, 1, 2, 3):  # AR, TREE, CHUNK, TAIL
             print(json.dumps(compile_attention(int(arg), mode)), flush=True)
         for mode in (1, 2, 0):  # TREE, CHUNK, AR
             print(json.dumps(compile_merge(int(arg), mode)), flush=True)

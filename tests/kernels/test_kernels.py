@@ -193,6 +193,26 @@ def test_shared_keys_change_no_bit(t, prefix_len, poisoned_alloc, ordered_dot):
     assert torch.equal(outs[0], outs[1])
 
 
+def tail_apart_and_not(t, prefix_len, n_heads, n_kv, head_dim, monkeypatch, **kw):
+    """A TREE call with its tile programs in the split programs' launch, then in a launch of their own."""
+    from jetspec_chat.kernels import tree_attention
+
+    q, k_pool, v_pool, block_table, mask = make_inputs(t, prefix_len, n_heads, n_kv, head_dim, seed=t, **kw)
+    outs = []
+    for programs in (1 << 30, 0):
+        monkeypatch.setattr(tree_attention, "SEPARATE_TAIL_PROGRAMS", programs)
+        outs.append(paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, visible_keys(mask),
+                                                head_dim ** -0.5, split_len=64 if q.device.type == "cpu" else None))
+    return outs
+
+
+@pytest.mark.parametrize("t,prefix_len", [(9, 0), (40, 100), (70, 250)])
+def test_tail_launched_apart_changes_no_bit(t, prefix_len, poisoned_alloc, ordered_dot, monkeypatch):
+    """The tree's tile programs in a launch of their own run the same code per tile: speed only."""
+    outs = tail_apart_and_not(t, prefix_len, 4, 2, 16, monkeypatch)
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_short_prefix_short_splits(poisoned_alloc):
     check(2, 17, 8, 1, 16, split_len=64)
 
@@ -384,7 +404,7 @@ def test_sm90_512_binaries_fit_shared_memory_and_registers():
     from sm90 import run_compile_script
 
     lines = run_compile_script("sm90_tree_attention_compile.py", ["512"])
-    assert len(lines) == 6  # AR, TREE, CHUNK, the merge (TREE, CHUNK, AR)
+    assert len(lines) == 7  # AR, TREE, CHUNK, TAIL, the merge (TREE, CHUNK, AR)
     for line in lines:
         assert line["shared"] <= 227 * 1024 and line["local"] == 0, line
 
@@ -421,6 +441,15 @@ def test_write_kv_matches_reference(n_kv, head_dim):
 def test_bf16_qwen3_8b_shapes(t, prefix_len, mask):
     """Qwen3-8B attention shape (32 q heads, 8 KV heads, head_dim 128) in bf16."""
     check(t, prefix_len, 32, 8, 128, mask=mask, dtype=torch.bfloat16, rtol=2e-2, atol=2e-2)
+
+
+@gpu_only
+@pytest.mark.parametrize("t,prefix_len", [(16, 500), (128, 512), (256, 4000)])
+@pytest.mark.parametrize("n_heads,n_kv", [(12, 2), (32, 8)])
+def test_bf16_tail_launched_apart_changes_no_bit(t, prefix_len, n_heads, n_kv, monkeypatch):
+    """The TAIL binary (fewer registers, other pipeline depth) gives the TREE binary's bits."""
+    outs = tail_apart_and_not(t, prefix_len, n_heads, n_kv, 128, monkeypatch, dtype=torch.bfloat16)
+    assert torch.equal(outs[0], outs[1])
 
 
 @gpu_only

@@ -91,11 +91,12 @@ def test_sm90_pdl_only_adds_the_grid_dependency_instructions():
     the same PTX instructions plus `griddepcontrol.wait` and `.launch_dependents`, the wait before
     any global memory access. So the arithmetic (the bits) cannot change, only when a grid starts."""
     out = run_compile_script("sm90_pdl_compile.py", [])
-    assert len(out) == 15
+    assert len(out) == 16
     # The AR step's attention binary multiplies with the same tensor-core instructions as the
     # verify's (a row's scores and P@V products are then the same numbers in both).
     mma = {kernel["kernel"]: kernel["mma"] for kernel in out}
-    assert mma["tree_attn AR"] == mma["tree_attn tree"] == mma["tree_attn chunk"] == mma["tree_attn tree paged"] != [], mma
+    assert (mma["tree_attn AR"] == mma["tree_attn tree"] == mma["tree_attn chunk"] == mma["tree_attn tree paged"]
+            == mma["tree_attn tail"] != []), mma
     for kernel in out:
         name = kernel["kernel"]
         assert kernel["gdc"] == ["griddepcontrol.wait", "griddepcontrol.launch_dependents"], name
