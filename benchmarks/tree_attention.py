@@ -474,6 +474,19 @@ def run_grid_sweep(old, capacity: int, flush: Flush) -> list:
     return rows
 
 
+def time_variants(x: Inputs, variants: dict, flush: Flush) -> tuple[dict, dict]:
+    """This tree's kernel on x under each variant's module constants: cold µs and the output."""
+    us, outs = {}, {}
+    for name, values in variants.items():
+        try:
+            with knobs(**values):
+                outs[name] = x.new().clone()
+                us[name] = per_call_us(x.new, flush)
+        except Exception as exc:  # noqa: BLE001 - a variant this Triton cannot build: say so, go on
+            print(f"  {name} failed: {exc!r}"[:300], flush=True)
+    return us, outs
+
+
 VERIFY_MERGE_SWEEP = ((4, None), (8, None), (16, None), (16, 128))  # (VERIFY_SPLITS_BLOCK, VERIFY_MERGE_MAX_REGISTERS)
 
 
@@ -496,14 +509,7 @@ def run_verify_merge_sweep(capacity: int, flush: Flush, shapes: list[str], token
         if case.shape not in shapes or (tokens is not None and case.t not in tokens):
             continue
         x = Inputs(case, capacity, tree_attention, gen)
-        us, outs = {}, {}
-        for name, values in variants.items():
-            try:
-                with knobs(**values):
-                    outs[name] = x.new().clone()
-                    us[name] = per_call_us(x.new, flush)
-            except Exception as exc:  # noqa: BLE001 - a variant this Triton cannot build: say so, go on
-                print(f"  {name} failed: {exc!r}"[:300], flush=True)
+        us, outs = time_variants(x, variants, flush)
         default = per_call_us(x.new, flush)
         same = all(torch.equal(o, outs["serial"]) for o in outs.values()) and torch.equal(x.new(), outs["serial"])
         rows.append({**asdict(case), "new_cold_us": us, "default_cold_us": default, "same_bits": same})
@@ -534,14 +540,7 @@ def run_knob_sweep(title: str, variants: dict, capacity: int, flush: Flush, shap
         if case.shape not in shapes or (tokens is not None and case.t not in tokens):
             continue
         x = Inputs(case, capacity, tree_attention, gen)
-        us, outs = {}, {}
-        for name, values in variants.items():
-            try:
-                with knobs(**values):
-                    outs[name] = x.new().clone()
-                    us[name] = per_call_us(x.new, flush)
-            except Exception as exc:  # noqa: BLE001 - a variant this Triton cannot build: say so, go on
-                print(f"  {name} failed: {exc!r}"[:300], flush=True)
+        us, outs = time_variants(x, variants, flush)
         same = {name: torch.equal(o, outs[first]) for name, o in outs.items()}
         rows.append({**asdict(case), "new_cold_us": us, "same_bits": same})
         print(f"{case.shape:>5} T={case.t:<4} ctx={case.context:<5} " + " ".join(f"{n}: {u:.1f}" for n, u in us.items())
