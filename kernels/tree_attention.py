@@ -641,7 +641,8 @@ if triton is not None:
                 # stored for the merge (tile slot j: with `flat` the slots start at tile 0).
                 j = (pid - n_split_programs) // n_query_tiles
                 if flat & (j < prefix_tiles_end // BLOCK_N):
-                    row_valid, tok, head, length = _query_rows(COUNT, prefix, pid % n_query_tiles, kv, T, GROUP, BLOCK_M)
+                    row_valid, tok, head, length = _query_rows(COUNT, prefix, pid % n_query_tiles, kv, T, GROUP,
+                                                               BLOCK_M)
                     q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                                 mask=row_valid[:, None], other=0.0)
                     pos = j * BLOCK_N + cols
@@ -650,7 +651,8 @@ if triton is not None:
                                           BLOCK_SIZE, False, PAGED)
                     visible = _row_sees(pos, length, WINDOW)
                     m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
-                    _store_partial(TL_M, TL_L, TL_A, (j * T + tok) * N_HEADS + head, m_t, l_t, a_t, row_valid, dv, HEAD_DIM, V_SPLIT)
+                    _store_partial(TL_M, TL_L, TL_A, (j * T + tok) * N_HEADS + head, m_t, l_t, a_t, row_valid, dv,
+                                   HEAD_DIM, V_SPLIT)
             else:
                 _tile_program(
                     pid - n_split_programs - n_flat_programs, Q, K, V, BT, prefix, prefix_tiles_end, ORDER, COUNT,
