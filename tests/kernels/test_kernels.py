@@ -193,23 +193,31 @@ def test_shared_keys_change_no_bit(t, prefix_len, poisoned_alloc, ordered_dot):
     assert torch.equal(outs[0], outs[1])
 
 
-def tail_apart_and_not(t, prefix_len, n_heads, n_kv, head_dim, monkeypatch, **kw):
+def tail_apart_and_not(t, prefix_len, n_heads, n_kv, head_dim, monkeypatch, window=0, with_sinks=False,
+                       split_len=64, **kw):
     """A TREE call with its tile programs in the split programs' launch, then in a launch of their own."""
     from jetspec_chat.kernels import tree_attention
 
     q, k_pool, v_pool, block_table, mask = make_inputs(t, prefix_len, n_heads, n_kv, head_dim, seed=t, **kw)
+    sinks = torch.randn(n_heads, generator=torch.Generator().manual_seed(7)).to(q.device, q.dtype) if with_sinks else None
     outs = []
     for programs in (1 << 30, 0):
         monkeypatch.setattr(tree_attention, "SEPARATE_TAIL_PROGRAMS", programs)
         outs.append(paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, visible_keys(mask),
-                                                head_dim ** -0.5, split_len=64 if q.device.type == "cpu" else None))
+                                                head_dim ** -0.5, split_len=split_len if q.device.type == "cpu" else None,
+                                                window=window, sinks=sinks))
     return outs
 
 
-@pytest.mark.parametrize("t,prefix_len", [(9, 0), (40, 100), (70, 250)])
-def test_tail_launched_apart_changes_no_bit(t, prefix_len, poisoned_alloc, ordered_dot, monkeypatch):
-    """The tree's tile programs in a launch of their own run the same code per tile: speed only."""
-    outs = tail_apart_and_not(t, prefix_len, 4, 2, 16, monkeypatch)
+@pytest.mark.parametrize("t,prefix_len,window,with_sinks,split_len", [
+    (9, 0, 0, False, 64), (40, 100, 0, False, 64), (70, 250, 0, False, 64), (70, 250, 0, False, 256),
+    (40, 100, 48, True, 128)])
+def test_tail_launched_apart_changes_no_bit(t, prefix_len, window, with_sinks, split_len, poisoned_alloc, ordered_dot,
+                                            monkeypatch):
+    """The tree's tile programs in a launch of their own run the same code per tile: speed only
+    (also with a sliding window and sinks, and with splits of several tiles)."""
+    outs = tail_apart_and_not(t, prefix_len, 4, 2, 16, monkeypatch, window=window, with_sinks=with_sinks,
+                              split_len=split_len)
     assert torch.equal(outs[0], outs[1])
 
 
