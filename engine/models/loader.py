@@ -54,10 +54,19 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 TP_WEIGHT_SHARE = 0.85
 
 
+def target_kind(cfg: ModelConfig) -> tuple[type[TargetModel], Callable[..., TargetModel]]:
+    """The target's model class for this config and the function that builds it on a device."""
+    if cfg.hybrid is not None:
+        return HybridTargetModel, build_hybrid_target
+    if cfg.gemma4 is not None:
+        return Gemma4TargetModel, build_gemma4_target
+    return TargetModel, build_target
+
+
 def target_weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """The bytes of the target's weights in `dtype`, counted on a model built on the meta device
     (nothing allocated; a tied lm_head counted once)."""
-    cls = HybridTargetModel if cfg.hybrid is not None else Gemma4TargetModel if cfg.gemma4 is not None else TargetModel
+    cls, _ = target_kind(cfg)
     with torch.device("meta"):
         model = cls(cfg)
     return sum(p.numel() for p in model.parameters()) * dtype.itemsize
@@ -142,11 +151,7 @@ def load_target(source: ModelSource, device: torch.device, dtype: torch.dtype, s
             f"GPU tree attention takes in float32 (at most {MAX_FP32_HEAD_DIM}); use --dtype bfloat16 or --device cpu.")
     try:
         if shard is None:
-            build = build_target
-            if cfg.hybrid is not None:
-                build = build_hybrid_target
-            elif cfg.gemma4 is not None:
-                build = build_gemma4_target
+            _, build = target_kind(cfg)
             model = build(cfg, device, dtype)
         else:
             from ..parallel import shard_target
