@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from engine_helpers import random_prompt, run_two_ranks
+from engine_helpers import random_prompt, run_two_ranks, spec_change_rounds
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                 reason="needs 2 CUDA GPUs")
@@ -60,22 +60,18 @@ def test_tp2_plain_rounds_hold_their_rows_and_drafting_after_them_equals_ar():
     prefix. Each rank holds its plain rounds' draft-context rows and appends them before its next
     draft forward; a rank whose context lagged would draft another tree than its peer and the
     exchange would mix two trees' sums. Both turns equal plain decoding, token for token."""
-    from jetspec_chat.engine import FinishEvent, GenerationParams, SpecParams
+    from jetspec_chat.engine import GenerationParams, SpecParams
     from jetspec_chat.engine.tp_launcher import launch
 
     spec, ar, budget_1 = SpecParams(budget=16, width=4), SpecParams(enabled=False), SpecParams(budget=1)
     engine = launch(2, "random:tiny-qwen3", None, device="cuda", dtype="bfloat16", max_context=2048)
+
+    def answer(prompt, params, changes=None):
+        return [t for ev in spec_change_rounds(engine, prompt, params, changes or {}) for t in ev.new_tokens]
+
     try:
         engine.allocate()
         held_rows = engine.draft_kv.held_rows
-
-        def answer(prompt, params, changes=None):
-            for ev in engine.generate(prompt, params):
-                if changes and getattr(ev, "index", None) in changes:
-                    engine.update_spec(changes[ev.index])
-                if isinstance(ev, FinishEvent):
-                    return list(ev.result.token_ids)
-
         prompt = random_prompt(305, 12)
         mixed = answer(prompt, GenerationParams(max_new_tokens=96, spec=spec),
                        {1: ar, held_rows + 8: spec, held_rows + 10: budget_1, 2 * held_rows + 12: spec})
