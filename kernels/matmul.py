@@ -136,15 +136,17 @@ def ws_pick(m: int, n: int, k: int) -> dict | None:
 
 @dataclass(frozen=True)
 class WideTile:
-    """The launch of a weight in ONE K group for more than BLOCK_M rows: speed only, never bits.
+    """The launch of a weight in ONE K group where WIDE_PICKS lists it: speed only, never bits.
     Such an output element is one fp32 chain of m64nNk16 wgmma steps over K in order (then the
     bias, then the cast), and the chain is the same whatever the tile: every 64 rows are one
-    warpgroup's slab (num_warps WIDE_WARPS, warps stacked on M: [8, 1]), a wider BLOCK_N only
-    widens each instruction's N (measured on Hopper: not a bit changes), and with one group a
-    BLOCK_K of 128 is the same k16 steps as two blocks of 64. block_m: 128 (each warpgroup 64
-    rows) or 256 (each 128 rows, two m64 slabs); block_n up to 256; tma: the persistent TMA-fed
-    form (matmul_tma.py: the same tl.dot on the same tiles) with programs_per_sm programs an SM,
-    else `_linear_kernel`'s grid (also where the TMA form cannot run: the interpreter, pre-sm_90)."""
+    warpgroup's slab (warps stacked on M: [4, 1] at 64 rows, [8, 1] past them), a wider BLOCK_N
+    only widens each instruction's N (measured on Hopper: not a bit changes), and with one group a
+    BLOCK_K of 128 is the same k16 steps as two blocks of 64. block_m: 64 (one warpgroup: the
+    AR step and trees of up to 64 rows, with another width, depth or stage count than the
+    config's), 128 (two warpgroups of 64 rows) or 256 (two of 128 rows, two m64 slabs each);
+    block_n up to 256; tma: the persistent TMA-fed form (matmul_tma.py: the same tl.dot on the
+    same tiles) with programs_per_sm programs an SM, else `_linear_kernel`'s grid (also where the
+    TMA form cannot run: the interpreter, pre-sm_90)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -156,6 +158,11 @@ class WideTile:
     def shared_bytes(self) -> int:
         """The stage ring's shared memory (bf16/fp16 x and weight tiles)."""
         return 2 * self.block_k * (self.block_m + self.block_n) * self.stages
+
+    @property
+    def num_warps(self) -> int:
+        """One warpgroup for a 64-row tile, two (WIDE_WARPS) for a taller one."""
+        return 4 if self.block_m == BLOCK_M else WIDE_WARPS
 
 
 @dataclass(frozen=True)
@@ -174,16 +181,22 @@ class WidePick:
 # WS_PICKS (a test checks).
 # H200, 2026-11-27 (kernels_vs_vendor.py --wide on 4c4131e, µs per call: engine's launch -> pick; every
 # candidate bitwise equal to the engine's launch at every point). At 256 rows the gate_ups found no
-# tile 5% faster (1.5B 37.6 vs best 37.3, 8B 92.0 vs 88.8; cuBLAS 22.6 / 75.7).
+# tile 5% faster (1.5B 37.6 vs best 37.3, 8B 92.0 vs 88.8; cuBLAS 22.6 / 75.7). Up to 64 rows: H200,
+# 2026-11-28 (the same sweep with its 64-row candidates, --rows 1,16,32,64): the 8B gate_up's
+# 128-wide tiles (the rule's: 192 programs, two an SM, on 132 SMs) end on a part-filled wave; in
+# 64-wide ones (384 programs, three an SM) it streams at cuBLAS's speed.
 WIDE_PICKS: dict[tuple[int, int], tuple[WidePick, ...]] = {
     # Qwen2.5-1.5B gate_up at 65-128 rows: 25.0 -> 21.7
     (17920, 1536): (WidePick(64, 128, WideTile(128, 256, 64, 4, tma=True, programs_per_sm=1)),),
     # Qwen2.5 lm_head (K 1536) at 129-192 rows: 258.4 -> 207.7
     (151936, 1536): (WidePick(128, 192, WideTile(128, 256, 64, 3, tma=True, programs_per_sm=1)),),
-    # Qwen3-8B gate_up at 65-128 rows: 62.9 -> 57.8
-    (24576, 4096): (WidePick(64, 128, WideTile(128, 256, 64, 4, tma=True, programs_per_sm=1)),),
-    # Qwen3-8B lm_head: 129-192 rows 701.4 -> 513.1; 193-256 rows 602.2 -> 536.6
-    (151936, 4096): (WidePick(128, 192, WideTile(128, 256, 64, 3, tma=True, programs_per_sm=1)),
+    # Qwen3-8B gate_up: 1 / 16 / 32 / 64 rows 58.4 / 58.7 / 59.2 / 59.9 -> 50.5 / 51.3 / 51.6 / 52.5
+    # (cuBLAS 49.7 / 51.0 / 51.6 / 52.3); 65-128 rows 62.9 -> 57.8
+    (24576, 4096): (WidePick(0, 64, WideTile(64, 64, 64, 4)),
+                    WidePick(64, 128, WideTile(128, 256, 64, 4, tma=True, programs_per_sm=1))),
+    # Qwen3-8B lm_head: 33-64 rows 333.2 -> 309.8; 129-192 rows 701.4 -> 513.1; 193-256 rows 602.2 -> 536.6
+    (151936, 4096): (WidePick(32, 64, WideTile(64, 128, 64, 6, tma=True, programs_per_sm=1)),
+                     WidePick(128, 192, WideTile(128, 256, 64, 3, tma=True, programs_per_sm=1)),
                      WidePick(192, 256, WideTile(256, 128, 64, 4, tma=True, programs_per_sm=1))),
     # Qwen3-30B-A3B lm_head: 129-192 rows 336.2 -> 276.6; 193-256 rows 300.7 -> 280.7
     (151936, 2048): (WidePick(128, 192, WideTile(128, 256, 64, 3, tma=True, programs_per_sm=1)),
@@ -195,7 +208,7 @@ def wide_tile_for(m: int, n: int, k: int, config: LinearConfig) -> WideTile | No
     """The wide tile for M rows of an [N, K] weight: WIDE_PICKS's entry for these rows, else None
     (the launch `block_m_for` / `stages_for` / `use_tma` choose: the 64-row one up to BLOCK_M rows,
     and for weights in several K groups `use_split`'s)."""
-    if m <= BLOCK_M or config.num_groups(k) != 1:
+    if config.num_groups(k) != 1:
         return None
     for pick in WIDE_PICKS.get((n, k), ()):
         if pick.after_rows < m <= pick.up_to_rows:
@@ -712,11 +725,11 @@ def _launch_wide(x, weight, bias, out, tile: WideTile) -> None:
     """A one-group weight's GEMM in a `WideTile` (its docstring: the same bits as any other tile)."""
     m, k = x.shape
     n = weight.shape[0]
-    assert tile.block_m in (2 * BLOCK_M, 4 * BLOCK_M) and tile.block_n <= 256, f"wide tile {tile}"
+    assert tile.block_m in (BLOCK_M, 2 * BLOCK_M, 4 * BLOCK_M) and tile.block_n <= 256, f"wide tile {tile}"
     k_blocks = _cdiv(k, tile.block_k)
     if tile.tma and tma_available(x.device):
         launch_tma(x, weight, bias, out, block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k,
-                   group_blocks=k_blocks, one_group=True, num_warps=WIDE_WARPS, num_stages=tile.stages,
+                   group_blocks=k_blocks, one_group=True, num_warps=tile.num_warps, num_stages=tile.stages,
                    programs_per_sm=tile.programs_per_sm)
         return
     b = bias if bias is not None else out  # unused without HAS_BIAS
@@ -725,7 +738,7 @@ def _launch_wide(x, weight, bias, out, tile: WideTile) -> None:
         x, weight, b, out, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_blocks, k_blocks,
         UPCAST=interpreting(), SPLIT=False, ONE_GROUP=True, HAS_BIAS=bias is not None, EVEN_K=k % tile.block_k == 0,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-        num_warps=WIDE_WARPS, num_stages=tile.stages, enable_fp_fusion=False, **launch_args(x.device, m),
+        num_warps=tile.num_warps, num_stages=tile.stages, enable_fp_fusion=False, **launch_args(x.device, m),
     )
 
 

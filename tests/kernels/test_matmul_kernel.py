@@ -72,7 +72,8 @@ LAUNCHES = [(split, bm) for split in (False, True) for bm in (BLOCK_M, WIDE_BLOC
 # `benchmarks/kernels_vs_vendor.py --wide` that differ most from the 64-row launch), grid and TMA.
 GPU_WIDE_TILES = [WideTile(128, 256, 64, 3), WideTile(256, 128, 64, 3), WideTile(128, 256, 128, 2),
                   WideTile(128, 256, 64, 3, tma=True), WideTile(256, 128, 64, 3, tma=True),
-                  WideTile(128, 128, 64, 3, tma=True, programs_per_sm=2)]
+                  WideTile(128, 128, 64, 3, tma=True, programs_per_sm=2),
+                  WideTile(64, 256, 64, 4), WideTile(64, 64, 128, 3, tma=True, programs_per_sm=2)]
 
 
 def randn(*shape, seed, dtype=torch.bfloat16, scale=1.0, device=DEVICE):
@@ -205,7 +206,7 @@ def test_sm90_wide_tile_runs_the_same_wgmma():
 # to 256 columns, 64- and 128-deep K blocks (K = 192: a ragged last block at 128).
 ONE_GROUP = LinearConfig(block_n=32, block_k=32, groups=1)
 WIDE_CPU_TILES = [WideTile(128, 64, 64, 3), WideTile(128, 256, 64, 2), WideTile(256, 128, 128, 2),
-                  WideTile(256, 64, 64, 2, tma=True)]
+                  WideTile(256, 64, 64, 2, tma=True), WideTile(64, 256, 64, 3), WideTile(64, 64, 128, 2, tma=True)]
 
 
 @pytest.mark.parametrize("tile", WIDE_CPU_TILES, ids=lambda t: f"{t.block_m}x{t.block_n}x{t.block_k}")
@@ -223,27 +224,28 @@ def test_wide_tiles_give_the_64_row_launch_bits(tile, ordered_dot, poisoned_allo
 
 
 def test_wide_tile_rule():
-    """wide_tile_for: none up to 64 rows (the AR step and small trees keep their launch), for
-    weights in K groups and for rows no WIDE_PICKS entry lists (they keep the 128-row launch
-    `block_m_for` and `use_tma` choose); else the entry's tile. Every WIDE_PICKS entry is a
-    one-group weight's, a tile the kernel takes (two warpgroups, at most 256 wide, its stage ring
-    within an SM's 227 KB of shared memory per program), and none shares rows with a WS_PICKS
-    entry of the same shape (that one would win)."""
-    lm_head, down = (151936, 1536), (1536, 8960)
-    for m in (1, 16, 64):
-        assert wide_tile_for(m, *lm_head, choose_config(*lm_head)) is None
-    assert wide_tile_for(256, *down, choose_config(*down)) is None
-    assert wide_tile_for(65, 80, 64, ONE_GROUP) is None  # a one-group weight no entry lists
+    """wide_tile_for: none for weights in K groups and for rows no WIDE_PICKS entry lists (they
+    keep the launch `block_m_for` and `use_tma` choose); else the entry's tile. Every WIDE_PICKS
+    entry is a one-group weight's, for rows on one side of 64, a tile the kernel takes (one
+    warpgroup of 64 rows up to 64 rows, two past them; at most 256 wide; its stage ring within an
+    SM's 227 KB of shared memory per program), and none shares rows with a WS_PICKS entry of the
+    same shape (that one would win)."""
+    down = (1536, 8960)
+    for m in (1, 64, 256):
+        assert wide_tile_for(m, *down, choose_config(*down)) is None
+    for m in (1, 65):
+        assert wide_tile_for(m, 80, 64, ONE_GROUP) is None  # a one-group weight no entry lists
     for (n, k), picks in WIDE_PICKS.items():
         config = choose_config(n, k)
         assert config.num_groups(k) == 1, (n, k)
-        for m in range(BLOCK_M + 1, 257):
+        for m in range(1, 257):
             listed = [p.tile for p in picks if p.after_rows < m <= p.up_to_rows]
             assert wide_tile_for(m, n, k, config) == (listed[0] if listed else None), (n, k, m)
         for p in picks:
             t = p.tile
-            assert BLOCK_M <= p.after_rows < p.up_to_rows, (n, k, p)
-            assert t.block_m in (128, 256) and t.block_n in (64, 128, 256) and t.block_k in (64, 128), (n, k, p)
+            assert 0 <= p.after_rows < p.up_to_rows <= BLOCK_M or BLOCK_M <= p.after_rows < p.up_to_rows, (n, k, p)
+            assert t.block_m == BLOCK_M if p.up_to_rows <= BLOCK_M else t.block_m in (128, 256), (n, k, p)
+            assert t.block_n in (64, 128, 256) and t.block_k in (64, 128), (n, k, p)
             assert t.shared_bytes() * t.programs_per_sm <= 227 * 1024, (n, k, p)
             for ws in WS_PICKS.get((n, k), ()):
                 assert p.up_to_rows <= ws.after_rows or ws.up_to_rows <= p.after_rows, (n, k, p, ws)
@@ -252,26 +254,28 @@ def test_wide_tile_rule():
 # The wide tiles compiled offline for sm_90 (with WIDE_PICKS's): the cuBLAS-class 128 x 256 and
 # 256 x 128 tiles, 64- and 128-deep K blocks, the stage counts that fit.
 SM90_WIDE_TILES = [WideTile(128, 256, 64, 3), WideTile(128, 256, 64, 4), WideTile(256, 128, 64, 3),
-                   WideTile(128, 256, 128, 2), WideTile(256, 128, 128, 2), WideTile(128, 128, 128, 3)]
+                   WideTile(128, 256, 128, 2), WideTile(256, 128, 128, 2), WideTile(128, 128, 128, 3),
+                   WideTile(64, 256, 64, 4), WideTile(64, 64, 128, 3), WideTile(64, 128, 64, 6)]
 
 
 def test_sm90_wide_tiles_run_the_same_wgmma():
     """Offline sm_90 compiles (no GPU) of the wide tiles (SM90_WIDE_TILES and WIDE_PICKS's), grid
-    and TMA forms, against the 64-row one-group launch: warps stacked on M ([8, 1]: each
-    warpgroup its own 64-row slabs), one wgmma m64nNk16 with N the tile's width, and the same
-    instruction form (bf16 operands from shared memory, fp32 accumulator, the same scale and
-    transpose flags); no local-memory spills; shared memory within an SM's."""
+    and TMA forms, against the 64-row one-group launch: warps stacked on M ([4, 1] for a 64-row
+    tile, [8, 1] past it: each warpgroup its own 64-row slabs), one wgmma m64nNk16 with N the
+    tile's width, and the same instruction form (bf16 operands from shared memory, fp32
+    accumulator, the same scale and transpose flags); no local-memory spills; shared memory within
+    an SM's."""
     pytest.importorskip("triton.backends.nvidia")
     tiles = sorted(set(SM90_WIDE_TILES) | {p.tile for picks in WIDE_PICKS.values() for p in picks},
                    key=lambda t: (t.block_m, t.block_n, t.block_k, t.stages))
-    args = ["64,64,64,4,4,0,1"] + [f"{t.block_m},{t.block_n},{t.block_k},{t.stages},8,0,1" for t in tiles]
+    args = ["64,64,64,4,4,0,1"] + [f"{t.block_m},{t.block_n},{t.block_k},{t.stages},{t.num_warps},0,1" for t in tiles]
     narrow, *wide = run_compile_script("sm90_linear_compile.py", args)
     tma = run_compile_script("sm90_tma_compile.py",
-                             [f"{t.block_m},{t.block_n},{t.block_k},{t.stages},8,1" for t in tiles])
+                             [f"{t.block_m},{t.block_n},{t.block_k},{t.stages},{t.num_warps},1" for t in tiles])
     assert narrow["mma"] == [[4, 1, 16, 64, 16]] and len(narrow["forms"]) == 1, narrow
     for t, grid, fed in zip(tiles, wide, tma):
         for got in (grid, fed):
-            assert got["mma"] == [[8, 1, 16, t.block_n, 16]], (t, got)
+            assert got["mma"] == [[t.num_warps, 1, 16, t.block_n, 16]], (t, got)
             assert got["wgmma"] == [f"m64n{t.block_n}k16"] and got["forms"] == narrow["forms"], (t, got)
             assert got["local"] == 0 and got["shared"] <= 227 * 1024, (t, got)
         assert fed["tma"], (t, fed)
@@ -365,7 +369,7 @@ def test_gpu_m_invariant_real_shapes(name):
     200 and 256 (64- and 128-row programs, the engine's wide tiles) and every one of the 256 rows
     alone (M=1); every launch (split / fused, 64 / 128 rows) at M = 1, 65 and 200 gives the same
     bits, and so does every wide tile of GPU_WIDE_TILES and WIDE_PICKS on the one-group weights
-    at M = 65, 200 and 256; close to cuBLAS."""
+    (64-row tiles at M = 1, 16 and 64, taller ones at 65, 200 and 256); close to cuBLAS."""
     n, k, bias = REAL_SHAPES[name]
     x, w, b = problem(256, n, k, bias, seed=11)
     full = assert_rows_invariant(x, w, b, ms=GPU_MS, alone="all")
@@ -375,7 +379,7 @@ def test_gpu_m_invariant_real_shapes(name):
             assert torch.equal(got, full[:m]), f"M={m}: split={split} block_m={bm} differs"
     if choose_config(n, k).num_groups(k) == 1:
         for tile in GPU_WIDE_TILES + [p.tile for p in WIDE_PICKS.get((n, k), ())]:
-            for m in (65, 200, 256):
+            for m in (1, 16, 64) if tile.block_m == BLOCK_M else (65, 200, 256):
                 assert torch.equal(linear_triton(x[:m], w, b, wide=tile), full[:m]), f"M={m}: {tile} differs"
     ref = F.linear(x, w, b)
     torch.testing.assert_close(full.float(), ref.float(), rtol=2e-2, atol=2e-2)
