@@ -20,18 +20,26 @@ Qwen3-30B-A3B (the dense linears; its experts run in kernels/moe.py) for M in {1
 Times: median over CUDA-graph replays of 16 back-to-back calls, rotating over enough weight
 copies to exceed the L2, in µs per call.
 
---wide sweeps instead the wide tiles of the weights in one K group (kernels.matmul.WideTile: the
-gate_ups and lm_heads of the three models, WIDE_SHAPES) at M = 64, 128, 192, 256: cuBLAS, the
-engine's launch and every WIDE_CANDIDATES tile (g: `_linear_kernel`'s grid, t: the persistent
-TMA-fed form; BLOCK_M x BLOCK_N [x BLOCK_K] s stages [p programs an SM]) in µs, the fastest
-candidate against both, and `bits`: 'ok' when every candidate's output equals the engine's launch
-bitwise at that M and the engine's first, middle and last rows equal their M = 1 calls (else the
-candidates that differ). It ends with the WIDE_PICKS entries the timings suggest (the fastest
-candidate with equal bits, where it beats the engine's launch by >= 5%), as Python, and writes
-the table and its JSON to --out (default $OUT/wide_tiles when $OUT is set).
+--wide sweeps instead the tiles of the weights in one K group (kernels.matmul.WideTile: the
+gate_ups and lm_heads of the three models, WIDE_SHAPES): at M up to 64 (the AR step, small trees)
+the ROW64_CANDIDATES (one warpgroup, other widths, depths, stage counts, the TMA form), past 64 the
+WIDE_CANDIDATES (two warpgroups): cuBLAS, the engine's launch and every candidate (g:
+`_linear_kernel`'s grid, t: the persistent TMA-fed form; BLOCK_M x BLOCK_N [x BLOCK_K] s stages
+[p programs an SM]) in µs, the fastest candidate against both, and `bits`: 'ok' when every
+candidate's output equals the engine's launch bitwise at that M and the engine's first, middle and
+last rows equal their M = 1 calls (else the candidates that differ). It ends with the WIDE_PICKS
+entries the timings suggest (the fastest candidate with equal bits, where it beats the engine's
+launch by >= 5%), as Python, and writes the table and its JSON to --out (default $OUT/wide_tiles
+when $OUT is set).
+
+--grouped sweeps the launches of the weights in K groups (qkv, o, down) at M up to 64, as the
+engine runs them there (the split launch's group sums handed to their consumer, no sum pass):
+the engine's launch against GROUPED_CANDIDATES, the same K blocks and groups (the same sum, so
+`bits` must say ok) in other tile widths (n) and stage counts (s).
 
   python3 benchmarks/kernels_vs_vendor.py [--models 1.5b,8b,30b] [--rows 1,16,64,128,256] [--tma] [--no-ws]
-  python3 benchmarks/kernels_vs_vendor.py --wide [--models 1.5b,8b,30b] [--rows 64,128,192,256] [--out DIR]
+  python3 benchmarks/kernels_vs_vendor.py --wide [--models 1.5b,8b,30b] [--rows 1,16,32,64,128,192,256] [--out DIR]
+  python3 benchmarks/kernels_vs_vendor.py --grouped [--models 1.5b,8b,30b] [--rows 1,16,64]
 """
 from __future__ import annotations
 
@@ -45,7 +53,8 @@ from pathlib import Path
 import torch
 
 from jetspec_chat.kernels import matmul_ws
-from jetspec_chat.kernels.matmul import WideTile, choose_config, linear_tma, linear_triton, linear_ws
+from jetspec_chat.kernels.matmul import (Partials, WideTile, choose_config, linear_partials_triton, linear_tma,
+                                         linear_triton, linear_ws, use_split)
 
 SHAPES = {  # (name, N, K)
     "1.5b": [("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960),
@@ -94,6 +103,20 @@ WIDE_CANDIDATES = {_wide_name(t): t for t in [
     WideTile(128, 256, 128, 2, tma=True),
     WideTile(128, 128, 64, 4, tma=True), WideTile(128, 128, 64, 2, tma=True, programs_per_sm=2),
 ]}
+# One warpgroup (64 rows, 4 warps: the AR step's and small trees' programs) in other tiles than the
+# config's: the widths, depths and stage counts that fit two or three programs an SM, and the
+# persistent TMA form.
+ROW64_CANDIDATES = {_wide_name(t): t for t in [
+    WideTile(64, 64, 64, 4), WideTile(64, 64, 64, 6), WideTile(64, 64, 128, 3),
+    WideTile(64, 128, 64, 4), WideTile(64, 128, 64, 6), WideTile(64, 128, 128, 3),
+    WideTile(64, 256, 64, 3), WideTile(64, 256, 64, 4),
+    WideTile(64, 64, 64, 6, tma=True, programs_per_sm=2), WideTile(64, 64, 64, 4, tma=True, programs_per_sm=3),
+    WideTile(64, 128, 64, 4, tma=True, programs_per_sm=2), WideTile(64, 128, 64, 6, tma=True),
+    WideTile(64, 256, 64, 4, tma=True),
+]}
+# The launches of weights in K groups at up to 64 rows: (BLOCK_N, stages), the config's K blocks and groups.
+GROUPED_CANDIDATES = {f"n{bn}s{st}": (bn, st) for bn in (32, 64, 128) for st in (3, 4, 6)}
+GROUPED_SHAPES = {model: [s for s in shapes if s[0] in ("qkv", "o", "down")] for model, shapes in SHAPES.items()}
 PICK_GAIN = 0.95  # a suggested pick beats the engine's launch by >= 5%
 CALLS = 16  # calls per graph replay
 L2_BYTES = 50e6
@@ -140,14 +163,26 @@ def ceilings() -> tuple[float, float]:
 
 
 def wide_sweep(models: list[str], rows: list[int], out_dir: Path | None) -> None:
-    """The --wide table (module docstring): every WIDE_CANDIDATES tile beside cuBLAS and the
-    engine's launch at the one-group shapes, with the bits column and the suggested picks."""
-    names = list(WIDE_CANDIDATES)
+    """The --wide table (module docstring): every candidate tile beside cuBLAS and the engine's
+    launch at the one-group shapes, with the bits column and the suggested picks; the
+    ROW64_CANDIDATES at up to 64 rows, the WIDE_CANDIDATES past them."""
+    lines, records = [], []
+    for group, candidates in (([m for m in rows if m <= 64], ROW64_CANDIDATES),
+                              ([m for m in rows if m > 64], WIDE_CANDIDATES)):
+        if group:
+            sweep_tiles(models, group, candidates, lines, records, out_dir, rows)
+    print("\n".join(write_wide(out_dir, lines, records, rows)[len(lines):]))
+
+
+def sweep_tiles(models: list[str], rows: list[int], candidates: dict[str, WideTile], lines: list[str],
+                records: list[dict], out_dir: Path | None, all_rows: list[int]) -> None:
+    """One table of `wide_sweep`: these candidates at these rows, appended to lines and records."""
+    names = list(candidates)
     w = max(map(len, names))
     head = f"{'model':5} {'linear':8} {'N':>6} {'K':>5} {'M':>4} {'cublas':>7} {'engine':>7}"
     head += "".join(f" {v:>{w}}" for v in names) + f" {'best':>{w}} {'best/cub':>8} {'best/eng':>8}  bits"
     print(head, flush=True)
-    lines, records = [head], []
+    lines.append(head)
     for model in models:
         for name, n, k in WIDE_SHAPES[model]:
             if choose_config(n, k).num_groups(k) != 1:
@@ -165,7 +200,7 @@ def wide_sweep(models: list[str], rows: list[int], out_dir: Path | None) -> None
                 t_engine = graph_time_us(lambda i: linear_triton(x, weights[i], out=outs[i]), copies)
                 t_cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T, out=outs[i]), copies)
                 times, same = {}, {}
-                for v, tile in WIDE_CANDIDATES.items():
+                for v, tile in candidates.items():
                     try:
                         same[v] = torch.equal(linear_triton(x, weights[0], wide=tile), engine_y)
                         times[v] = graph_time_us(lambda i, t=tile: linear_triton(x, weights[i], out=outs[i], wide=t), copies)
@@ -187,8 +222,7 @@ def wide_sweep(models: list[str], rows: list[int], out_dir: Path | None) -> None
                                     engine_rows_equal_m1=engine_ok, best=best))
             del weights
             torch.cuda.empty_cache()
-            write_wide(out_dir, lines, records, rows)  # after every shape: a run cut short keeps what it measured
-    print("\n".join(write_wide(out_dir, lines, records, rows)[len(lines):]))
+            write_wide(out_dir, lines, records, all_rows)  # after every shape: a run cut short keeps what it measured
 
 
 def write_wide(out_dir: Path | None, lines: list[str], records: list[dict], rows: list[int]) -> list[str]:
@@ -199,22 +233,26 @@ def write_wide(out_dir: Path | None, lines: list[str], records: list[dict], rows
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "wide_sweep.txt").write_text("\n".join(text) + "\n")
+        tiles = {**ROW64_CANDIDATES, **WIDE_CANDIDATES}
         (out_dir / "wide_sweep.json").write_text(json.dumps(dict(
-            device=torch.cuda.get_device_name(), tiles={v: dataclasses.asdict(t) for v, t in WIDE_CANDIDATES.items()},
+            device=torch.cuda.get_device_name(), tiles={v: dataclasses.asdict(t) for v, t in tiles.items()},
             rows=records), indent=1))
     return text
 
 
 def suggested_picks(records: list[dict], rows: list[int]) -> str:
-    """WIDE_PICKS entries, as Python: per shape and measured M > 64, the fastest candidate with
-    equal bits where it beats the engine's launch by >= 5%, for rows (previous measured M, M]."""
+    """WIDE_PICKS entries, as Python: per shape and measured M, the fastest candidate with equal
+    bits where it beats the engine's launch by >= 5%, for rows (previous measured M, M] on the
+    same side of 64."""
     text = []
+    tiles = {**ROW64_CANDIDATES, **WIDE_CANDIDATES}
     for (n, k) in dict.fromkeys((r["n"], r["k"]) for r in records):
         entries = []
-        for r in (r for r in records if (r["n"], r["k"]) == (n, k) and r["m"] > 64 and r["best"]):
+        for r in (r for r in records if (r["n"], r["k"]) == (n, k) and r["best"]):
             if r["candidates"][r["best"]]["us"] <= PICK_GAIN * r["engine_us"]:
-                after = max([m for m in rows if m < r["m"]] + [64])
-                t = WIDE_CANDIDATES[r["best"]]
+                side = 64 if r["m"] > 64 else 0
+                after = max([m for m in rows if side < m < r["m"]] + [side])
+                t = tiles[r["best"]]
                 entries.append(f"        WidePick({after}, {r['m']}, WideTile({t.block_m}, {t.block_n}, {t.block_k}, "
                                f"{t.stages}, tma={t.tma}, programs_per_sm={t.programs_per_sm})),"
                                f"  # {r['engine_us']:.1f} -> {r['candidates'][r['best']]['us']:.1f} us")
@@ -223,20 +261,75 @@ def suggested_picks(records: list[dict], rows: list[int]) -> str:
     return "\n".join(text) if text else "    (none)"
 
 
+def grouped_sweep(models: list[str], rows: list[int]) -> None:
+    """The --grouped table (module docstring): the engine's launch of each weight in K groups
+    beside GROUPED_CANDIDATES at up to 64 rows, as the engine runs it (`linear_partials_triton`:
+    a split launch's group sums unsummed), with the bits column (the group sums themselves)."""
+    names = list(GROUPED_CANDIDATES)
+    head = f"{'model':5} {'linear':8} {'N':>6} {'K':>5} {'M':>4} {'launch':>6} {'cublas':>7} {'engine':>7}"
+    head += "".join(f" {v:>6}" for v in names) + f" {'best':>6} {'best/eng':>8}  bits"
+    print(head, flush=True)
+    lines = [head]
+    for model in models:
+        for name, n, k in GROUPED_SHAPES[model]:
+            config = choose_config(n, k)
+            wbytes = 2 * n * k
+            copies = max(1, min(32, int(3 * L2_BYTES // wbytes) + 1))
+            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            for m in rows:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                split = use_split(m, n, k, config)
+
+                def run(i, cfg=None):
+                    got = linear_partials_triton(x, weights[i], config=cfg, split=None if cfg is None else split)
+                    return got.stacked() if isinstance(got, Partials) else got
+
+                engine_y = run(0)
+                t_engine = graph_time_us(run, copies)
+                t_cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T), copies)
+                times, differ = {}, []
+                for v, (bn, st) in GROUPED_CANDIDATES.items():
+                    cfg = dataclasses.replace(config, block_n=bn, num_stages=st)
+                    try:
+                        if not torch.equal(run(0, cfg), engine_y):
+                            differ.append(v)
+                        times[v] = graph_time_us(lambda i, cfg=cfg: run(i, cfg), copies)
+                    except Exception as e:  # a candidate that does not compile or run here: reported, not fatal
+                        print(f"  {v} failed at {name} M={m}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                        times[v] = float("nan")
+                ok = [v for v in names if v not in differ and times[v] == times[v]]
+                best = min(ok, key=times.get) if ok else None
+                t_best = times[best] if best else float("nan")
+                line = f"{model:5} {name:8} {n:6} {k:5} {m:4} {'split' if split else 'fused':>6} {t_cublas:7.1f} {t_engine:7.1f}"
+                line += "".join(f" {times[v]:6.1f}" for v in names)
+                line += f" {best or '-':>6} {t_best / t_engine:8.2f}  {'ok' if not differ else ' '.join(differ)}"
+                print(line, flush=True)
+                lines.append(line)
+            del weights
+            torch.cuda.empty_cache()
+    print("\n".join(["", f"device {torch.cuda.get_device_name()}", "config per shape: " + ", ".join(
+        f"{name} n{choose_config(n, k).block_n}s{choose_config(n, k).num_stages}g{choose_config(n, k).num_groups(k)}"
+        for model in models for name, n, k in GROUPED_SHAPES[model])] + lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="1.5b,8b,30b")
     ap.add_argument("--rows", default=None, help="row counts (default 1,16,64,128,256; with --wide 64,128,192,256)")
     ap.add_argument("--tma", action="store_true", help="also the TMA-fed kernel's variants")
     ap.add_argument("--no-ws", action="store_true", help="leave out the warp-specialized kernel")
-    ap.add_argument("--wide", action="store_true", help="sweep the wide tiles of the one-group weights instead")
+    ap.add_argument("--wide", action="store_true", help="sweep the tiles of the one-group weights instead")
+    ap.add_argument("--grouped", action="store_true", help="sweep the K-grouped weights' launches at up to 64 rows")
     ap.add_argument("--out", default=None, help="folder for the --wide table and JSON (default $OUT/wide_tiles)")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.wide:
         out = args.out or (os.path.join(os.environ["OUT"], "wide_tiles") if os.environ.get("OUT") else None)
-        wide_sweep(args.models.split(","), [int(r) for r in (args.rows or "64,128,192,256").split(",")],
+        wide_sweep(args.models.split(","), [int(r) for r in (args.rows or "1,16,32,64,128,192,256").split(",")],
                    Path(out) if out else None)
+        return
+    if args.grouped:
+        grouped_sweep(args.models.split(","), [int(r) for r in (args.rows or "1,16,64").split(",")])
         return
     args.rows = args.rows or "1,16,64,128,256"
     bw, rate = ceilings()

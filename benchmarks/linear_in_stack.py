@@ -4,6 +4,8 @@
 
   tuned:  the engine as it is (kernels/matmul.py: TUNED configs where measured, else the rule);
   rule:   TUNED emptied, every weight on `rule_config`;
+  nopick: WIDE_PICKS and WS_PICKS emptied: every launch the rules' (`block_m_for`, `use_split`,
+          `use_tma`), none of the tiles and forms picked per row count;
   cublas: F.linear (cuBLAS) for every linear: faster or slower, but a row's bits then depend on
           how many rows share the GEMM, so bf16 speculation no longer equals bf16 AR.
 
@@ -35,24 +37,28 @@ from jetspec_chat.engine import layers  # noqa: E402
 from jetspec_chat.bench.timing import graphed_ms  # noqa: E402
 from jetspec_chat.kernels import matmul  # noqa: E402
 
-VARIANTS = ("tuned", "rule", "cublas")
+VARIANTS = ("tuned", "rule", "nopick", "cublas")
 
 
 @contextlib.contextmanager
 def linears(variant: str):
     """Run the model's linears as `variant` says (module docstring), then restore the engine's."""
-    tuned = dict(matmul.TUNED)
+    tuned, wide, ws = dict(matmul.TUNED), dict(matmul.WIDE_PICKS), dict(matmul.WS_PICKS)
     batch_invariant = layers._batch_invariant
     try:
         if variant == "rule":
             matmul.TUNED.clear()
+        if variant == "nopick":
+            matmul.WIDE_PICKS.clear()
+            matmul.WS_PICKS.clear()
         if variant == "cublas":
             layers._batch_invariant = lambda *_: False
         matmul.choose_config.cache_clear()
         yield
     finally:
-        matmul.TUNED.clear()
-        matmul.TUNED.update(tuned)
+        for table, saved in ((matmul.TUNED, tuned), (matmul.WIDE_PICKS, wide), (matmul.WS_PICKS, ws)):
+            table.clear()
+            table.update(saved)
         matmul.choose_config.cache_clear()
         layers._batch_invariant = batch_invariant
 
