@@ -300,7 +300,8 @@ def grouped_sweep(models: list[str], rows: list[int]) -> None:
                 ok = [v for v in names if v not in differ and times[v] == times[v]]
                 best = min(ok, key=times.get) if ok else None
                 t_best = times[best] if best else float("nan")
-                line = f"{model:5} {name:8} {n:6} {k:5} {m:4} {'split' if split else 'fused':>6} {t_cublas:7.1f} {t_engine:7.1f}"
+                launch = "split" if split else "fused"
+                line = f"{model:5} {name:8} {n:6} {k:5} {m:4} {launch:>6} {t_cublas:7.1f} {t_engine:7.1f}"
                 line += "".join(f" {times[v]:6.1f}" for v in names)
                 line += f" {best or '-':>6} {t_best / t_engine:8.2f}  {'ok' if not differ else ' '.join(differ)}"
                 print(line, flush=True)

@@ -12,9 +12,9 @@ the output is bitwise the same whatever M is and whatever the other rows hold:
     differently), so a program covers 64 rows with 4 warps (one warpgroup), or, past 64 rows
     (`block_m_for`), 128 rows with 8 warps: two warpgroups, each running the 64-row program's
     m64nNk16 wgmma steps (N = BLOCK_N in both: Triton picks the instruction's N from the tile
-    width per warpgroup) on its own 64 rows. A weight in one K group may take a wider tile past
-    64 rows (`WideTile`: 128 or 256 rows, up to 256 columns, 64- or 128-deep K blocks): each of
-    its elements is one chain of k16 steps over K in order whatever the tile. AR (M=1) wastes
+    width per warpgroup) on its own 64 rows. A weight in one K group may take another tile where
+    WIDE_PICKS lists it (`WideTile`: 64, 128 or 256 rows, up to 256 columns, 64- or 128-deep K
+    blocks): each of its elements is one chain of k16 steps over K in order whatever the tile. AR (M=1) wastes
     63/64 of the MMA work, which is free there: the GEMV is bound by streaming the weight.
   * K is cut into `groups` consecutive groups of whole BLOCK_K blocks (a function of N and K).
     Each group is accumulated alone in fp32 (tl.dot over its blocks in order, from zero), and
