@@ -15,22 +15,27 @@ from .events import Event, FinishEvent, GenerationResult, PhaseTimings, PrefillE
 from .params import TREE_ALGOS, GenerationParams, SamplingParams, SpecParams
 
 
-def load_engine(*args, tp: int | None = None, **kwargs):
+def load_engine(model: str | None = None, draft_head: str | None = None, device: str = "auto", dtype: str = "auto",
+                max_context: int | None = None, progress=None, depth: int | None = None, *, tp: int | None = None):
     """See loader.load_engine. Imported on first use: it pulls in torch and transformers.
     tp > 1: the model split over tp ranks (tp_launcher.launch), each a process with its own
     device; the engine returned is rank 0's, driving the others (`engine.tp` says how many).
-    tp None: 1, or on a GPU the fewest GPUs that hold the target's weights (loader.auto_tp)."""
-    if tp is None:
-        from .models.loader import auto_tp
+    tp None: 1, or on a GPU the fewest GPUs that hold the target's weights (loader.auto_tp).
+    The model is resolved once, after the device is checked (a hub model's requests, a converted
+    copy's check), and that source goes to the GPU count, the launcher and every rank."""
+    from .models.loader import auto_tp, resolve_device
+    from .models.loader import load_engine as _load_engine
+    from .models.model_sources import resolve_model
 
-        tp = auto_tp(*args, **kwargs)
+    resolve_device(device)  # a device this machine lacks: said before any download
+    source = resolve_model(model, progress)
+    if tp is None:
+        tp = auto_tp(source, device, dtype, progress)
     if tp != 1:
         from .tp_launcher import launch
 
-        return launch(tp, *args, **kwargs)
-    from .models.loader import load_engine as _load_engine
-
-    return _load_engine(*args, **kwargs)
+        return launch(tp, source, draft_head, device, dtype, max_context, progress, depth)
+    return _load_engine(source, draft_head, device, dtype, max_context, progress, depth)
 
 
 def __getattr__(name: str):

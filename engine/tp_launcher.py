@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,9 @@ import torch.distributed as dist
 from .errors import WORKER_DIED_EXIT_CODE, ConfigError, EngineError
 from .events import FinishEvent
 from .parallel import RANK_ENV, Ranks, Shard, check_splits, init_ranks, open_exchange, rank_device
+
+if TYPE_CHECKING:
+    from .models.model_sources import ModelSource
 
 LOAD_FAILED_EXIT_CODE = 4  # a worker whose load raised an EngineError (rank 0 reports its own)
 CLOSE_WAIT_S = 30.0  # how long close() waits for the workers to exit before it stops them
@@ -47,7 +50,7 @@ STACKS_ENV = "JETSPEC_TP_STACKS"  # set: every rank prints its stacks on SIGUSR1
 class LoadArgs:
     """load_engine's arguments, the same on every rank."""
 
-    model: str | None
+    source: dict  # the target as the launcher resolved it (ModelSource.to_dict): no rank resolves it again
     draft_head: str | None = None
     device: str = "auto"
     dtype: str = "auto"
@@ -63,9 +66,10 @@ def _free_port() -> int:
 
 def _load_rank(load: LoadArgs, ranks: Ranks, progress=None):
     from .models.loader import load_engine, resolve_device
+    from .models.model_sources import ModelSource
 
     device = rank_device(resolve_device(load.device), ranks.rank)
-    engine = load_engine(load.model, load.draft_head, device=str(device), dtype=load.dtype,
+    engine = load_engine(ModelSource.from_dict(load.source), load.draft_head, device=str(device), dtype=load.dtype,
                          max_context=load.max_context, progress=progress, depth=load.depth,
                          shard=Shard(ranks.rank, ranks.world))
     from .engine import PREFILL_CHUNK
@@ -321,22 +325,24 @@ def _report_and_exit(message: str) -> None:
     os._exit(WORKER_DIED_EXIT_CODE)
 
 
-def launch(tp: int, model: str | None, draft_head: str | None = None, device: str = "auto", dtype: str = "auto",
+def launch(tp: int, model: str | ModelSource | None, draft_head: str | None = None, device: str = "auto", dtype: str = "auto",
            max_context: int | None = None, progress=None, depth: int | None = None, on_dead: Callable[[str], None] = _report_and_exit) -> TPEngine:
-    """load_engine's arguments, split over `tp` ranks: start ranks 1..tp-1 as worker processes,
-    join them as rank 0 and load this rank's share."""
-    load = LoadArgs(model, draft_head, device, dtype, max_context, depth)
+    """load_engine's arguments (`model` a MODEL argument or a resolved `ModelSource`), split over
+    `tp` ranks: start ranks 1..tp-1 as worker processes, join them as rank 0 and load this rank's
+    share. The model is resolved here once and handed to every rank as it is."""
     from .model_config import ModelConfig
     from .models.loader import resolve_device
-    from .models.model_sources import resolve_model
+    from .models.model_sources import as_model_source
 
-    device = resolve_device(load.device)
+    load_device, device = device, resolve_device(device)
     if tp < 1:
         raise ConfigError(f"--tp must be at least 1, not {tp}")
     if device.type == "cuda" and tp > torch.cuda.device_count():
         raise ConfigError(f"--tp {tp} needs {tp} GPUs but torch sees {torch.cuda.device_count()}")
+    source = as_model_source(model, progress)
+    load = LoadArgs(source.to_dict(), draft_head, load_device, dtype, max_context, depth)
     try:
-        check_splits(ModelConfig.from_hf(resolve_model(load.model).hf_config), tp)
+        check_splits(ModelConfig.from_hf(source.hf_config), tp)
     except ValueError as err:
         raise ConfigError(f"--tp {tp} does not fit this model: {err}") from None
     os.environ.update(RANK_ENV)

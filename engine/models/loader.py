@@ -16,7 +16,7 @@ from ..model import TargetModel, build_target
 from ...kernels.tree_attention import MAX_FP32_HEAD_DIM, MAX_HEAD_DIM
 from ..model_config import ModelConfig
 from ..params import check_head_depth
-from .model_sources import HEAD_NOTES, ModelSource, download_hub_dir, load_tokenizer, resolve_model
+from .model_sources import HEAD_NOTES, ModelSource, as_model_source, download_hub_dir, load_tokenizer
 
 ProgressFn = Callable[[str, float | None], None]
 
@@ -96,14 +96,14 @@ def choose_tp(cfg: ModelConfig, weight_bytes: int, gpu_bytes: int, gpus: int, na
         f"{'s' if gpus > 1 else ''} here holds them{why}; use a machine with more GPU memory, or pass --tp to try anyway")
 
 
-def auto_tp(model: str | None, draft_head: str | None = None, device: str = "auto", dtype: str = "auto",
-            max_context: int | None = None, progress: ProgressFn | None = None, depth: int | None = None) -> int:
-    """`--tp` left unset (load_engine's arguments): 1 on a CPU, else `choose_tp` for this
-    model's weights and the GPUs torch sees."""
+def auto_tp(model: str | ModelSource | None, device: str = "auto", dtype: str = "auto",
+            progress: ProgressFn | None = None) -> int:
+    """`--tp` left unset: 1 on a CPU (the model not read), else `choose_tp` for this model's
+    weights and the GPUs torch sees."""
     dev = resolve_device(device)
     if dev.type != "cuda":
         return 1
-    source = resolve_model(model, progress=progress)
+    source = as_model_source(model, progress)
     cfg = ModelConfig.from_hf(source.hf_config)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     gpu_bytes = torch.cuda.get_device_properties(index).total_memory
@@ -250,7 +250,7 @@ def random_head_name(cfg: DraftHeadConfig) -> str:
 
 
 def load_engine(
-    model: str | None,
+    model: str | ModelSource | None,
     draft_head: str | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -259,14 +259,16 @@ def load_engine(
     depth: int | None = None,
     shard=None,
 ) -> SpecEngine:
-    """`depth`: the tree depth the caller will ask for, checked against the draft head before the
-    target's weights load (the head is small and loads first), so a wrong depth costs no load.
+    """`model`: a MODEL argument, or the `ModelSource` the caller resolved already (then it is
+    not resolved again). `depth`: the tree depth the caller will ask for, checked against the
+    draft head before the target's weights load (the head is small and loads first), so a wrong
+    depth costs no load.
     `shard` (a parallel.Shard): load only that tensor-parallel rank's part of the target and of
     the draft head's layers."""
     report = progress or (lambda what, frac: None)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    source = resolve_model(model, progress=progress)
+    source = as_model_source(model, progress)
     target_cfg = ModelConfig.from_hf(source.hf_config)
     report("Loading the draft head", None)
     head, head_name = load_draft_head(draft_head, source, target_cfg, dev, dt, shard)

@@ -12,6 +12,7 @@ importing this module stays cheap for the CLI.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import importlib.resources
@@ -91,6 +92,15 @@ class ModelSource:
     default_draft_head: str | None
     random_head: dict | None = field(default=None, hash=False)
     seed: int = 0
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields: how a launcher hands the source it resolved to its worker ranks."""
+        return {**dataclasses.asdict(self), "path": None if self.path is None else str(self.path)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelSource:
+        """The source `to_dict` gave."""
+        return cls(**{**data, "path": None if data["path"] is None else Path(data["path"])})
 
 
 def _noop(_what: str, _frac: float | None) -> None:
@@ -173,6 +183,13 @@ def resolve_model(model: str | None, progress: ProgressFn | None = None) -> Mode
     if kind == "gguf":
         return _resolve_gguf(Path(model).expanduser(), model, progress)
     return _resolve_hub(model, progress)
+
+
+def as_model_source(model: str | ModelSource | None, progress: ProgressFn | None = None) -> ModelSource:
+    """A MODEL argument resolved (`resolve_model`), or the source a caller resolved already: the
+    engine's loader resolves once (a hub model's requests, a converted copy's check) and hands the
+    source on to the GPU count, the tensor-parallel launcher and every rank."""
+    return model if isinstance(model, ModelSource) else resolve_model(model, progress)
 
 
 def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:

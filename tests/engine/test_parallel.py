@@ -403,6 +403,24 @@ def test_dead_worker_is_one_sentence():
     assert "Traceback" not in proc.stderr
 
 
+def test_the_launcher_and_rank_0_reuse_the_resolved_model():
+    # --tp 2: the model is resolved once in this process (the launcher's split check and rank 0's
+    # load take that source; the worker gets it as JSON), not once by each.
+    script = textwrap.dedent("""
+        from jetspec_chat.engine import load_engine
+        from jetspec_chat.engine.models import model_sources
+        calls = []
+        resolve = model_sources.resolve_model
+        model_sources.resolve_model = lambda model, progress=None: calls.append(model) or resolve(model, progress)
+        engine = load_engine("random:tiny-qwen3", device="cpu", tp=2)
+        engine.close()
+        print("resolved", calls)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resolved ['random:tiny-qwen3']" in proc.stdout, proc.stdout
+
+
 def test_a_failed_load_ends_its_workers_and_a_retry_works():
     # The load fails on every rank (a depth the head cannot draft): rank 0 raises its own error,
     # no worker is reported dead, none is left running, and the next launch starts afresh.

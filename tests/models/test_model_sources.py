@@ -656,3 +656,27 @@ def test_hub_gemma4_loads_its_published_head_format(tmp_path):
         assert set(f.keys()) == set(got)
         for key in f.keys():
             assert torch.equal(got[key], f.get_tensor(key).float()), key
+
+
+def test_a_resolved_source_travels_to_the_ranks_as_json(tmp_path):
+    """The tensor-parallel launcher hands the source it resolved to its worker ranks as JSON
+    (ModelSource.to_dict): what comes back is the same source, path and all, for a model
+    directory and for a random model (its config and head carried, no path)."""
+    for source in (resolve_model(str(write_model_dir(tmp_path / "m", tiny_config()))), resolve_model("random:tiny-qwen3")):
+        again = ModelSource.from_dict(json.loads(json.dumps(source.to_dict())))
+        assert again == source and again.hf_config == source.hf_config and again.random_head == source.random_head
+        assert again.path == source.path
+
+
+def test_the_engine_resolves_its_model_once(monkeypatch):
+    """load_engine resolves the model once (a hub model's requests, a converted copy's check) and
+    hands that source on: to the GPU count, the loader and, under --tp, the launcher and its ranks."""
+    from jetspec_chat.engine import load_engine
+
+    calls = []
+    resolve = model_sources.resolve_model
+    monkeypatch.setattr(model_sources, "resolve_model", lambda model, progress=None: calls.append(model) or resolve(model, progress))
+    for tp in (None, 1):
+        calls.clear()
+        engine = load_engine("random:tiny-qwen3", "none", device="cpu", dtype="float32", max_context=256, tp=tp)
+        assert calls == ["random:tiny-qwen3"] and engine.model_name == "random:tiny-qwen3", (tp, calls)
