@@ -179,15 +179,17 @@ def print_engine_only(report, console) -> None:
                       f"weights per AR step {_bytes(m.weight_bytes_per_ar_step)} · "
                       f"head + lm_head {_bytes(m.head_weight_bytes)}")
         t = Table(title="per context (medians, ms)", title_justify="left")
-        for col in ("context", "AR step", "bound", "+KV bound", "AR/bound", "AR round", "draft", "draft bound",
-                    "draft/bound", "round (nodes)", "phases d·t·v·a"):
+        for col in ("context", "AR step", "bound", "+KV bound", "AR/bound", "AR/+KV", "AR round", "draft",
+                    "draft bound", "draft/bound", "round (nodes)", "phases d·t·v·a"):
             t.add_column(col, justify="right")
         for c in m.contexts:
             ph = c.round_phases_ms
             split = "·".join(f"{ph.get(k, 0):.2f}" for k in ("draft_ms", "tree_ms", "verify_ms", "accept_ms")) if ph else "-"
             t.add_row(
                 str(c.context), _f(c.ar_step_ms.median, ".3f"), _f(c.ar_bound_ms, ".3f"), _f(c.ar_bound_kv_ms, ".3f"),
-                _f(c.ar_step_over_bound, ".2f", "×"), _f(c.ar_round_ms.median, ".3f"),
+                _f(c.ar_step_over_bound, ".2f", "×"),
+                _f(c.ar_step_ms.median / c.ar_bound_kv_ms if c.ar_bound_kv_ms else None, ".2f", "×"),
+                _f(c.ar_round_ms.median, ".3f"),
                 _f(c.draft_ms.median if c.draft_ms else None, ".3f"), _f(c.draft_bound_ms, ".3f"),
                 _f(c.draft_over_bound, ".2f", "×"),
                 _f(c.round_ms.median if c.round_ms else None, ".3f") + (f" ({c.round_tree_nodes})" if c.round_ms else ""),

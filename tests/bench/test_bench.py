@@ -78,6 +78,9 @@ def test_engine_only_entries_and_ratios(tmp_path, capsys):
     assert bars["draft_long_context"] == 256 and bars["draft_long_over_short"] > 0
     assert m["gpu_idle"] is None and bars["gpu_idle_ms"] is None  # CPU: no device to idle
     assert "bars" in table and "AR step" in table
+    # The step against its weights + KV bound, the long-context bar's ratio, beside the weights-only one.
+    kv_ratios = [f"{c['ar_step_ms']['median'] / c['ar_bound_kv_ms']:.2f}×" for c in m["contexts"]]
+    assert "AR/+KV" in table and all(r in table for r in kv_ratios), table
 
 
 def test_weight_bytes_per_ar_step_counts_one_embedding_row():
