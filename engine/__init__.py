@@ -34,8 +34,10 @@ def load_engine(model: str | None = None, draft_head: str | None = None, device:
     if tp != 1:
         from .tp_launcher import launch
 
-        return launch(tp, source, draft_head, device, dtype, max_context, progress, depth)
-    return _load_engine(source, draft_head, device, dtype, max_context, progress, depth)
+        return launch(tp, source, draft_head, device=device, dtype=dtype, max_context=max_context, progress=progress,
+                      depth=depth)
+    return _load_engine(source, draft_head, device=device, dtype=dtype, max_context=max_context, progress=progress,
+                        depth=depth)
 
 
 def __getattr__(name: str):
