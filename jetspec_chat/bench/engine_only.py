@@ -96,6 +96,7 @@ class ContextResult:
     ar_bound_kv_ms: float  # plus K/V, / copy bandwidth
     state_bytes: int  # hybrid targets: the committed recurrent state (conv windows + fp32 states); 0 otherwise
     ar_step_over_bound: float
+    ar_step_over_bound_kv: float  # against ar_bound_kv_ms: at long contexts the K/V is part of a step's bytes
     ar_round_ms: Stat  # engine._round with speculation off (the engine's real AR step)
     verify: list[VerifyResult]
     draft_ms: Stat | None  # one draft forward over the full block (engine.drafter.logp)
@@ -116,6 +117,8 @@ class Bars:
     ar_step_ms: float
     ar_bound_ms: float
     ar_step_over_bound: float
+    ar_bound_kv_ms: float
+    ar_step_over_bound_kv: float
     verify_ms: dict[int, float]  # at 128 and 256 nodes (those measured)
     verify_over_ar_step: dict[int, float]
     verify_over_bound: dict[int, float]  # verify ms / its weight-bytes bound (MoE: the expected experts')
@@ -320,11 +323,13 @@ def _measure_context(engine, opts: EngineOnlyOptions, context: int, bw: float, g
         nodes = _round_tree_size(outs[0])
         state.restore()
 
+    ar_bound_kv = bound_ms(w_bytes + state_rw + kvb, bw)
     return ContextResult(
         context=context, kv_bytes=kvb, draft_kv_bytes=dkv,
-        ar_step_ms=ar, ar_bound_ms=ar_bound, ar_bound_kv_ms=bound_ms(w_bytes + state_rw + kvb, bw),
+        ar_step_ms=ar, ar_bound_ms=ar_bound, ar_bound_kv_ms=ar_bound_kv,
         state_bytes=recurrent_state_bytes(engine),
-        ar_step_over_bound=ar.median / ar_bound, ar_round_ms=ar_round, verify=verify,
+        ar_step_over_bound=ar.median / ar_bound, ar_step_over_bound_kv=ar.median / ar_bound_kv,
+        ar_round_ms=ar_round, verify=verify,
         draft_ms=draft, draft_bound_ms=draft_bound, draft_bound_kv_ms=draft_bound_kv,
         draft_over_bound=ratio(draft.median if draft else None, draft_bound),
         round_ms=round_ms, round_phases_ms=phases, round_tree_nodes=nodes,
@@ -340,6 +345,7 @@ def _bars(opts: EngineOnlyOptions, bw: float, contexts: list[ContextResult], idl
     return Bars(
         context=head.context, copy_bandwidth_gb_s=bw,
         ar_step_ms=head.ar_step_ms.median, ar_bound_ms=head.ar_bound_ms, ar_step_over_bound=head.ar_step_over_bound,
+        ar_bound_kv_ms=head.ar_bound_kv_ms, ar_step_over_bound_kv=head.ar_step_over_bound_kv,
         verify_ms={n: v.ms.median for n, v in verify.items()},
         verify_over_ar_step={n: v.over_ar_step for n, v in verify.items()},
         verify_over_bound={n: v.over_bound for n, v in verify.items()},
