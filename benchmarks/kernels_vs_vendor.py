@@ -147,6 +147,13 @@ def graph_time_us(fn, copies: int) -> float:
     return statistics.median(times)
 
 
+def weight_copies(n: int, k: int) -> list[torch.Tensor]:
+    """Random [N, K] bf16 weights, enough copies (3x the L2's bytes, at most 32) that calls rotating
+    over them stream each weight from HBM, as a decode step does."""
+    copies = max(1, min(32, int(3 * L2_BYTES // (2 * n * k)) + 1))
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+
+
 def ceilings() -> tuple[float, float]:
     """(copy bytes/s counting read + write, bf16 matmul FLOP/s) measured on this device."""
     src = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)  # 1 GiB
@@ -188,9 +195,8 @@ def sweep_tiles(models: list[str], rows: list[int], candidates: dict[str, WideTi
             if choose_config(n, k).num_groups(k) != 1:
                 print(f"  {model} {name}: its weight has K groups, no wide tile", flush=True)
                 continue
-            wbytes = 2 * n * k
-            copies = max(1, min(32, int(3 * L2_BYTES // wbytes) + 1))
-            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            weights = weight_copies(n, k)
+            copies = len(weights)
             for m in rows:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
@@ -273,9 +279,8 @@ def grouped_sweep(models: list[str], rows: list[int]) -> None:
     for model in models:
         for name, n, k in GROUPED_SHAPES[model]:
             config = choose_config(n, k)
-            wbytes = 2 * n * k
-            copies = max(1, min(32, int(3 * L2_BYTES // wbytes) + 1))
-            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            weights = weight_copies(n, k)
+            copies = len(weights)
             for m in rows:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 split = use_split(m, n, k, config)
@@ -345,8 +350,8 @@ def main() -> None:
     for model in args.models.split(","):
         for name, n, k in SHAPES[model]:
             wbytes = 2 * n * k
-            copies = max(1, min(32, int(3 * L2_BYTES // wbytes) + 1))
-            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            weights = weight_copies(n, k)
+            copies = len(weights)
             config = choose_config(n, k)
             for m in [int(r) for r in args.rows.split(",")]:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
