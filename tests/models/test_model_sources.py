@@ -669,8 +669,9 @@ def test_a_resolved_source_travels_to_the_ranks_as_json(tmp_path):
 
 
 def test_the_engine_resolves_its_model_once(monkeypatch):
-    """load_engine resolves the model once (a hub model's requests, a converted copy's check) and
-    hands that source on: to the GPU count, the loader and, under --tp, the launcher and its ranks."""
+    """load_engine with --tp unset or 1 resolves the model once (a hub model's requests, a converted
+    copy's check) and hands that source to the loader. (--tp 2, the launcher and its ranks:
+    tests/engine/test_parallel.py.)"""
     from jetspec_chat.engine import load_engine
 
     calls = []
