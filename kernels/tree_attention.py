@@ -48,6 +48,7 @@ fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -62,6 +63,10 @@ try:  # triton is optional: CPU-only installs use the torch references.
 except ImportError:  # pragma: no cover - exercised only without triton
     triton = None
     tl = None
+try:  # host tensor descriptors (TMA); absent from older Triton
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - exercised only without them
+    TensorDescriptor = None
 
 LOG2E = 1.4426950408889634
 
@@ -139,6 +144,13 @@ FLAT_MAX_CHAINS = 16
 # 26.6 -> 34.2 at 512 keys.
 SEPARATE_TAIL_PROGRAMS = 2048
 TAIL_STAGES = 1
+# Whole prefix tiles (the split programs' shared tiles, the flat programs' tiles) come through TMA
+# tensor descriptors where `tma_loads` allows (speed only: the same values), and their scores skip
+# the visibility select (SEES_ALL). Offline sm_90 (Triton 3.9, head 128), the TREE split programs'
+# loop over shared tiles took 881 instructions a warp a tile with pointer loads, 801 without the
+# select, 563 with TMA: the pointer loads' 64-bit address arithmetic for 16 cp.async a thread was
+# about a third of the loop, the compares and selects another tenth.
+TMA_LOADS = True
 # The widest head the kernel takes (Gemma 4's global layers).
 MAX_HEAD_DIM = 512
 # The widest in fp32: the verify binary's fp32 tiles take 180 KB of shared memory at 128, 344 KB
@@ -215,6 +227,37 @@ def visible_keys(tree_mask: torch.Tensor, shared: bool = False) -> VisibleKeys:
     return VisibleKeys(order, count, shared)
 
 
+def tma_loads(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_table: torch.Tensor | None,
+              cfg: TileConfig) -> bool:
+    """Whether a call reads its whole prefix tiles through TMA descriptors: TMA_LOADS, Triton with
+    host descriptors, a CUDA device of sm_90 or newer (or the interpreter, which runs them too),
+    pools in logical order (no block table), contiguous, 16-byte aligned, 2-byte elements, and heads
+    up to 128 wide (one V part; the 256-wide binaries' 224 KB of shared memory leave no room for
+    the copies' barriers)."""
+    if not TMA_LOADS or TensorDescriptor is None or block_table is not None or cfg.v_split != 1:
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or k_pool.dtype != q.dtype or q.shape[-1] > 128:
+        return False
+    if not (k_pool.is_contiguous() and v_pool.is_contiguous()) or (k_pool.data_ptr() | v_pool.data_ptr()) % 16:
+        return False
+    if interpreting():
+        return True
+    return q.is_cuda and _device_has_tma(q.device.index if q.device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_has_tma(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def tma_descriptors(k_pool: torch.Tensor, v_pool: torch.Tensor, block_n: int) -> tuple:
+    """The pools' TMA descriptors: each pool ([blocks, block_size, KV heads, head_dim], blocks in
+    logical order) as a [positions, KV heads x head_dim] matrix, a box a tile of one KV head."""
+    head_dim = k_pool.shape[-1]
+    return tuple(TensorDescriptor.from_tensor(pool.view(-1, pool.shape[2] * head_dim), [block_n, head_dim])
+                 for pool in (k_pool, v_pool))
+
+
 def split_len_for(capacity: int) -> int:
     """Keys per split for a cache of `capacity` positions: at most MAX_SPLITS splits, each a
     whole number of tiles and at least MIN_SPLIT_LEN. It depends on the cache only, never on a
@@ -270,13 +313,36 @@ if triton is not None:
         return kt, v
 
     @triton.jit
-    def _tile_partial(q, kt, v, visible, qk_scale, PRECISION: tl.constexpr):
+    def _load_kv_whole_tile(
+        K, V, K_DESC, V_DESC, BT, start, pos, kv, d, dv,
+        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        BLOCK_SIZE: tl.constexpr, PAGED: tl.constexpr, TMA: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ):
+        """K^T and V of a tile wholly inside the prefix (`pos` = start + 0..BLOCK_N-1, all valid).
+        TMA: through the pools' tensor descriptors ([positions, KV heads x head_dim] views of a
+        pool in logical order; `tma_descriptors`), one bulk copy a tile and no address arithmetic
+        in the program; else `_load_kv_tile`. The same values either way."""
+        if TMA:
+            kt = tl.trans(K_DESC.load([start, kv * HEAD_DIM]))
+            v = V_DESC.load([start, kv * HEAD_DIM])
+        else:
+            kt, v = _load_kv_tile(K, V, BT, pos, pos >= 0, kv, d, dv,
+                                  stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                  BLOCK_SIZE, False, PAGED)
+        return kt, v
+
+    @triton.jit
+    def _tile_partial(q, kt, v, visible, qk_scale, PRECISION: tl.constexpr, SEES_ALL: tl.constexpr = False):
         """One 64-key tile alone, in the log2 domain: its row maxima m, sums l = sum 2^(s - m) and
         unnormalised P@V from a zero accumulator. The one code path for every tile of every
         program, so a row's partial of a tile is the same numbers whichever program computed it.
-        A row that sees nothing of the tile gets the empty partial (-inf, 0, 0)."""
+        A row that sees nothing of the tile gets the empty partial (-inf, 0, 0).
+        SEES_ALL: the caller's word that every row it keeps sees every key of the tile (a whole
+        prefix tile without a window): `visible` is not applied, which changes no kept row's bits
+        (where(True, s, -inf) is s) and saves a compare and a select a score."""
         s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-        s = tl.where(visible, s, float("-inf"))
+        if not SEES_ALL:
+            s = tl.where(visible, s, float("-inf"))
         m = tl.max(s, 1)
         p = tl.exp2(s - tl.where(m == float("-inf"), 0.0, m)[:, None])  # avoid -inf - -inf = nan
         return m, tl.sum(p, 1), tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -292,9 +358,10 @@ if triton is not None:
         return m, tl.exp2(m1 - m_safe), tl.exp2(m2 - m_safe)
 
     @triton.jit
-    def _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION: tl.constexpr):
+    def _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION: tl.constexpr,
+                   SEES_ALL: tl.constexpr = False):
         """Fold one tile's partial into a program's running state (rows x head_dim)."""
-        m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
+        m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION, SEES_ALL)
         m, c1, c2 = _fold_weights(m_i, m_t)
         return m, l_i * c1 + l_t * c2, acc * c1[:, None] + a_t * c2[:, None]
 
@@ -518,7 +585,7 @@ if triton is not None:
     # every T and cache size (SPLIT_PROGRAMS 16 would otherwise get a binary of its own, %16).
     @triton.jit(do_not_specialize=["T", "SPLIT_PROGRAMS"])
     def _tree_attn_kernel(
-        Q, K, V, BT, PREFIX, ORDER, COUNT, OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, SINKS,
+        Q, K, V, K_DESC, V_DESC, BT, PREFIX, ORDER, COUNT, OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, SINKS,
         T, N_HEADS, SPLIT_LEN, SPLIT_PROGRAMS, TILE_STRIDE, qk_scale,
         stride_qt, stride_qh,
         stride_kb, stride_ks, stride_kh,
@@ -527,7 +594,7 @@ if triton is not None:
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, FLAT_TILES: tl.constexpr,
         PAGED: tl.constexpr, PRECISION: tl.constexpr, WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
-        V_SPLIT: tl.constexpr, PDL: tl.constexpr,
+        V_SPLIT: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_for_previous(PDL)
         kv = tl.program_id(0)
@@ -587,11 +654,12 @@ if triton is not None:
                         # Tiles wholly inside the prefix: the same keys for every row (all visible).
                         for start in range(lo, shared_end, BLOCK_N):
                             pos = start + cols
-                            kt, v = _load_kv_tile(K, V, BT, pos, pos < hi, kv, d, dv,
-                                                  stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                                  BLOCK_SIZE, False, PAGED)
+                            kt, v = _load_kv_whole_tile(K, V, K_DESC, V_DESC, BT, start, pos, kv, d, dv,
+                                                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                                                        stride_vh, BLOCK_SIZE, PAGED, TMA, HEAD_DIM)
                             visible = _row_sees(pos, length, WINDOW)
-                            m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION)
+                            m_i, l_i, acc = _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION,
+                                                       WINDOW == 0)
                         if MODE == CHUNK_MODE:
                             # Tiles reaching past the prefix: each row's own keys. Logical position p >= prefix
                             # is the row's (p - prefix)-th visible new token, stored at prefix + that index.
@@ -646,11 +714,11 @@ if triton is not None:
                     q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                                 mask=row_valid[:, None], other=0.0)
                     pos = j * BLOCK_N + cols
-                    kt, v = _load_kv_tile(K, V, BT, pos, pos < prefix, kv, d, dv,
-                                          stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                          BLOCK_SIZE, False, PAGED)
+                    kt, v = _load_kv_whole_tile(K, V, K_DESC, V_DESC, BT, j * BLOCK_N, pos, kv, d, dv,
+                                                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                                BLOCK_SIZE, PAGED, TMA, HEAD_DIM)
                     visible = _row_sees(pos, length, WINDOW)
-                    m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION)
+                    m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION, WINDOW == 0)
                     _store_partial(TL_M, TL_L, TL_A, (j * T + tok) * N_HEADS + head, m_t, l_t, a_t, row_valid, dv,
                                    HEAD_DIM, V_SPLIT)
             else:
@@ -847,9 +915,13 @@ def paged_tree_attention_triton(
     sink_arg = sinks if sinks is not None else prefix  # an unread stand-in without sinks
     ch_a, ch_m, ch_l = f32(states, t, n_heads, head_dim), f32(states, t, n_heads), f32(states, t, n_heads)
     tl_a, tl_m, tl_l = f32(tile_slots, t, n_heads, head_dim), f32(tile_slots, t, n_heads), f32(tile_slots, t, n_heads)
+    # AR calls keep pointer loads: through TMA their tiles took 1.06-1.16x as long (H100, 8B shape).
+    tma = mode != AR_MODE and tma_loads(q, k_pool, v_pool, block_table, cfg)
+    k_desc, v_desc = tma_descriptors(k_pool, v_pool, block_n) if tma else (k_pool, v_pool)  # unread stand-ins
+
     def attend(programs: int, kernel_mode: int, stages: int) -> None:
         _tree_attn_kernel[(n_kv, programs, cfg.v_split)](
-            q, k_pool, v_pool, prefix if block_table is None else block_table,  # an unread stand-in
+            q, k_pool, v_pool, k_desc, v_desc, prefix if block_table is None else block_table,  # an unread stand-in
             prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, sink_arg,
             t, n_heads, split_len, per_tile, AR_TILE_PROGRAMS if mode == AR_MODE else 1, scale * LOG2E,
             q.stride(0), q.stride(1),
@@ -859,7 +931,7 @@ def paged_tree_attention_triton(
             GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
             BLOCK_M=BLOCK_M, BLOCK_N=block_n, MODE=kernel_mode, FLAT_TILES=flat_tiles, PAGED=block_table is not None,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
-            WINDOW=int(window), HAS_SINKS=sinks is not None, V_SPLIT=cfg.v_split,
+            WINDOW=int(window), HAS_SINKS=sinks is not None, V_SPLIT=cfg.v_split, TMA=tma,
             num_warps=cfg.num_warps, num_stages=stages, enable_fp_fusion=False,
             **launch_args(q.device, t),
         )

@@ -32,12 +32,16 @@ INTS = ("T", "N_HEADS", "SPLIT_LEN", "SPLIT_PROGRAMS", "TILE_STRIDE", "stride_qt
 
 def compile_attention(head_dim: int, mode: int, window: int = 0, group: int = 8) -> dict:
     """One binary as the engine launches it for bf16, GROUP query heads a KV head (Gemma 4's 8
-    for 16 over 2), no block table."""
+    for 16 over 2), no block table: whole prefix tiles through TMA descriptors where the head
+    fits one descriptor box (`tree_attention.tma_loads`)."""
     cfg = ta.tile_config(head_dim)
+    tma = cfg.v_split == 1 and head_dim <= 128 and mode != 0  # AR calls keep pointer loads
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=ta.BLOCK_M, BLOCK_N=cfg.block_n,
                   MODE=mode, FLAT_TILES=ta.FLAT_TILES if mode in (1, 3) else 0, PAGED=False, PRECISION="tf32",
-                  WINDOW=window, HAS_SINKS=False, V_SPLIT=cfg.v_split, PDL=True)
-    sig = dict(POINTERS) | {n: "i32" for n in INTS} | {"qk_scale": "fp32"} | {n: "constexpr" for n in consts}
+                  WINDOW=window, HAS_SINKS=False, V_SPLIT=cfg.v_split, TMA=tma, PDL=True)
+    desc = f"tensordesc<bf16[{cfg.block_n},{head_dim}]>" if tma else "*bf16"
+    sig = (dict(POINTERS) | dict(K_DESC=desc, V_DESC=desc) | {n: "i32" for n in INTS} | {"qk_scale": "fp32"}
+           | {n: "constexpr" for n in consts})
     sig = {n: sig[n] for n in ta._tree_attn_kernel.arg_names}
     aligned = list(POINTERS) + [i for i in INTS if i.startswith("stride")]
     src = ASTSource(fn=ta._tree_attn_kernel, signature=sig, constexprs=consts,
@@ -46,7 +50,7 @@ def compile_attention(head_dim: int, mode: int, window: int = 0, group: int = 8)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(
         num_warps=cfg.num_warps, num_stages=stages, enable_fp_fusion=False, launch_pdl=True))
     return dict(head_dim=head_dim, mode=("AR", "TREE", "CHUNK", "TAIL")[mode], window=window, block_n=cfg.block_n,
-                warps=cfg.num_warps, stages=stages, v_split=cfg.v_split, **resource_usage(kernel))
+                warps=cfg.num_warps, tma=tma, stages=stages, v_split=cfg.v_split, **resource_usage(kernel))
 
 
 def compile_merge(head_dim: int, mode: int, capacity: int = 32768) -> dict:

@@ -167,6 +167,38 @@ def test_no_block_table_is_the_identity_table(t, prefix_len, poisoned_alloc):
     assert torch.equal(plain, paged)
 
 
+@pytest.mark.parametrize("t,prefix_len,mask,window", [
+    (6, 130, "tree", 0),     # flat programs: each whole prefix tile in a program of its own
+    (6, 1100, "tree", 0),    # past FLAT_TILES: split programs fold the whole tiles in chains
+    (40, 300, "causal", 0),  # a prefill chunk: shared keys
+    (5, 300, "tree", 70),    # a window: each score's visibility still applied
+    (1, 300, "tree", 0),     # AR: pointer loads either way
+])
+def test_tma_loads_change_no_bit(t, prefix_len, mask, window, monkeypatch):
+    """Whole prefix tiles through the pools' TMA descriptors (2-byte elements, blocks in logical
+    order) give the pointer loads' bits, at every KV head's columns, and match the reference.
+    fp16: the interpreter's bf16 arithmetic is not the GPU's (numpy has no bf16)."""
+    from jetspec_chat.kernels import tree_attention
+
+    gen = torch.Generator().manual_seed(t + prefix_len)
+    n_heads, n_kv, d, dtype = 4, 2, 64, torch.float16
+    k_pool = torch.randn(-(-(prefix_len + t) // 16) + 1, 16, n_kv, d, generator=gen).to(dtype).to(DEVICE)
+    v_pool = torch.randn(k_pool.shape, generator=gen).to(dtype).to(DEVICE)
+    q = torch.randn(t, n_heads, d, generator=gen).to(dtype).to(DEVICE)
+    tree_mask = (causal_mask(t) if mask == "causal" else random_tree_mask(t, gen)).to(DEVICE)
+    keys = visible_keys(tree_mask, shared=mask == "causal")
+    assert tree_attention.tma_loads(q, k_pool, v_pool, None, tree_attention.tile_config(d))
+    outs = []
+    for tma in (False, True):
+        monkeypatch.setattr(tree_attention, "TMA_LOADS", tma)
+        outs.append(paged_tree_attention_triton(q, k_pool, v_pool, None, prefix_len, keys, d ** -0.5, split_len=256,
+                                                window=window))
+    assert torch.equal(outs[0], outs[1])
+    ref = paged_tree_attention_ref(q.float(), k_pool.float(), v_pool.float(), None, prefix_len, tree_mask, d ** -0.5,
+                                   window)
+    torch.testing.assert_close(outs[1].float(), ref, rtol=2e-3, atol=2e-3)
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_arbitrary_mask(shared, poisoned_alloc):
     """Any [T, T] mask, not only trees in topological order (later columns visible too); also
@@ -406,6 +438,17 @@ def test_heads_wider_than_the_tiles_fit_are_refused_in_one_sentence():
         check(2, 20, 4, 1, 1024, mask="tree", split_len=64)
 
 
+def test_sm90_128_binaries_take_tma_loads_without_spills():
+    """Offline sm_90 compile (no GPU): at the Qwen heads' width every attention binary takes the
+    whole prefix tiles through TMA descriptors and fits an SM without spills."""
+    from sm90 import run_compile_script
+
+    lines = run_compile_script("sm90_tree_attention_compile.py", ["128"])
+    assert [line["mode"] for line in lines if line.get("tma")] == ["TREE", "CHUNK", "TAIL"]
+    for line in lines:
+        assert line["shared"] <= 227 * 1024 and line["local"] == 0, line
+
+
 def test_sm90_512_binaries_fit_shared_memory_and_registers():
     """Offline sm_90 compile (no GPU): the 512-wide binaries (every MODE, and the merge) within an
     H100/H200 SM's 227 KB of shared memory, without spills."""
@@ -413,6 +456,7 @@ def test_sm90_512_binaries_fit_shared_memory_and_registers():
 
     lines = run_compile_script("sm90_tree_attention_compile.py", ["512"])
     assert len(lines) == 7  # AR, TREE, CHUNK, TAIL, the merge (TREE, CHUNK, AR)
+    assert not any(line.get("tma") for line in lines)  # TMA loads up to 128 wide (`tma_loads`)
     for line in lines:
         assert line["shared"] <= 227 * 1024 and line["local"] == 0, line
 
