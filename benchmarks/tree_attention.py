@@ -60,13 +60,16 @@ own (SEPARATE_TAIL_PROGRAMS 0, TAIL_STAGES 1 / 2: a binary without the split pro
 the module's default rule, and the AR binary at AR_NUM_STAGES 1; "same" against the one launch,
 bit for bit.
 
+--tma-sweep (alone) times the same calls with the whole prefix tiles loaded through pointers or
+through TMA descriptors (TMA_LOADS); "same" against the pointer loads, bit for bit.
+
 --shapes / --tokens keep only those rows of the table (e.g. --shapes 8b --tokens 1,16,64,128).
 
 Runs from the repository root without installing the package.
 
     python3 benchmarks/tree_attention.py [--old main|FILE] [--capacity 33792] [--shapes 8b] [--tokens 1,64]
         [--sweep | --split-sweep | --tile-sweep | --merge-sweep | --grid-sweep | --verify-merge-sweep
-         | --v-split-sweep | --tail-sweep] [--json-out FILE]
+         | --v-split-sweep | --tail-sweep | --tma-sweep] [--json-out FILE]
 """
 from __future__ import annotations
 
@@ -520,6 +523,7 @@ def run_verify_merge_sweep(capacity: int, flush: Flush, shapes: list[str], token
 
 V_SPLIT_SWEEP = {"v1": {"V_SPLIT": 1}, "v2": {"V_SPLIT": 2}, "v2 s2": {"V_SPLIT": 2, "NUM_STAGES": 2},
                  "v2 s4": {"V_SPLIT": 2, "NUM_STAGES": 4}, "v4": {"V_SPLIT": 4}}
+TMA_SWEEP = {"pointer": {"TMA_LOADS": False}, "tma": {"TMA_LOADS": True}}
 TAIL_SWEEP = {"one launch": {"SEPARATE_TAIL_PROGRAMS": 1 << 30, "AR_NUM_STAGES": 2},
               "tail s1": {"SEPARATE_TAIL_PROGRAMS": 0, "TAIL_STAGES": 1, "AR_NUM_STAGES": 2},
               "tail s2": {"SEPARATE_TAIL_PROGRAMS": 0, "TAIL_STAGES": 2, "AR_NUM_STAGES": 2},
@@ -568,6 +572,8 @@ def main() -> None:
                     help="only the AR call and verify calls with V's columns split over programs (cold)")
     ap.add_argument("--tail-sweep", action="store_true",
                     help="only the AR call and verify calls with the tree's tile programs launched apart (cold)")
+    ap.add_argument("--tma-sweep", action="store_true",
+                    help="only the AR call and verify calls with whole prefix tiles through pointers or TMA (cold)")
     ap.add_argument("--shapes", default=",".join(HEADS), help="the table's shapes (comma-separated: 1.5b, 8b)")
     ap.add_argument("--tokens", default=None, help="the table's new-token counts T (comma-separated; default all)")
     ap.add_argument("--json-out", default=os.path.join(os.environ.get("OUT", "."), "attention_bench.json"))
@@ -606,6 +612,12 @@ def main() -> None:
                               "their own (TAIL_STAGES sN); the AR binary at AR_NUM_STAGES 1",
                               TAIL_SWEEP, args.capacity, flush, args.shapes.split(","), tokens)
         Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "tail_sweep": rows}))
+        return
+    if args.tma_sweep:
+        tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+        rows = run_knob_sweep("TMA sweep: whole prefix tiles through pointer loads or TMA descriptors (TMA_LOADS)",
+                              TMA_SWEEP, args.capacity, flush, args.shapes.split(","), tokens)
+        Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "tma_sweep": rows}))
         return
     if args.split_sweep:
         rows = run_split_sweep(old, args.capacity, flush)
