@@ -530,6 +530,15 @@ TAIL_SWEEP = {"one launch": {"SEPARATE_TAIL_PROGRAMS": 1 << 30, "AR_NUM_STAGES":
               "default": {}, "AR s1": {"SEPARATE_TAIL_PROGRAMS": 1 << 30, "AR_NUM_STAGES": 1}}
 
 
+# The sweeps of module constants alone (--NAME-sweep): their titles and variants.
+KNOB_SWEEPS = {
+    "v_split": ("V_SPLIT sweep: vN, V's columns in N programs a query tile; sN, N pipeline stages", V_SPLIT_SWEEP),
+    "tail": ("tail sweep: a TREE call's tile programs in the split programs' launch or in one of their own "
+             "(TAIL_STAGES sN); the AR binary at AR_NUM_STAGES 1", TAIL_SWEEP),
+    "tma": ("TMA sweep: whole prefix tiles through pointer loads or TMA descriptors (TMA_LOADS)", TMA_SWEEP),
+}
+
+
 def run_knob_sweep(title: str, variants: dict, capacity: int, flush: Flush, shapes: list[str],
                    tokens: list[int] | None) -> list:
     """The AR call and verify calls (random trees, T = 16-256 at 512 / 2048 / 8192 keys) under each
@@ -600,25 +609,12 @@ def main() -> None:
         rows = run_verify_merge_sweep(args.capacity, flush, args.shapes.split(","), tokens)
         Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "verify_merge_sweep": rows}))
         return
-    if args.v_split_sweep:
-        tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
-        rows = run_knob_sweep("V_SPLIT sweep: vN, V's columns in N programs a query tile; sN, N pipeline stages",
-                              V_SPLIT_SWEEP, args.capacity, flush, args.shapes.split(","), tokens)
-        Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "v_split_sweep": rows}))
-        return
-    if args.tail_sweep:
-        tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
-        rows = run_knob_sweep("tail sweep: a TREE call's tile programs in the split programs' launch or in one of "
-                              "their own (TAIL_STAGES sN); the AR binary at AR_NUM_STAGES 1",
-                              TAIL_SWEEP, args.capacity, flush, args.shapes.split(","), tokens)
-        Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "tail_sweep": rows}))
-        return
-    if args.tma_sweep:
-        tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
-        rows = run_knob_sweep("TMA sweep: whole prefix tiles through pointer loads or TMA descriptors (TMA_LOADS)",
-                              TMA_SWEEP, args.capacity, flush, args.shapes.split(","), tokens)
-        Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "tma_sweep": rows}))
-        return
+    for name, (title, variants) in KNOB_SWEEPS.items():
+        if getattr(args, f"{name}_sweep"):
+            tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+            rows = run_knob_sweep(title, variants, args.capacity, flush, args.shapes.split(","), tokens)
+            Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, f"{name}_sweep": rows}))
+            return
     if args.split_sweep:
         rows = run_split_sweep(old, args.capacity, flush)
         Path(args.json_out).write_text(json.dumps({"old": args.old, "capacity": args.capacity, "split_sweep": rows}))
