@@ -48,16 +48,21 @@ def interpreting() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _device_has_pdl(index: int) -> bool:
+def _sm90_or_newer(index: int) -> bool:
     return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def hopper_or_newer(device: torch.device) -> bool:
+    """Whether `device` is a CUDA device of sm_90 or newer (PDL, TMA)."""
+    if device.type != "cuda":
+        return False
+    return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def pdl_enabled(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL: a CUDA device of sm_90 or newer, compiled (not
     interpreted) Triton with grid dependency control."""
-    if device.type != "cuda" or not HAVE_GDC or interpreting():
-        return False
-    return _device_has_pdl(device.index if device.index is not None else torch.cuda.current_device())
+    return HAVE_GDC and not interpreting() and hopper_or_newer(device)
 
 
 PDL_MAX_ROWS = 64  # the widest call that launches with PDL (module docstring)

@@ -23,11 +23,9 @@ whether this form can run here. matmul.py picks the tile config and calls `launc
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from .launch import interpreting, launch_args, wait_for_previous
+from .launch import hopper_or_newer, interpreting, launch_args, wait_for_previous
 
 try:
     import triton
@@ -44,14 +42,7 @@ SMS = 132  # H100 / H200
 def available(device: torch.device) -> bool:
     """Whether the TMA form runs on `device`: a CUDA device of sm_90 or newer, compiled Triton
     with host tensor descriptors."""
-    if TensorDescriptor is None or device.type != "cuda" or interpreting():
-        return False
-    return _device_has_tma(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _device_has_tma(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
+    return TensorDescriptor is not None and not interpreting() and hopper_or_newer(device)
 
 
 if triton is not None and TensorDescriptor is not None:

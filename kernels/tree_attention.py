@@ -43,18 +43,19 @@ its bits, so the work can be cut as suits each call:
     then folded in order: the same folds, two short chains instead of one long one. A verify or
     chunk row's leading splits without tile partials, where more than VERIFY_SERIAL_SPLITS, have
     their stored states loaded in blocks (all in flight) and then folded in order.
+On sm_90 and newer the tiles wholly inside the prefix (split and flat programs) come through TMA
+descriptors of the pools (`tma_loads`, `tma_descriptors`; speed only: the same values).
 fp32 scores, softmax and accumulation (exp2 with the scale folded in); output in q's dtype.
 fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless.
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 
 from .key_order import visible_keys_triton
-from .launch import interpreting, launch_args, wait_for_previous
+from .launch import hopper_or_newer, interpreting, launch_args, wait_for_previous
 from .reference import logical_to_slots, paged_tree_attention_ref, visible_keys_ref, write_kv_ref
 
 try:  # triton is optional: CPU-only installs use the torch references.
@@ -240,14 +241,7 @@ def tma_loads(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block
         return False
     if not (k_pool.is_contiguous() and v_pool.is_contiguous()) or (k_pool.data_ptr() | v_pool.data_ptr()) % 16:
         return False
-    if interpreting():
-        return True
-    return q.is_cuda and _device_has_tma(q.device.index if q.device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _device_has_tma(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
+    return interpreting() or hopper_or_newer(q.device)
 
 
 def tma_descriptors(k_pool: torch.Tensor, v_pool: torch.Tensor, block_n: int) -> tuple:

@@ -24,7 +24,7 @@ def test_pdl_is_on_only_for_compiled_kernels_on_sm90_and_newer(monkeypatch):
     capability = {"value": (9, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability["value"])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    launch._device_has_pdl.cache_clear()
+    launch._sm90_or_newer.cache_clear()
     try:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         assert not launch.pdl_enabled(torch.device("cuda", 0)), "the interpreter has no griddepcontrol"
@@ -34,11 +34,11 @@ def test_pdl_is_on_only_for_compiled_kernels_on_sm90_and_newer(monkeypatch):
         assert launch.launch_args(torch.device("cuda"), launch.PDL_MAX_ROWS) == on
         off = dict(PDL=False, launch_pdl=False)
         assert launch.launch_args(torch.device("cuda"), launch.PDL_MAX_ROWS + 1) == off, "wide calls: plain launches"
-        launch._device_has_pdl.cache_clear()
+        launch._sm90_or_newer.cache_clear()
         capability["value"] = (8, 0)
         assert not launch.pdl_enabled(torch.device("cuda", 0)), "an A100 has no PDL"
     finally:
-        launch._device_has_pdl.cache_clear()
+        launch._sm90_or_newer.cache_clear()
 
 
 def _jit_module(decorator: ast.expr) -> str | None:
