@@ -136,3 +136,14 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_version_is_the_distributions():
     assert jetspec_chat.__version__
+
+
+def test_the_checkouts_kernels_folder_shadows_no_kernels_package():
+    """Run from the checkout's root (`python -m jetspec_chat` there puts the root on sys.path), the
+    top-level kernels/ folder must not stand in for the `kernels` distribution transformers imports:
+    importing jetspec_chat takes the root off sys.path."""
+    code = ("import importlib.util, jetspec_chat; spec = importlib.util.find_spec('kernels'); "
+            "print(spec.origin if spec else None)")
+    origin = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=ROOT).stdout.strip()
+    assert origin == "None" or not Path(origin).resolve().is_relative_to(ROOT / "kernels"), origin
