@@ -228,16 +228,21 @@ def visible_keys(tree_mask: torch.Tensor, shared: bool = False) -> VisibleKeys:
     return VisibleKeys(order, count, shared)
 
 
+def tma_shape(head_dim: int, ar: bool) -> bool:
+    """The shape half of `tma_loads`: TMA_LOADS, heads up to 128 wide (one V part; the 256-wide
+    binaries' 224 KB of shared memory leave no room for the copies' barriers), and not an AR call
+    (through TMA its tiles took 1.06-1.16x as long: H100, 8B shape)."""
+    return TMA_LOADS and head_dim <= 128 and not ar
+
+
 def tma_loads(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_table: torch.Tensor | None,
-              cfg: TileConfig) -> bool:
-    """Whether a call reads its whole prefix tiles through TMA descriptors: TMA_LOADS, Triton with
+              ar: bool) -> bool:
+    """Whether a call reads its whole prefix tiles through TMA descriptors: `tma_shape`, Triton with
     host descriptors, a CUDA device of sm_90 or newer (or the interpreter, which runs them too),
-    pools in logical order (no block table), contiguous, 16-byte aligned, 2-byte elements, and heads
-    up to 128 wide (one V part; the 256-wide binaries' 224 KB of shared memory leave no room for
-    the copies' barriers)."""
-    if not TMA_LOADS or TensorDescriptor is None or block_table is not None or cfg.v_split != 1:
+    pools in logical order (no block table), contiguous, 16-byte aligned, 2-byte elements."""
+    if not tma_shape(q.shape[-1], ar) or TensorDescriptor is None or block_table is not None:
         return False
-    if q.dtype not in (torch.bfloat16, torch.float16) or k_pool.dtype != q.dtype or q.shape[-1] > 128:
+    if q.dtype not in (torch.bfloat16, torch.float16) or k_pool.dtype != q.dtype:
         return False
     if not (k_pool.is_contiguous() and v_pool.is_contiguous()) or (k_pool.data_ptr() | v_pool.data_ptr()) % 16:
         return False
@@ -909,8 +914,7 @@ def paged_tree_attention_triton(
     sink_arg = sinks if sinks is not None else prefix  # an unread stand-in without sinks
     ch_a, ch_m, ch_l = f32(states, t, n_heads, head_dim), f32(states, t, n_heads), f32(states, t, n_heads)
     tl_a, tl_m, tl_l = f32(tile_slots, t, n_heads, head_dim), f32(tile_slots, t, n_heads), f32(tile_slots, t, n_heads)
-    # AR calls keep pointer loads: through TMA their tiles took 1.06-1.16x as long (H100, 8B shape).
-    tma = mode != AR_MODE and tma_loads(q, k_pool, v_pool, block_table, cfg)
+    tma = tma_loads(q, k_pool, v_pool, block_table, ar=mode == AR_MODE)
     k_desc, v_desc = tma_descriptors(k_pool, v_pool, block_n) if tma else (k_pool, v_pool)  # unread stand-ins
 
     def attend(programs: int, kernel_mode: int, stages: int) -> None:

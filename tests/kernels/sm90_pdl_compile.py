@@ -111,7 +111,7 @@ def kernels():
         ("stride_qt", "stride_qh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh",
          "stride_ot", "stride_oh"), i32)
     # AR, a prefill chunk (shared keys), and a tree (1.5B: GQA group 6) on the engine's caches (no
-    # block table: whole prefix tiles through TMA descriptors, as sm_90 runs them), a tree through a
+    # block table: whole prefix tiles through TMA descriptors where sm_90 runs them so), a tree through a
     # block table, and a big tree's tile programs launched apart (TAIL)
     modes = tree_attention.AR_MODE.value, tree_attention.TREE_MODE.value, tree_attention.CHUNK_MODE.value
     tail = tree_attention.TAIL_MODE.value
@@ -119,8 +119,9 @@ def kernels():
                               ("tree paged", modes[1], True), ("tail", tail, False)):
         consts = dict(GROUP=6, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=tree_attention.BLOCK_M,
                       BLOCK_N=tree_attention.BLOCK_N, MODE=mode, FLAT_TILES=tree_attention.FLAT_TILES, PAGED=paged,
-                      PRECISION="tf32", WINDOW=0, HAS_SINKS=False, V_SPLIT=1, TMA=not paged)
-        desc = "tensordesc<bf16[64,128]>" if not paged else p16
+                      PRECISION="tf32", WINDOW=0, HAS_SINKS=False, V_SPLIT=1,
+                      TMA=not paged and tree_attention.tma_shape(128, ar=mode == modes[0]))
+        desc = "tensordesc<bf16[64,128]>" if consts["TMA"] else p16
         yield compare(f"tree_attn {name}", tree_attention._tree_attn_kernel, attn | dict(K_DESC=desc, V_DESC=desc),
                       consts, tree_attention.NUM_WARPS,
                       {modes[0]: tree_attention.AR_NUM_STAGES, tail: tree_attention.TAIL_STAGES}.get(

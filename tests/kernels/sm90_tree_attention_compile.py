@@ -32,10 +32,10 @@ INTS = ("T", "N_HEADS", "SPLIT_LEN", "SPLIT_PROGRAMS", "TILE_STRIDE", "stride_qt
 
 def compile_attention(head_dim: int, mode: int, window: int = 0, group: int = 8) -> dict:
     """One binary as the engine launches it for bf16, GROUP query heads a KV head (Gemma 4's 8
-    for 16 over 2), no block table: whole prefix tiles through TMA descriptors where the head
-    fits one descriptor box (`tree_attention.tma_loads`)."""
+    for 16 over 2), no block table: whole prefix tiles through TMA descriptors where the shape
+    allows (`tree_attention.tma_shape`)."""
     cfg = ta.tile_config(head_dim)
-    tma = cfg.v_split == 1 and head_dim <= 128 and mode != 0  # AR calls keep pointer loads
+    tma = ta.tma_shape(head_dim, ar=mode == 0)
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=ta.BLOCK_M, BLOCK_N=cfg.block_n,
                   MODE=mode, FLAT_TILES=ta.FLAT_TILES if mode in (1, 3) else 0, PAGED=False, PRECISION="tf32",
                   WINDOW=window, HAS_SINKS=False, V_SPLIT=cfg.v_split, TMA=tma, PDL=True)

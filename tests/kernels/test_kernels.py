@@ -187,7 +187,7 @@ def test_tma_loads_change_no_bit(t, prefix_len, mask, window, monkeypatch):
     q = torch.randn(t, n_heads, d, generator=gen).to(dtype).to(DEVICE)
     tree_mask = (causal_mask(t) if mask == "causal" else random_tree_mask(t, gen)).to(DEVICE)
     keys = visible_keys(tree_mask, shared=mask == "causal")
-    assert tree_attention.tma_loads(q, k_pool, v_pool, None, tree_attention.tile_config(d))
+    assert tree_attention.tma_loads(q, k_pool, v_pool, None, ar=False)  # the pools qualify
     outs = []
     for tma in (False, True):
         monkeypatch.setattr(tree_attention, "TMA_LOADS", tma)
@@ -456,7 +456,7 @@ def test_sm90_512_binaries_fit_shared_memory_and_registers():
 
     lines = run_compile_script("sm90_tree_attention_compile.py", ["512"])
     assert len(lines) == 7  # AR, TREE, CHUNK, TAIL, the merge (TREE, CHUNK, AR)
-    assert not any(line.get("tma") for line in lines)  # TMA loads up to 128 wide (`tma_loads`)
+    assert not any(line.get("tma") for line in lines)  # TMA loads up to 128 wide (`tma_shape`)
     for line in lines:
         assert line["shared"] <= 227 * 1024 and line["local"] == 0, line
 
