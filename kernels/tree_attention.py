@@ -123,6 +123,15 @@ AR_MERGE_WARPS = 4
 VERIFY_SERIAL_SPLITS = 2
 VERIFY_SPLITS_BLOCK = 4
 VERIFY_SPLITS_BLOCK_ELEMS = 512
+# The merge's tile partials of a split (an AR row's tiles, a tree's, flat prefix tiles): loaded a
+# block at a time, at most MERGE_LOADS_A_THREAD floats a thread, all in flight, then folded in
+# order (speed only: the same folds of the same operands). Loaded and folded one after another,
+# a split of 9 tiles was a chain of 9 load latencies.
+MERGE_LOADS_A_THREAD = 64
+# An AR call's merge cuts each row's columns over AR_MERGE_PARTS programs (speed only: a column's
+# folds are its own, and every part computes the row's m and l from the same loads). An AR call
+# has a row a query head (32 at the 8B shape): one program each left most SMs idle.
+AR_MERGE_PARTS = 4
 # Registers a thread the verify merge may take (None: the compiler's choice, 64 at head 128, which
 # keeps about 4 states' loads ahead of the folds; 128 lets it issue about 10 before the first).
 VERIFY_MERGE_MAX_REGISTERS = None
@@ -185,19 +194,37 @@ class MergeConfig(NamedTuple):
     serial_splits: int  # rows of at most this many state-only splits fold split after split
     num_warps: int
     max_registers: int | None = None  # a thread's (None: the compiler's choice)
+    parts: int = 1  # programs a row, each a part of its columns
+    tiles_block: int = 1  # a split's tile partials loaded at once, folding split after split
+    apart_tiles_block: int = 1  # the same for splits side by side (AR, `_fold_splits_apart`)
+
+    def constexprs(self) -> dict:
+        """The merge kernel's compile-time arguments for this launch."""
+        return dict(SPLITS_BLOCK=self.splits_block, SERIAL_SPLITS=self.serial_splits, PARTS=self.parts,
+                    TILES_BLOCK=self.tiles_block, APART_TILES_BLOCK=self.apart_tiles_block)
 
 
-def merge_config(ar: bool, num_splits: int, head_dim: int) -> MergeConfig:
+def merge_config(ar: bool, num_splits: int, head_dim: int, split_tiles: int) -> MergeConfig:
     """The merge's launch for an AR call (ar) or a verify / chunk call on a cache of num_splits
-    splits: the AR_* or VERIFY_* constants above; blocks of states only where a row can have more
-    than the serial number of splits."""
+    splits of split_tiles tiles: the AR_* or VERIFY_* constants above; blocks of states only
+    where a row can have more than the serial number of splits; blocks of tile partials of at
+    most MERGE_LOADS_A_THREAD floats a thread (`tiles_block`)."""
+    parts = max(1, min(AR_MERGE_PARTS, head_dim // 16)) if ar else 1
+    cols = head_dim // parts
     if ar:
         cfg = MergeConfig(min(AR_SPLITS_BLOCK, max(1, AR_SPLITS_BLOCK_ELEMS // head_dim)), AR_SERIAL_SPLITS,
                           AR_MERGE_WARPS)
     else:
         cfg = MergeConfig(min(VERIFY_SPLITS_BLOCK, max(1, VERIFY_SPLITS_BLOCK_ELEMS // head_dim)),
                           VERIFY_SERIAL_SPLITS, 1, VERIFY_MERGE_MAX_REGISTERS)
-    return cfg if num_splits > cfg.serial_splits else MergeConfig(0, cfg.serial_splits, 1)
+    if num_splits <= cfg.serial_splits:
+        cfg = MergeConfig(0, cfg.serial_splits, 1)
+    floats = MERGE_LOADS_A_THREAD * 32 * cfg.num_warps  # a block's loads, the program's threads together
+
+    def tiles(rows: int) -> int:
+        return max(1, min(split_tiles, floats // (rows * cols)))
+
+    return cfg._replace(parts=parts, tiles_block=tiles(1), apart_tiles_block=tiles(max(1, cfg.splits_block)))
 
 
 class VisibleKeys(NamedTuple):
@@ -443,37 +470,37 @@ if triton is not None:
         return m, l, a
 
     @triton.jit
-    def _fold_stored(m, l, a, M, L, A, at, use, d, HEAD_DIM: tl.constexpr):
-        """(m, l, a) with the state stored at `at` folded in where `use` (`_fold_loaded`)."""
-        xm, xl, xa = _load_stored(M, L, A, at, use, d, HEAD_DIM)
-        return _fold_loaded(m, l, a, xm, xl, xa, use)
-
-    @triton.jit
     def _fold_splits_apart(
-        CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits,
-        HEAD_DIM: tl.constexpr, SPLIT_TILES: tl.constexpr, SPLITS_BLOCK: tl.constexpr,
+        CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits, d,
+        HEAD_DIM: tl.constexpr, COLS: tl.constexpr, SPLIT_TILES: tl.constexpr, SPLITS_BLOCK: tl.constexpr,
+        TILES_BLOCK: tl.constexpr,
     ):
         """The merge's fold of each split's tile partials in order from the empty state, for
-        SPLITS_BLOCK splits side by side ([splits, head_dim]: the slot-k tiles of all of them
-        load and fold at once), each split's state stored at its CH_* place (as a split program
-        stores its own). Per element the same operations as the merge's serial loop: the same bits."""
-        d = tl.arange(0, HEAD_DIM)
+        SPLITS_BLOCK splits side by side ([splits, columns d]: the slot-k tiles of all of them
+        fold at once, TILES_BLOCK slots' loads issued before their folds), each split's state
+        stored at its CH_* place (as a split program stores its own). Per element the same
+        operations as the merge's serial loop: the same bits."""
         for first in range(0, n_splits, SPLITS_BLOCK):
             split = first + tl.arange(0, SPLITS_BLOCK)
             sm = tl.full([SPLITS_BLOCK], float("-inf"), dtype=tl.float32)
             sl = tl.zeros([SPLITS_BLOCK], dtype=tl.float32)
-            sa = tl.zeros([SPLITS_BLOCK, HEAD_DIM], dtype=tl.float32)
-            for k in tl.static_range(SPLIT_TILES):
-                j = split * SPLIT_TILES + k
-                use = j < n_tiles
-                tile_at = (j * T + t) * N_HEADS + h
-                xm = tl.load(TL_M + tile_at, mask=use, other=float("-inf"))
-                xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
-                xa = tl.load(TL_A + tile_at[:, None] * HEAD_DIM + d[None, :], mask=use[:, None], other=0.0)
-                fm, c1, c2 = _fold_weights(sm, xm)
-                sl = tl.where(use, sl * c1 + xl * c2, sl)
-                sa = tl.where(use[:, None], sa * c1[:, None] + xa * c2[:, None], sa)
-                sm = tl.where(use, fm, sm)
+            sa = tl.zeros([SPLITS_BLOCK, COLS], dtype=tl.float32)
+            for k0 in tl.static_range(0, SPLIT_TILES, TILES_BLOCK):
+                block = ()
+                for k in tl.static_range(k0, k0 + TILES_BLOCK):  # past SPLIT_TILES: masked off
+                    j = split * SPLIT_TILES + k
+                    use = (j < n_tiles) & (j < (split + 1) * SPLIT_TILES)
+                    tile_at = (j * T + t) * N_HEADS + h
+                    block = block + ((tl.load(TL_M + tile_at, mask=use, other=float("-inf")),
+                                      tl.load(TL_L + tile_at, mask=use, other=0.0),
+                                      tl.load(TL_A + tile_at[:, None] * HEAD_DIM + d[None, :], mask=use[:, None],
+                                              other=0.0), use),)
+                for i in tl.static_range(TILES_BLOCK):
+                    xm, xl, xa, use = block[i]
+                    fm, c1, c2 = _fold_weights(sm, xm)
+                    sl = tl.where(use, sl * c1 + xl * c2, sl)
+                    sa = tl.where(use[:, None], sa * c1[:, None] + xa * c2[:, None], sa)
+                    sm = tl.where(use, fm, sm)
             live = split < n_splits
             at = (split * T + t) * N_HEADS + h  # [NUM_SPLITS, T, N_HEADS]
             tl.store(CH_M + at, sm, mask=live)
@@ -482,14 +509,14 @@ if triton is not None:
 
     @triton.jit
     def _fold_splits_in_turn(
-        CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits, tail_start, first, m, den, a,
-        HEAD_DIM: tl.constexpr, SPLIT_TILES: tl.constexpr,
+        CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits, tail_start, first, m, den, a, d,
+        HEAD_DIM: tl.constexpr, SPLIT_TILES: tl.constexpr, TILES_BLOCK: tl.constexpr,
     ):
-        """Row t, head h's state (m, den, a: the fold of its splits before `first`) with splits
-        first.. folded in: split by split, the split's state (CH_*, where its tiles are below
-        tail_start) then its tile partials (TL_*, from tail_start) folded in order, the result
-        folded into the row's. See `_merge_kernel`."""
-        d = tl.arange(0, HEAD_DIM)
+        """Row t, head h's state (m, den, a: the fold of its splits before `first`; columns d)
+        with splits first.. folded in: split by split, the split's state (CH_*, where its tiles are
+        below tail_start) then its tile partials (TL_*, from tail_start) folded in order, the
+        result folded into the row's. A split's tile partials load TILES_BLOCK at a time, all in
+        flight before the block's first fold. See `_merge_kernel`."""
         has_next = first * SPLIT_TILES < tail_start  # split first's state
         next_m, next_l, next_a = _load_stored(CH_M, CH_L, CH_A, (first * T + t) * N_HEADS + h, has_next, d, HEAD_DIM)
         for s in range(first, n_splits):
@@ -500,11 +527,20 @@ if triton is not None:
             next_m, next_l, next_a = _load_stored(CH_M, CH_L, CH_A, ((s + 1) * T + t) * N_HEADS + h, has_next, d,
                                                   HEAD_DIM)
             if lo + SPLIT_TILES > tail_start:  # the split has tile partials
-                for k in tl.static_range(SPLIT_TILES):
-                    j = lo + k
-                    use = (j >= tail_start) & (j < n_tiles)
-                    tile_at = ((j - tail_start) * T + t) * N_HEADS + h
-                    sm, sl, sa = _fold_stored(sm, sl, sa, TL_M, TL_L, TL_A, tile_at, use, d, HEAD_DIM)
+                end = tl.minimum(n_tiles, lo + SPLIT_TILES)
+                for k0 in tl.static_range(0, SPLIT_TILES, TILES_BLOCK):
+                    # The block's loads first, in the program's order too (the compiler does not move
+                    # a load above a fold: interleaved, they would be a chain of load latencies).
+                    block = ()
+                    for k in tl.static_range(k0, k0 + TILES_BLOCK):  # past SPLIT_TILES: masked off
+                        j = lo + k
+                        use = (j >= tail_start) & (j < end)
+                        xm, xl, xa = _load_stored(TL_M, TL_L, TL_A, ((j - tail_start) * T + t) * N_HEADS + h, use, d,
+                                                  HEAD_DIM)
+                        block = block + ((xm, xl, xa, use),)
+                    for i in tl.static_range(TILES_BLOCK):
+                        xm, xl, xa, use = block[i]
+                        sm, sl, sa = _fold_loaded(sm, sl, sa, xm, xl, xa, use)
             fm, c1, c2 = _fold_weights(m, sm)
             den = den * c1 + sl * c2
             a = a * c1 + sa * c2
@@ -513,16 +549,16 @@ if triton is not None:
 
     @triton.jit
     def _fold_split_states(
-        CH_A, CH_M, CH_L, t, h, T, N_HEADS, n_splits, HEAD_DIM: tl.constexpr, SPLITS_BLOCK: tl.constexpr,
+        CH_A, CH_M, CH_L, t, h, T, N_HEADS, n_splits, d, HEAD_DIM: tl.constexpr, COLS: tl.constexpr,
+        SPLITS_BLOCK: tl.constexpr,
     ):
-        """Row t, head h's state: its first n_splits split states (CH_*) folded in order from the
-        empty state (-inf, 0, 0; none: that state), SPLITS_BLOCK of them loaded at once (a static
-        loop: their loads all in flight before the first fold). Per split the operations of
+        """Row t, head h's state (columns d): its first n_splits split states (CH_*) folded in order
+        from the empty state (-inf, 0, 0; none: that state), SPLITS_BLOCK of them loaded at once (a
+        static loop: their loads all in flight before the first fold). Per split the operations of
         `_fold_splits_in_turn`'s fold of a split's state."""
-        d = tl.arange(0, HEAD_DIM)
         m = float("-inf")
         den = 0.0
-        a = tl.zeros([HEAD_DIM], dtype=tl.float32)
+        a = tl.zeros([COLS], dtype=tl.float32)
         for first in range(0, n_splits, SPLITS_BLOCK):
             # Every load of the block first, in the program's order too (the compiler does not
             # move a load above the previous fold: interleaved, they would be a chain of load
@@ -732,7 +768,8 @@ if triton is not None:
         OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, PREFIX, COUNT, SINKS, T, N_HEADS, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, MODE: tl.constexpr,
         FLAT_TILES: tl.constexpr, HAS_SINKS: tl.constexpr, SPLITS_BLOCK: tl.constexpr,
-        SERIAL_SPLITS: tl.constexpr, PDL: tl.constexpr,
+        SERIAL_SPLITS: tl.constexpr, PARTS: tl.constexpr, TILES_BLOCK: tl.constexpr,
+        APART_TILES_BLOCK: tl.constexpr, PDL: tl.constexpr,
     ):
         """out[t, h] = the fold, split by split in order, of each split's fold of its tiles in
         order: a split's state from its split program (the tiles it folded) then its tiles'
@@ -751,7 +788,10 @@ if triton is not None:
         turn. Those splits: TREE, the splits below the first tile slot; CHUNK, every split; AR,
         every split, once `_fold_splits_apart` has folded each split's tiles side by side and
         stored the split states in CH_*. The same folds of the same operands in the same order,
-        so the same bits, in short chains instead of one long one."""
+        so the same bits, in short chains instead of one long one.
+
+        Grid (T, heads, PARTS): program (t, h, p) folds columns p * HEAD_DIM / PARTS.. of the row
+        (each column's folds are its own; every part loads the same m and l)."""
         wait_for_previous(PDL)
         t = tl.program_id(0)
         h = tl.program_id(1)
@@ -764,10 +804,10 @@ if triton is not None:
         else:
             tail_start = _tile_slots_start(prefix, MODE, FLAT_TILES, BLOCK_N)
         if (MODE != CHUNK_MODE) | (n_splits > 1):
-            d = tl.arange(0, HEAD_DIM)
+            d = tl.program_id(2) * (HEAD_DIM // PARTS) + tl.arange(0, HEAD_DIM // PARTS)
             m = float("-inf")
             den = 0.0
-            a = tl.zeros([HEAD_DIM], dtype=tl.float32)
+            a = tl.zeros([HEAD_DIM // PARTS], dtype=tl.float32)
             first = n_splits * 0  # splits folded from their stored states in blocks (a tensor, as below)
             if SPLITS_BLOCK > 0:
                 if MODE == TREE_MODE:
@@ -777,13 +817,16 @@ if triton is not None:
                 if state_splits > SERIAL_SPLITS:
                     if MODE == AR_MODE:
                         _fold_splits_apart(CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits,
-                                           HEAD_DIM, SPLIT_TILES, SPLITS_BLOCK)
+                                           d, HEAD_DIM, HEAD_DIM // PARTS, SPLIT_TILES, SPLITS_BLOCK,
+                                           APART_TILES_BLOCK)
                         tl.debug_barrier()  # the states, stored by all the program's threads, read back next
                     first = state_splits
-                m, den, a = _fold_split_states(CH_A, CH_M, CH_L, t, h, T, N_HEADS, first, HEAD_DIM, SPLITS_BLOCK)
+                m, den, a = _fold_split_states(CH_A, CH_M, CH_L, t, h, T, N_HEADS, first, d, HEAD_DIM,
+                                               HEAD_DIM // PARTS, SPLITS_BLOCK)
             # AR: tail_start 0, so a row folded above has nothing left here.
             m, den, a = _fold_splits_in_turn(CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles,
-                                             n_splits, tail_start, first, m, den, a, HEAD_DIM, SPLIT_TILES)
+                                             n_splits, tail_start, first, m, den, a, d, HEAD_DIM, SPLIT_TILES,
+                                             TILES_BLOCK)
             if HAS_SINKS:
                 c1, c2 = _sink_weights(m, SINKS, h)
                 den = den * c1 + c2
@@ -902,7 +945,7 @@ def paged_tree_attention_triton(
     flat_tiles = FLAT_TILES if mode == TREE_MODE and query_tiles * n_kv <= FLAT_MAX_CHAINS else 0
     flat_programs = flat_tiles * query_tiles
     tile_slots += flat_tiles  # the prefix tiles' slots, before the tail's
-    merge = merge_config(mode == AR_MODE, num_splits, head_dim)
+    merge = merge_config(mode == AR_MODE, num_splits, head_dim, split_len // block_n)
     states = num_splits if mode != AR_MODE or merge.splits_block else 0
 
     def f32(*shape):  # at least one element: a kernel argument must be a real pointer
@@ -940,11 +983,10 @@ def paged_tree_attention_triton(
     else:
         attend(split_programs + flat_programs + tile_programs, mode, cfg.ar_stages if t == 1 else cfg.stages)
     if mode != CHUNK_MODE or num_splits > 1:
-        _merge_kernel[(t, n_heads)](
+        _merge_kernel[(t, n_heads, merge.parts)](
             out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, sink_arg, t, n_heads, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_N=block_n, SPLIT_TILES=split_len // block_n, MODE=mode, FLAT_TILES=flat_tiles,
-            HAS_SINKS=sinks is not None, SPLITS_BLOCK=merge.splits_block, SERIAL_SPLITS=merge.serial_splits,
-            num_warps=merge.num_warps, enable_fp_fusion=False, **launch_args(q.device, t),
+            HAS_SINKS=sinks is not None, **merge.constexprs(), num_warps=merge.num_warps, enable_fp_fusion=False, **launch_args(q.device, t),
             **({} if merge.max_registers is None else {"maxnreg": merge.max_registers}),
         )
     return out

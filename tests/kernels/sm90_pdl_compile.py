@@ -130,14 +130,14 @@ def kernels():
                   dict(OUT=p16, CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, PREFIX="*i32",
                        COUNT="*i32", SINKS=p32, T=i32, N_HEADS=i32, stride_ot=i32, stride_oh=i32),
                   dict(HEAD_DIM=128, BLOCK_N=tree_attention.BLOCK_N, SPLIT_TILES=9, MODE=modes[1],
-                       FLAT_TILES=tree_attention.FLAT_TILES, HAS_SINKS=False, SPLITS_BLOCK=0,
-                       SERIAL_SPLITS=tree_attention.AR_SERIAL_SPLITS), 1)
+                       FLAT_TILES=tree_attention.FLAT_TILES, HAS_SINKS=False,
+                       **tree_attention.merge_config(False, 1, 128, 9).constexprs()), 1)
     yield compare("merge AR (splits side by side)", tree_attention._merge_kernel,
                   dict(OUT=p16, CH_A=p32, CH_M=p32, CH_L=p32, TL_A=p32, TL_M=p32, TL_L=p32, PREFIX="*i32",
                        COUNT="*i32", SINKS=p32, T=i32, N_HEADS=i32, stride_ot=i32, stride_oh=i32),
                   dict(HEAD_DIM=128, BLOCK_N=tree_attention.BLOCK_N, SPLIT_TILES=9, MODE=modes[0], FLAT_TILES=0,
-                       HAS_SINKS=False, SPLITS_BLOCK=tree_attention.AR_SPLITS_BLOCK,
-                       SERIAL_SPLITS=tree_attention.AR_SERIAL_SPLITS), tree_attention.AR_MERGE_WARPS)
+                       HAS_SINKS=False, **tree_attention.merge_config(True, 59, 128, 9).constexprs()),
+                  tree_attention.AR_MERGE_WARPS)
     yield compare("visible_keys", key_order._visible_keys_kernel,
                   dict(MASK="*u8", ORDER="*i32", COUNT="*i32", T=i32, stride_row=i32, stride_col="constexpr"),
                   dict(stride_col=1, BLOCK=64), key_order.NUM_WARPS)  # a contiguous mask: Triton specialises 1

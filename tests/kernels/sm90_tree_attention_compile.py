@@ -61,10 +61,9 @@ def compile_merge(head_dim: int, mode: int, capacity: int = 32768) -> dict:
     split_len = ta.split_len_for(capacity)
     split_tiles = split_len // cfg.block_n
     ar = mode == 0
-    merge = ta.merge_config(ar, -(-capacity // split_len), head_dim)
+    merge = ta.merge_config(ar, -(-capacity // split_len), head_dim, split_tiles)
     consts = dict(HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, SPLIT_TILES=split_tiles, MODE=mode,
-                  FLAT_TILES=ta.FLAT_TILES if mode == 1 else 0, HAS_SINKS=False, SPLITS_BLOCK=merge.splits_block,
-                  SERIAL_SPLITS=merge.serial_splits, PDL=True)
+                  FLAT_TILES=ta.FLAT_TILES if mode == 1 else 0, HAS_SINKS=False, **merge.constexprs(), PDL=True)
     pointers = dict(OUT="*bf16", CH_A="*fp32", CH_M="*fp32", CH_L="*fp32", TL_A="*fp32", TL_M="*fp32", TL_L="*fp32",
                     PREFIX="*i32", COUNT="*i32", SINKS="*bf16")
     ints = ("T", "N_HEADS", "stride_ot", "stride_oh")
@@ -77,7 +76,8 @@ def compile_merge(head_dim: int, mode: int, capacity: int = 32768) -> dict:
         num_warps=merge.num_warps, enable_fp_fusion=False, launch_pdl=True,
         **({} if merge.max_registers is None else {"maxnreg": merge.max_registers})))
     return dict(head_dim=head_dim, kernel="merge", mode=("AR", "TREE", "CHUNK")[mode], split_tiles=split_tiles,
-                splits_block=merge.splits_block, warps=merge.num_warps, **resource_usage(kernel))
+                splits_block=merge.splits_block, parts=merge.parts, tiles_block=merge.tiles_block,
+                apart_tiles_block=merge.apart_tiles_block, warps=merge.num_warps, **resource_usage(kernel))
 
 
 if __name__ == "__main__":
