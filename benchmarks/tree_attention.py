@@ -524,6 +524,11 @@ def run_verify_merge_sweep(capacity: int, flush: Flush, shapes: list[str], token
 V_SPLIT_SWEEP = {"v1": {"V_SPLIT": 1}, "v2": {"V_SPLIT": 2}, "v2 s2": {"V_SPLIT": 2, "NUM_STAGES": 2},
                  "v2 s4": {"V_SPLIT": 2, "NUM_STAGES": 4}, "v4": {"V_SPLIT": 4}}
 TMA_SWEEP = {"pointer": {"TMA_LOADS": False}, "tma": {"TMA_LOADS": True}}
+MERGE_BLOCKS_SWEEP = {"one at a time": {"MERGE_LOADS_A_THREAD": 0, "AR_MERGE_PARTS": 1},
+                      "blocks": {"AR_MERGE_PARTS": 1}, "blocks p2": {"AR_MERGE_PARTS": 2},
+                      "blocks p4": {"AR_MERGE_PARTS": 4}, "blocks p8": {"AR_MERGE_PARTS": 8}}
+FLAT_SWEEP = {"chains": {"FLAT_MAX_CHAINS": 0}, "flat to 16": {"FLAT_MAX_CHAINS": 16},
+              "flat to 64": {"FLAT_MAX_CHAINS": 64}, "flat to 256": {"FLAT_MAX_CHAINS": 256}}
 TAIL_SWEEP = {"one launch": {"SEPARATE_TAIL_PROGRAMS": 1 << 30, "AR_NUM_STAGES": 2},
               "tail s1": {"SEPARATE_TAIL_PROGRAMS": 0, "TAIL_STAGES": 1, "AR_NUM_STAGES": 2},
               "tail s2": {"SEPARATE_TAIL_PROGRAMS": 0, "TAIL_STAGES": 2, "AR_NUM_STAGES": 2},
@@ -536,6 +541,10 @@ KNOB_SWEEPS = {
     "tail": ("tail sweep: a TREE call's tile programs in the split programs' launch or in one of their own "
              "(TAIL_STAGES sN); the AR binary at AR_NUM_STAGES 1", TAIL_SWEEP),
     "tma": ("TMA sweep: whole prefix tiles through pointer loads or TMA descriptors (TMA_LOADS)", TMA_SWEEP),
+    "merge_blocks": ("merge blocks sweep: the merge's tile partials loaded one at a time or in blocks "
+                     "(MERGE_LOADS_A_THREAD), an AR row's columns in pN programs (AR_MERGE_PARTS)", MERGE_BLOCKS_SWEEP),
+    "flat": ("flat sweep: a short prefix's tiles folded in chains by the split programs, or each stored by a "
+             "program of its own where query tiles x KV heads are at most FLAT_MAX_CHAINS", FLAT_SWEEP),
 }
 
 
@@ -583,6 +592,12 @@ def main() -> None:
                     help="only the AR call and verify calls with the tree's tile programs launched apart (cold)")
     ap.add_argument("--tma-sweep", action="store_true",
                     help="only the AR call and verify calls with whole prefix tiles through pointers or TMA (cold)")
+    ap.add_argument("--merge-blocks-sweep", action="store_true",
+                    help="only the AR call and verify calls with the merge's partials loaded one at a time or in "
+                         "blocks, an AR row's columns over programs (cold)")
+    ap.add_argument("--flat-sweep", action="store_true",
+                    help="only the AR call and verify calls with a short prefix's tiles in chains or flat programs "
+                         "(FLAT_MAX_CHAINS; cold)")
     ap.add_argument("--shapes", default=",".join(HEADS), help="the table's shapes (comma-separated: 1.5b, 8b)")
     ap.add_argument("--tokens", default=None, help="the table's new-token counts T (comma-separated; default all)")
     ap.add_argument("--json-out", default=os.path.join(os.environ.get("OUT", "."), "attention_bench.json"))
