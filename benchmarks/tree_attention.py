@@ -526,7 +526,8 @@ V_SPLIT_SWEEP = {"v1": {"V_SPLIT": 1}, "v2": {"V_SPLIT": 2}, "v2 s2": {"V_SPLIT"
 TMA_SWEEP = {"pointer": {"TMA_LOADS": False}, "tma": {"TMA_LOADS": True}}
 MERGE_BLOCKS_SWEEP = {"one at a time": {"MERGE_LOADS_A_THREAD": 0, "AR_MERGE_PARTS": 1},
                       "blocks": {"AR_MERGE_PARTS": 1}, "blocks p2": {"AR_MERGE_PARTS": 2},
-                      "blocks p4": {"AR_MERGE_PARTS": 4}, "blocks p8": {"AR_MERGE_PARTS": 8}}
+                      "blocks p4": {"AR_MERGE_PARTS": 4}, "blocks p8": {"AR_MERGE_PARTS": 8},
+                      "p4 w2": {"AR_MERGE_PARTS": 4, "AR_MERGE_WARPS": 2}}
 FLAT_SWEEP = {"chains": {"FLAT_MAX_CHAINS": 0}, "flat to 16": {"FLAT_MAX_CHAINS": 16},
               "flat to 64": {"FLAT_MAX_CHAINS": 64}, "flat to 256": {"FLAT_MAX_CHAINS": 256}}
 TAIL_SWEEP = {"one launch": {"SEPARATE_TAIL_PROGRAMS": 1 << 30, "AR_NUM_STAGES": 2},

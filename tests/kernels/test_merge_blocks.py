@@ -18,14 +18,15 @@ triton = pytest.importorskip("triton")
 from jetspec_chat.kernels import paged_tree_attention_ref, paged_tree_attention_triton, tree_attention  # noqa: E402
 from jetspec_chat.kernels.tree_attention import visible_keys  # noqa: E402
 
-from test_kernels import make_inputs  # noqa: E402
+from test_kernels import DEVICE, make_inputs  # noqa: E402
 
 N_HEADS, N_KV, HEAD_DIM = 4, 2, 64
 # name: (MERGE_LOADS_A_THREAD, AR_MERGE_PARTS); the first is the one-at-a-time merge
 VARIANTS = {"one at a time": (0, 1), "blocks of 2": (1, 1), "small blocks, parts": (4, 4), "default": (None, None)}
 
 
-def outputs(t, prefix_len, split_len, *, mask="tree", serial_splits=None, seed=0, monkeypatch):
+def outputs(t, prefix_len, split_len, *, mask="tree", serial_splits=None, window=0, sinks=None, seed=0,
+            monkeypatch):
     """Each variant's output of one call (T = t over prefix_len keys), and the reference's."""
     q, k_pool, v_pool, block_table, tree_mask = make_inputs(t, prefix_len, N_HEADS, N_KV, HEAD_DIM, seed=seed,
                                                             mask=mask)
@@ -40,8 +41,10 @@ def outputs(t, prefix_len, split_len, *, mask="tree", serial_splits=None, seed=0
                 m.setattr(tree_attention, "MERGE_LOADS_A_THREAD", loads)
                 m.setattr(tree_attention, "AR_MERGE_PARTS", parts)
             outs[name] = paged_tree_attention_triton(q, k_pool, v_pool, block_table, prefix_len, keys,
-                                                     HEAD_DIM ** -0.5, split_len=split_len)
-    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, HEAD_DIM ** -0.5)
+                                                     HEAD_DIM ** -0.5, split_len=split_len, window=window,
+                                                     sinks=sinks)
+    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, prefix_len, tree_mask, HEAD_DIM ** -0.5,
+                                   window, sinks)
     return outs, ref
 
 
@@ -72,6 +75,14 @@ def test_the_configs_take_blocks_and_parts():
 @pytest.mark.parametrize("keys,split_len,serial", [(577, 576, None), (1000, 128, 10 ** 9), (1000, 128, 0)])
 def test_ar_rows_keep_the_bits(keys, split_len, serial, monkeypatch, poisoned_alloc):
     outs, ref = outputs(1, keys - 1, split_len, serial_splits=serial, seed=keys + split_len, monkeypatch=monkeypatch)
+    assert_same_bits(outs, ref)
+
+
+# An AR row in parts with a sliding window and attention sinks (the sink folds into every part's m and l).
+@pytest.mark.parametrize("serial", [10 ** 9, 0])
+def test_ar_rows_keep_the_bits_with_windows_and_sinks(serial, monkeypatch, poisoned_alloc):
+    sinks = torch.randn(N_HEADS, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    outs, ref = outputs(1, 900, 128, serial_splits=serial, window=300, sinks=sinks, seed=9, monkeypatch=monkeypatch)
     assert_same_bits(outs, ref)
 
 
