@@ -29,7 +29,7 @@ torch.matmul), both measured at the start of the run.
 the geometric mean of new/old, and prints the best value (the split length is
 max(256, capacity / MAX_SPLITS): at 8448, 576 / 320 / 256 / 256).
 
---tile-sweep (alone) times the AR call at AR_TILE_PROGRAMS 16-128 (its programs per KV head).
+--tile-sweep (alone) times the AR call at 16-128 tile programs per KV head (`ar_tile_programs`).
 
 --split-sweep (alone) times this tree's kernel at split lengths 64-576 and 2-4 pipeline stages (the
 AR binary's AR_NUM_STAGES for T = 1, NUM_STAGES otherwise), cold, beside the previous kernel at
@@ -395,16 +395,16 @@ TILE_SWEEP = (16, 32, 48, 64, 96, 128)
 
 
 def run_tile_sweep(old, capacity: int, flush: Flush) -> list:
-    """The AR call's programs per KV head (AR_TILE_PROGRAMS, speed only), cold µs, beside the
+    """The AR call's tile programs per KV head (`ar_tile_programs`, speed only), cold µs, beside the
     previous kernel."""
     gen = torch.Generator().manual_seed(3)
     rows = []
-    print(f"\nAR_TILE_PROGRAMS sweep (capacity {capacity}): cold µs at {', '.join(map(str, TILE_SWEEP))}")
+    print(f"\nAR tile programs sweep (capacity {capacity}): cold µs at {', '.join(map(str, TILE_SWEEP))} a KV head")
     for case in [Case(s, 1, c) for s in HEADS for c in (0, 512, 2048, 4096, 8192)]:
         x = Inputs(case, capacity, old, gen)
         new = {}
         for programs in TILE_SWEEP:
-            with knobs(AR_TILE_PROGRAMS=programs):
+            with knobs(AR_TILE_PROGRAMS_TOTAL=0, AR_TILE_PROGRAMS_MIN=programs):
                 new[programs] = per_call_us(x.new, flush)
         old_us = per_call_us(lambda: x.old(old), flush)
         rows.append({**asdict(case), "new_cold_us": new, "old_cold_us": old_us})
@@ -580,7 +580,7 @@ def main() -> None:
     ap.add_argument("--split-sweep", action="store_true",
                     help="only the split length x stages sweep (T = 1 and verify calls, cold)")
     ap.add_argument("--tile-sweep", action="store_true",
-                    help="only the AR call at AR_TILE_PROGRAMS 16 to 128 (cold)")
+                    help="only the AR call at 16 to 128 tile programs a KV head (cold)")
     ap.add_argument("--merge-sweep", action="store_true",
                     help="only the AR call with its merge serial or splits side by side (cold)")
     ap.add_argument("--grid-sweep", action="store_true",

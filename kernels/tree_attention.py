@@ -32,7 +32,7 @@ its bits, so the work can be cut as suits each call:
   * Tile programs store single tiles' partials: in TREE mode one per token, for the tiles past
     the prefix (each token's own keys, its ancestors; in parallel rather than stepped one token
     after another in one program), in AR mode (T = 1) every tile of the row, spread over
-    AR_TILE_PROGRAMS programs per KV head (an AR step was one program walking up to 9 tiles).
+    `ar_tile_programs` programs per KV head (an AR step was one program walking up to 9 tiles).
     A big tree's tile programs (SEPARATE_TAIL_PROGRAMS) run in a launch of their own (TAIL
     mode), a binary without the split programs' registers: the same code, more programs an SM.
   * Flat programs (TREE, small trees with a short prefix: FLAT_TILES, FLAT_MAX_CHAINS) store each
@@ -96,8 +96,12 @@ WIDE_STAGES = 2
 WIDE_V_SPLIT = 2
 MIN_SPLIT_LEN = 256
 MAX_SPLITS = 64
-# Programs per KV head of an AR call; program p takes tiles p, p + 32, ... (speed only).
-AR_TILE_PROGRAMS = 32
+# An AR call's tile programs: about AR_TILE_PROGRAMS_TOTAL over its KV heads, at least
+# AR_TILE_PROGRAMS_MIN a head (`ar_tile_programs`; speed only: program p of n takes tiles p,
+# p + n, ...). A constant 32 a head gave the 8B (8 KV heads) 256 programs but the 1.5B (2) 64:
+# H100, cold µs at 8192 keys, 32 / 64 / 128 a head: 1.5B 21.6 / 18.4 / 17.1, 8B 30.6 / 31.7 / 31.5.
+AR_TILE_PROGRAMS_TOTAL = 256
+AR_TILE_PROGRAMS_MIN = 32
 # Split programs per query tile of a verify or chunk call, at most (speed only): program p takes
 # the tile's splits p, p + cap, ... that have work. Without a cap the grid grew with the cache (an
 # app cache of 33,792 rows: 59 a query tile, of which one has work at 512 keys); 16 still gives
@@ -290,6 +294,12 @@ def split_len_for(capacity: int) -> int:
     call's T or prefix_len, so every row of a given length is split the same way."""
     per = -(-capacity // MAX_SPLITS)
     return max(MIN_SPLIT_LEN, -(-per // BLOCK_N) * BLOCK_N)
+
+
+def ar_tile_programs(n_kv: int) -> int:
+    """Tile programs per KV head of an AR call (shapes only): AR_TILE_PROGRAMS_TOTAL over the
+    KV heads, at least AR_TILE_PROGRAMS_MIN."""
+    return max(AR_TILE_PROGRAMS_MIN, AR_TILE_PROGRAMS_TOTAL // n_kv)
 
 
 def split_programs_per_tile(num_splits: int) -> int:
@@ -933,7 +943,7 @@ def paged_tree_attention_triton(
     # split programs a query tile (shapes only: graph-safe); programs past a row's splits return at once.
     num_splits = -(-capacity // split_len)
     if t == 1:  # every tile of the row in parallel programs
-        mode, tile_slots, tile_programs = AR_MODE, -(-capacity // block_n), AR_TILE_PROGRAMS
+        mode, tile_slots, tile_programs = AR_MODE, -(-capacity // block_n), ar_tile_programs(n_kv)
     elif keys.shared:  # rows share their keys: split programs fold every tile
         mode, tile_slots, tile_programs = CHUNK_MODE, 0, 0
     else:  # a tree: a program per token for the tiles past the prefix
@@ -964,7 +974,7 @@ def paged_tree_attention_triton(
         _tree_attn_kernel[(n_kv, programs, cfg.v_split)](
             q, k_pool, v_pool, k_desc, v_desc, prefix if block_table is None else block_table,  # an unread stand-in
             prefix, keys.order, keys.count, out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, sink_arg,
-            t, n_heads, split_len, per_tile, AR_TILE_PROGRAMS if mode == AR_MODE else 1, scale * LOG2E,
+            t, n_heads, split_len, per_tile, tile_programs if mode == AR_MODE else 1, scale * LOG2E,
             q.stride(0), q.stride(1),
             k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
             v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),

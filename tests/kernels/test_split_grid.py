@@ -55,3 +55,24 @@ def test_split_programs_per_tile(monkeypatch):
     assert split_programs_per_tile(-(-33792 // tree_attention.split_len_for(33792))) == 16
     assert split_programs_per_tile(15) == 15
     assert split_programs_per_tile(1) == 1
+
+
+def test_ar_tile_programs_follow_the_kv_heads():
+    assert tree_attention.ar_tile_programs(8) == 32  # the 8B: 256 programs
+    assert tree_attention.ar_tile_programs(2) == 128  # the 1.5B: 256 programs, was 64
+    assert tree_attention.ar_tile_programs(64) == tree_attention.AR_TILE_PROGRAMS_MIN
+
+
+# An AR row of 40 tiles spread over 3, 7 and 64 tile programs a KV head (each walking every n-th
+# tile; 64: most of them without a tile): the same bits.
+def test_ar_tile_program_count_keeps_the_bits(monkeypatch, poisoned_alloc):
+    q, k_pool, v_pool, block_table, one = make_inputs(1, 40 * 64 - 1, 4, 2, 16, seed=11)
+    outs = []
+    for programs in (3, 7, 64):
+        monkeypatch.setattr(tree_attention, "AR_TILE_PROGRAMS_TOTAL", 0)
+        monkeypatch.setattr(tree_attention, "AR_TILE_PROGRAMS_MIN", programs)
+        outs.append(paged_tree_attention_triton(q, k_pool, v_pool, block_table, 40 * 64 - 1, one, 16 ** -0.5,
+                                                split_len=256))
+    ref = paged_tree_attention_ref(q, k_pool, v_pool, block_table, 40 * 64 - 1, one, 16 ** -0.5)
+    torch.testing.assert_close(outs[0], ref, rtol=1e-4, atol=1e-5)
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
