@@ -127,10 +127,10 @@ AR_MERGE_WARPS = 4
 VERIFY_SERIAL_SPLITS = 2
 VERIFY_SPLITS_BLOCK = 4
 VERIFY_SPLITS_BLOCK_ELEMS = 512
-# The merge's tile partials of a split (an AR row's tiles, a tree's, flat prefix tiles): loaded a
-# block at a time, at most MERGE_LOADS_A_THREAD floats a thread, all in flight, then folded in
-# order (speed only: the same folds of the same operands). Loaded and folded one after another,
-# a split of 9 tiles was a chain of 9 load latencies.
+# The merge's tile partials of a split folded in turn (an AR row's tiles up to AR_SERIAL_SPLITS
+# splits, a tree's, flat prefix tiles): loaded a block at a time, at most MERGE_LOADS_A_THREAD
+# floats a thread, all in flight, then folded in order (speed only: the same folds of the same
+# operands). Loaded and folded one after another, a split of 9 tiles was a chain of 9 load latencies.
 MERGE_LOADS_A_THREAD = 64
 # An AR call's merge cuts each row's columns over AR_MERGE_PARTS programs (speed only: a column's
 # folds are its own, and every part computes the row's m and l from the same loads). An AR call
@@ -200,12 +200,11 @@ class MergeConfig(NamedTuple):
     max_registers: int | None = None  # a thread's (None: the compiler's choice)
     parts: int = 1  # programs a row, each a part of its columns
     tiles_block: int = 1  # a split's tile partials loaded at once, folding split after split
-    apart_tiles_block: int = 1  # the same for splits side by side (AR, `_fold_splits_apart`)
 
     def constexprs(self) -> dict:
         """The merge kernel's compile-time arguments for this launch."""
         return dict(SPLITS_BLOCK=self.splits_block, SERIAL_SPLITS=self.serial_splits, PARTS=self.parts,
-                    TILES_BLOCK=self.tiles_block, APART_TILES_BLOCK=self.apart_tiles_block)
+                    TILES_BLOCK=self.tiles_block)
 
 
 def merge_config(ar: bool, num_splits: int, head_dim: int, split_tiles: int) -> MergeConfig:
@@ -224,11 +223,7 @@ def merge_config(ar: bool, num_splits: int, head_dim: int, split_tiles: int) -> 
     if num_splits <= cfg.serial_splits:
         cfg = MergeConfig(0, cfg.serial_splits, 1)
     floats = MERGE_LOADS_A_THREAD * 32 * cfg.num_warps  # a block's loads, the program's threads together
-
-    def tiles(rows: int) -> int:
-        return max(1, min(split_tiles, floats // (rows * cols)))
-
-    return cfg._replace(parts=parts, tiles_block=tiles(1), apart_tiles_block=tiles(max(1, cfg.splits_block)))
+    return cfg._replace(parts=parts, tiles_block=max(1, min(split_tiles, floats // cols)))
 
 
 class VisibleKeys(NamedTuple):
@@ -483,34 +478,29 @@ if triton is not None:
     def _fold_splits_apart(
         CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits, d,
         HEAD_DIM: tl.constexpr, COLS: tl.constexpr, SPLIT_TILES: tl.constexpr, SPLITS_BLOCK: tl.constexpr,
-        TILES_BLOCK: tl.constexpr,
     ):
         """The merge's fold of each split's tile partials in order from the empty state, for
         SPLITS_BLOCK splits side by side ([splits, columns d]: the slot-k tiles of all of them
-        fold at once, TILES_BLOCK slots' loads issued before their folds), each split's state
-        stored at its CH_* place (as a split program stores its own). Per element the same
-        operations as the merge's serial loop: the same bits."""
+        load and fold at once), each split's state stored at its CH_* place (as a split program
+        stores its own). Per element the same operations as the merge's serial loop: the same bits.
+        (The slots' loads written ahead of their folds gain nothing here: ptxas interleaves them
+        again; docs/kernels.md.)"""
         for first in range(0, n_splits, SPLITS_BLOCK):
             split = first + tl.arange(0, SPLITS_BLOCK)
             sm = tl.full([SPLITS_BLOCK], float("-inf"), dtype=tl.float32)
             sl = tl.zeros([SPLITS_BLOCK], dtype=tl.float32)
             sa = tl.zeros([SPLITS_BLOCK, COLS], dtype=tl.float32)
-            for k0 in tl.static_range(0, SPLIT_TILES, TILES_BLOCK):
-                block = ()
-                for k in tl.static_range(k0, k0 + TILES_BLOCK):  # past SPLIT_TILES: masked off
-                    j = split * SPLIT_TILES + k
-                    use = (j < n_tiles) & (j < (split + 1) * SPLIT_TILES)
-                    tile_at = (j * T + t) * N_HEADS + h
-                    block = block + ((tl.load(TL_M + tile_at, mask=use, other=float("-inf")),
-                                      tl.load(TL_L + tile_at, mask=use, other=0.0),
-                                      tl.load(TL_A + tile_at[:, None] * HEAD_DIM + d[None, :], mask=use[:, None],
-                                              other=0.0), use),)
-                for i in tl.static_range(TILES_BLOCK):
-                    xm, xl, xa, use = block[i]
-                    fm, c1, c2 = _fold_weights(sm, xm)
-                    sl = tl.where(use, sl * c1 + xl * c2, sl)
-                    sa = tl.where(use[:, None], sa * c1[:, None] + xa * c2[:, None], sa)
-                    sm = tl.where(use, fm, sm)
+            for k in tl.static_range(SPLIT_TILES):
+                j = split * SPLIT_TILES + k
+                use = j < n_tiles
+                tile_at = (j * T + t) * N_HEADS + h
+                xm = tl.load(TL_M + tile_at, mask=use, other=float("-inf"))
+                xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
+                xa = tl.load(TL_A + tile_at[:, None] * HEAD_DIM + d[None, :], mask=use[:, None], other=0.0)
+                fm, c1, c2 = _fold_weights(sm, xm)
+                sl = tl.where(use, sl * c1 + xl * c2, sl)
+                sa = tl.where(use[:, None], sa * c1[:, None] + xa * c2[:, None], sa)
+                sm = tl.where(use, fm, sm)
             live = split < n_splits
             at = (split * T + t) * N_HEADS + h  # [NUM_SPLITS, T, N_HEADS]
             tl.store(CH_M + at, sm, mask=live)
@@ -778,8 +768,7 @@ if triton is not None:
         OUT, CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, PREFIX, COUNT, SINKS, T, N_HEADS, stride_ot, stride_oh,
         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, MODE: tl.constexpr,
         FLAT_TILES: tl.constexpr, HAS_SINKS: tl.constexpr, SPLITS_BLOCK: tl.constexpr,
-        SERIAL_SPLITS: tl.constexpr, PARTS: tl.constexpr, TILES_BLOCK: tl.constexpr,
-        APART_TILES_BLOCK: tl.constexpr, PDL: tl.constexpr,
+        SERIAL_SPLITS: tl.constexpr, PARTS: tl.constexpr, TILES_BLOCK: tl.constexpr, PDL: tl.constexpr,
     ):
         """out[t, h] = the fold, split by split in order, of each split's fold of its tiles in
         order: a split's state from its split program (the tiles it folded) then its tiles'
@@ -827,8 +816,7 @@ if triton is not None:
                 if state_splits > SERIAL_SPLITS:
                     if MODE == AR_MODE:
                         _fold_splits_apart(CH_A, CH_M, CH_L, TL_A, TL_M, TL_L, t, h, T, N_HEADS, n_tiles, n_splits,
-                                           d, HEAD_DIM, HEAD_DIM // PARTS, SPLIT_TILES, SPLITS_BLOCK,
-                                           APART_TILES_BLOCK)
+                                           d, HEAD_DIM, HEAD_DIM // PARTS, SPLIT_TILES, SPLITS_BLOCK)
                         tl.debug_barrier()  # the states, stored by all the program's threads, read back next
                     first = state_splits
                 m, den, a = _fold_split_states(CH_A, CH_M, CH_L, t, h, T, N_HEADS, first, d, HEAD_DIM,

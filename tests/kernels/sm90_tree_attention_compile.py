@@ -77,7 +77,7 @@ def compile_merge(head_dim: int, mode: int, capacity: int = 32768) -> dict:
         **({} if merge.max_registers is None else {"maxnreg": merge.max_registers})))
     return dict(head_dim=head_dim, kernel="merge", mode=("AR", "TREE", "CHUNK")[mode], split_tiles=split_tiles,
                 splits_block=merge.splits_block, parts=merge.parts, tiles_block=merge.tiles_block,
-                apart_tiles_block=merge.apart_tiles_block, warps=merge.num_warps, **resource_usage(kernel))
+                warps=merge.num_warps, **resource_usage(kernel))
 
 
 if __name__ == "__main__":

@@ -60,13 +60,13 @@ def test_the_configs_take_blocks_and_parts():
     with pytest.MonkeyPatch.context() as m:
         m.setattr(tree_attention, "MERGE_LOADS_A_THREAD", 1)
         assert tree_attention.merge_config(False, 64, HEAD_DIM, 9).tiles_block == 1
-        assert tree_attention.merge_config(True, 1, HEAD_DIM, 9).tiles_block == 2
+        assert tree_attention.merge_config(True, 1, HEAD_DIM, 9).tiles_block == 2  # one warp, 16 columns
         m.setattr(tree_attention, "MERGE_LOADS_A_THREAD", 4)
         assert tree_attention.merge_config(False, 64, HEAD_DIM, 9).tiles_block == 2
-        apart = tree_attention.merge_config(True, 64, HEAD_DIM, 9)
-        assert (apart.splits_block, apart.parts, apart.apart_tiles_block) == (16, 4, 2)
+        ar = tree_attention.merge_config(True, 64, HEAD_DIM, 9)
+        assert (ar.splits_block, ar.parts) == (16, 4)
     cfg = tree_attention.merge_config(True, 64, 128, 9)
-    assert (cfg.parts, cfg.tiles_block, cfg.apart_tiles_block) == (tree_attention.AR_MERGE_PARTS, 9, 9)
+    assert (cfg.parts, cfg.tiles_block) == (tree_attention.AR_MERGE_PARTS, 9)
     assert tree_attention.merge_config(False, 64, 128, 9).tiles_block == 9  # a whole engine split at once
 
 
