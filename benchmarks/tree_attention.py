@@ -536,16 +536,23 @@ TAIL_SWEEP = {"one launch": {"SEPARATE_TAIL_PROGRAMS": 1 << 30, "AR_NUM_STAGES":
               "default": {}, "AR s1": {"SEPARATE_TAIL_PROGRAMS": 1 << 30, "AR_NUM_STAGES": 1}}
 
 
-# The sweeps of module constants alone (--NAME-sweep): their titles and variants.
+# The sweeps of module constants alone (--NAME-sweep): their titles, what each varies (the flag's
+# help: "only the AR call and verify calls with ..."), and variants.
 KNOB_SWEEPS = {
-    "v_split": ("V_SPLIT sweep: vN, V's columns in N programs a query tile; sN, N pipeline stages", V_SPLIT_SWEEP),
+    "v_split": ("V_SPLIT sweep: vN, V's columns in N programs a query tile; sN, N pipeline stages",
+                "V's columns split over programs", V_SPLIT_SWEEP),
     "tail": ("tail sweep: a TREE call's tile programs in the split programs' launch or in one of their own "
-             "(TAIL_STAGES sN); the AR binary at AR_NUM_STAGES 1", TAIL_SWEEP),
-    "tma": ("TMA sweep: whole prefix tiles through pointer loads or TMA descriptors (TMA_LOADS)", TMA_SWEEP),
+             "(TAIL_STAGES sN); the AR binary at AR_NUM_STAGES 1",
+             "the tree's tile programs launched apart", TAIL_SWEEP),
+    "tma": ("TMA sweep: whole prefix tiles through pointer loads or TMA descriptors (TMA_LOADS)",
+            "whole prefix tiles through pointers or TMA", TMA_SWEEP),
     "merge_blocks": ("merge blocks sweep: the merge's tile partials loaded one at a time or in blocks "
-                     "(MERGE_LOADS_A_THREAD), an AR row's columns in pN programs (AR_MERGE_PARTS)", MERGE_BLOCKS_SWEEP),
+                     "(MERGE_LOADS_A_THREAD), an AR row's columns in pN programs (AR_MERGE_PARTS)",
+                     "the merge's partials loaded one at a time or in blocks, an AR row's columns over programs",
+                     MERGE_BLOCKS_SWEEP),
     "flat": ("flat sweep: a short prefix's tiles folded in chains by the split programs, or each stored by a "
-             "program of its own where query tiles x KV heads are at most FLAT_MAX_CHAINS", FLAT_SWEEP),
+             "program of its own where query tiles x KV heads are at most FLAT_MAX_CHAINS",
+             "a short prefix's tiles in chains or flat programs (FLAT_MAX_CHAINS)", FLAT_SWEEP),
 }
 
 
@@ -587,18 +594,9 @@ def main() -> None:
                     help="only verify calls and causal chunks at SPLIT_PROGRAMS_CAP 4 / 8 / 16 / uncapped (cold)")
     ap.add_argument("--verify-merge-sweep", action="store_true",
                     help="only verify calls with their merge serial or loading blocks of split states (cold)")
-    ap.add_argument("--v-split-sweep", action="store_true",
-                    help="only the AR call and verify calls with V's columns split over programs (cold)")
-    ap.add_argument("--tail-sweep", action="store_true",
-                    help="only the AR call and verify calls with the tree's tile programs launched apart (cold)")
-    ap.add_argument("--tma-sweep", action="store_true",
-                    help="only the AR call and verify calls with whole prefix tiles through pointers or TMA (cold)")
-    ap.add_argument("--merge-blocks-sweep", action="store_true",
-                    help="only the AR call and verify calls with the merge's partials loaded one at a time or in "
-                         "blocks, an AR row's columns over programs (cold)")
-    ap.add_argument("--flat-sweep", action="store_true",
-                    help="only the AR call and verify calls with a short prefix's tiles in chains or flat programs "
-                         "(FLAT_MAX_CHAINS; cold)")
+    for name, (_, varies, _) in KNOB_SWEEPS.items():
+        ap.add_argument(f"--{name.replace('_', '-')}-sweep", action="store_true",
+                        help=f"only the AR call and verify calls with {varies} (cold)")
     ap.add_argument("--shapes", default=",".join(HEADS), help="the table's shapes (comma-separated: 1.5b, 8b)")
     ap.add_argument("--tokens", default=None, help="the table's new-token counts T (comma-separated; default all)")
     ap.add_argument("--json-out", default=os.path.join(os.environ.get("OUT", "."), "attention_bench.json"))
@@ -625,7 +623,7 @@ def main() -> None:
         rows = run_verify_merge_sweep(args.capacity, flush, args.shapes.split(","), tokens)
         Path(args.json_out).write_text(json.dumps({"capacity": args.capacity, "verify_merge_sweep": rows}))
         return
-    for name, (title, variants) in KNOB_SWEEPS.items():
+    for name, (title, _, variants) in KNOB_SWEEPS.items():
         if getattr(args, f"{name}_sweep"):
             tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
             rows = run_knob_sweep(title, variants, args.capacity, flush, args.shapes.split(","), tokens)

@@ -5,7 +5,7 @@
 #      variant against the serial merge / the uncapped grid);
 #   2. benchmarks/tree_attention.py --SWEEP-sweep (cold µs, "same" per point) against the previous
 #      kernel file, where a sweep is named (merge: the AR merge; verify-merge; grid; split; tile;
-#      v-split; tail; tma);
+#      v-split; tail; tma; merge-blocks; flat);
 #   3. the engine (8B shape, random weights, ctx 512 and 8192), this tree against the previous one
 #      in alternating runs (tools/remote-gpu/engine_ab.py), medians and new/old per measure.
 #
