@@ -984,7 +984,8 @@ def paged_tree_attention_triton(
         _merge_kernel[(t, n_heads, merge.parts)](
             out, ch_a, ch_m, ch_l, tl_a, tl_m, tl_l, prefix, keys.count, sink_arg, t, n_heads, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_N=block_n, SPLIT_TILES=split_len // block_n, MODE=mode, FLAT_TILES=flat_tiles,
-            HAS_SINKS=sinks is not None, **merge.constexprs(), num_warps=merge.num_warps, enable_fp_fusion=False, **launch_args(q.device, t),
+            HAS_SINKS=sinks is not None, **merge.constexprs(),
+            num_warps=merge.num_warps, enable_fp_fusion=False, **launch_args(q.device, t),
             **({} if merge.max_registers is None else {"maxnreg": merge.max_registers}),
         )
     return out
