@@ -25,7 +25,7 @@ gate_ups and lm_heads of the three models, WIDE_SHAPES): at M up to 64 (the AR s
 the ROW64_CANDIDATES (one warpgroup, other widths, depths, stage counts, the TMA form), past 64 the
 WIDE_CANDIDATES (two warpgroups): cuBLAS, the engine's launch and every candidate (g:
 `_linear_kernel`'s grid, t: the persistent TMA-fed form; BLOCK_M x BLOCK_N [x BLOCK_K] s stages
-[p programs an SM]) in µs, the fastest candidate against both, and `bits`: 'ok' when every
+[p programs an SM] [+ the tail's tile: the columns past the last whole wave]) in µs, the fastest candidate against both, and `bits`: 'ok' when every
 candidate's output equals the engine's launch bitwise at that M and the engine's first, middle and
 last rows equal their M = 1 calls (else the candidates that differ). It ends with the WIDE_PICKS
 entries the timings suggest (the fastest candidate with equal bits, where it beats the engine's
@@ -38,7 +38,8 @@ the engine's launch against GROUPED_CANDIDATES, the same K blocks and groups (th
 `bits` must say ok) in other tile widths (n) and stage counts (s).
 
   python3 benchmarks/kernels_vs_vendor.py [--models 1.5b,8b,30b] [--rows 1,16,64,128,256] [--tma] [--no-ws]
-  python3 benchmarks/kernels_vs_vendor.py --wide [--models 1.5b,8b,30b] [--rows 1,16,32,64,128,192,256] [--out DIR]
+  python3 benchmarks/kernels_vs_vendor.py --wide [--models 1.5b,8b,30b] [--rows 1,16,32,64,128,192,256]
+      [--linears gate_up,lm_head] [--out DIR]
   python3 benchmarks/kernels_vs_vendor.py --grouped [--models 1.5b,8b,30b] [--rows 1,16,64]
 """
 from __future__ import annotations
@@ -90,7 +91,15 @@ WIDE_SHAPES = {
 
 def _wide_name(t: WideTile) -> str:
     name = f"{'t' if t.tma else 'g'}{t.block_m}x{t.block_n}" + (f"x{t.block_k}" if t.block_k != 64 else "")
-    return name + f"s{t.stages}" + (f"p{t.programs_per_sm}" if t.programs_per_sm != 1 else "")
+    name += f"s{t.stages}" + (f"p{t.programs_per_sm}" if t.programs_per_sm != 1 else "")
+    return name + (f"+{_wide_name(t.tail)}" if t.tail else "")
+
+
+def _tile_code(t: WideTile) -> str:
+    """The WideTile as Python, for the suggested WIDE_PICKS."""
+    tail = f", tail={_tile_code(t.tail)}" if t.tail else ""
+    return (f"WideTile({t.block_m}, {t.block_n}, {t.block_k}, {t.stages}, tma={t.tma}, "
+            f"programs_per_sm={t.programs_per_sm}{tail})")
 
 
 WIDE_CANDIDATES = {_wide_name(t): t for t in [
@@ -102,6 +111,11 @@ WIDE_CANDIDATES = {_wide_name(t): t for t in [
     WideTile(256, 128, 64, 3, tma=True), WideTile(256, 128, 64, 4, tma=True),
     WideTile(128, 256, 128, 2, tma=True),
     WideTile(128, 128, 64, 4, tma=True), WideTile(128, 128, 64, 2, tma=True, programs_per_sm=2),
+    # The columns past the last whole wave in smaller tiles (`WideTile.tail`, `head_columns`).
+    *(dataclasses.replace(head, tail=tail)
+      for head in (WideTile(128, 256, 64, 4, tma=True), WideTile(256, 128, 64, 4, tma=True),
+                   WideTile(128, 128, 64, 4, tma=True))
+      for tail in (WideTile(64, 64, 64, 4), WideTile(128, 64, 64, 3), WideTile(128, 128, 64, 3))),
 ]}
 # One warpgroup (64 rows, 4 warps: the AR step's and small trees' programs) in other tiles than the
 # config's: the widths, depths and stage counts that fit two or three programs an SM, and the
@@ -169,7 +183,7 @@ def ceilings() -> tuple[float, float]:
     return bw, 2 * 8192**3 / (t * 1e-6)
 
 
-def wide_sweep(models: list[str], rows: list[int], out_dir: Path | None) -> None:
+def wide_sweep(models: list[str], rows: list[int], out_dir: Path | None, linears: list[str]) -> None:
     """The --wide table (module docstring): every candidate tile beside cuBLAS and the engine's
     launch at the one-group shapes, with the bits column and the suggested picks; the
     ROW64_CANDIDATES at up to 64 rows, the WIDE_CANDIDATES past them."""
@@ -177,12 +191,12 @@ def wide_sweep(models: list[str], rows: list[int], out_dir: Path | None) -> None
     for group, candidates in (([m for m in rows if m <= 64], ROW64_CANDIDATES),
                               ([m for m in rows if m > 64], WIDE_CANDIDATES)):
         if group:
-            sweep_tiles(models, group, candidates, lines, records, out_dir, rows)
+            sweep_tiles(models, group, candidates, lines, records, out_dir, rows, linears)
     print("\n".join(write_wide(out_dir, lines, records, rows)[len(lines):]))
 
 
 def sweep_tiles(models: list[str], rows: list[int], candidates: dict[str, WideTile], lines: list[str],
-                records: list[dict], out_dir: Path | None, all_rows: list[int]) -> None:
+                records: list[dict], out_dir: Path | None, all_rows: list[int], linears: list[str]) -> None:
     """One table of `wide_sweep`: these candidates at these rows, appended to lines and records."""
     names = list(candidates)
     w = max(map(len, names))
@@ -192,6 +206,8 @@ def sweep_tiles(models: list[str], rows: list[int], candidates: dict[str, WideTi
     lines.append(head)
     for model in models:
         for name, n, k in WIDE_SHAPES[model]:
+            if linears and name not in linears:
+                continue
             if choose_config(n, k).num_groups(k) != 1:
                 print(f"  {model} {name}: its weight has K groups, no wide tile", flush=True)
                 continue
@@ -258,9 +274,7 @@ def suggested_picks(records: list[dict], rows: list[int]) -> str:
             if r["candidates"][r["best"]]["us"] <= PICK_GAIN * r["engine_us"]:
                 side = 64 if r["m"] > 64 else 0
                 after = max([m for m in rows if side < m < r["m"]] + [side])
-                t = tiles[r["best"]]
-                entries.append(f"        WidePick({after}, {r['m']}, WideTile({t.block_m}, {t.block_n}, {t.block_k}, "
-                               f"{t.stages}, tma={t.tma}, programs_per_sm={t.programs_per_sm})),"
+                entries.append(f"        WidePick({after}, {r['m']}, {_tile_code(tiles[r['best']])}),"
                                f"  # {r['engine_us']:.1f} -> {r['candidates'][r['best']]['us']:.1f} us")
         if entries:
             text += [f"    ({n}, {k}): ("] + entries + ["    ),"]
@@ -326,13 +340,14 @@ def main() -> None:
     ap.add_argument("--no-ws", action="store_true", help="leave out the warp-specialized kernel")
     ap.add_argument("--wide", action="store_true", help="sweep the tiles of the one-group weights instead")
     ap.add_argument("--grouped", action="store_true", help="sweep the K-grouped weights' launches at up to 64 rows")
+    ap.add_argument("--linears", default=None, help="with --wide: only these linears (gate_up, lm_head)")
     ap.add_argument("--out", default=None, help="folder for the --wide table and JSON (default $OUT/wide_tiles)")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.wide:
         out = args.out or (os.path.join(os.environ["OUT"], "wide_tiles") if os.environ.get("OUT") else None)
         wide_sweep(args.models.split(","), [int(r) for r in (args.rows or "1,16,32,64,128,192,256").split(",")],
-                   Path(out) if out else None)
+                   Path(out) if out else None, args.linears.split(",") if args.linears else [])
         return
     if args.grouped:
         grouped_sweep(args.models.split(","), [int(r) for r in (args.rows or "1,16,64").split(",")])

@@ -146,7 +146,12 @@ class WideTile:
     config's), 128 (two warpgroups of 64 rows) or 256 (two of 128 rows, two m64 slabs each);
     block_n up to 256; tma: the persistent TMA-fed form (matmul_tma.py: the same tl.dot on the
     same tiles) with programs_per_sm programs an SM, else `_linear_kernel`'s grid (also where the
-    TMA form cannot run: the interpreter, pre-sm_90)."""
+    TMA form cannot run: the interpreter, pre-sm_90).
+    tail: the tile of the columns past this one's last whole wave (`head_columns`), launched
+    after it. Where the output tiles fill one wave and a sliver of the next (the 1.5B gate_up at
+    256 rows in 128 x 256 tiles: 140 on 132 SMs), the sliver's few big tiles would take as long
+    as the whole wave; smaller tiles spread it over the SMs. Column ranges change no bit (each
+    element is the same chain whichever tile computes it)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -154,6 +159,7 @@ class WideTile:
     stages: int = WIDE_NUM_STAGES
     tma: bool = False
     programs_per_sm: int = 1
+    tail: WideTile | None = None
 
     def shared_bytes(self) -> int:
         """The stage ring's shared memory (bf16/fp16 x and weight tiles)."""
@@ -163,6 +169,18 @@ class WideTile:
     def num_warps(self) -> int:
         """One warpgroup for a 64-row tile, two (WIDE_WARPS) for a taller one."""
         return 4 if self.block_m == BLOCK_M else WIDE_WARPS
+
+
+def head_columns(m: int, n: int, tile: WideTile) -> int:
+    """The columns of an [M, N] output that `tile` computes itself when it has a tail: those of
+    its whole waves (SMS x programs_per_sm programs a wave), the rest going to tile.tail. All N
+    without a tail, within one wave, or when the tiles end on a whole wave."""
+    slots = SMS * tile.programs_per_sm
+    m_tiles, n_tiles = _cdiv(m, tile.block_m), _cdiv(n, tile.block_n)
+    tiles = m_tiles * n_tiles
+    if tile.tail is None or tiles <= slots or tiles % slots == 0:
+        return n
+    return min(n, (tiles // slots) * slots // m_tiles * tile.block_n)
 
 
 @dataclass(frozen=True)
@@ -722,7 +740,19 @@ def _sum_groups(partials: torch.Tensor, bias: torch.Tensor | None, out: torch.Te
 
 
 def _launch_wide(x, weight, bias, out, tile: WideTile) -> None:
-    """A one-group weight's GEMM in a `WideTile` (its docstring: the same bits as any other tile)."""
+    """A one-group weight's GEMM in a `WideTile` (its docstring: the same bits as any other tile):
+    the columns of its whole waves in its own tile, the rest in its tail's (`head_columns`)."""
+    n = weight.shape[0]
+    cols = head_columns(x.shape[0], n, tile)
+    if cols < n:
+        _launch_tile(x, weight[:cols], None if bias is None else bias[:cols], out[:, :cols], tile)
+        _launch_wide(x, weight[cols:], None if bias is None else bias[cols:], out[:, cols:], tile.tail)
+        return
+    _launch_tile(x, weight, bias, out, tile)
+
+
+def _launch_tile(x, weight, bias, out, tile: WideTile) -> None:
+    """One launch of a one-group weight's GEMM in `tile` (its tail aside)."""
     m, k = x.shape
     n = weight.shape[0]
     assert tile.block_m in (BLOCK_M, 2 * BLOCK_M, 4 * BLOCK_M) and tile.block_n <= 256, f"wide tile {tile}"
@@ -784,5 +814,6 @@ __all__ = [
     "use_split",
     "WidePick",
     "WideTile",
+    "head_columns",
     "wide_tile_for",
 ]

@@ -13,6 +13,8 @@ to nearest even (`rtne_bf16`). The real shapes, wgmma, and CUDA graphs run only 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,7 @@ from sm90 import run_compile_script  # noqa: E402
 
 from jetspec_chat.engine.layers import FusedLinear, linear  # noqa: E402
 from jetspec_chat.kernels import linear_ref, linear_triton  # noqa: E402
+from jetspec_chat.kernels import matmul  # noqa: E402
 from jetspec_chat.kernels.matmul import (  # noqa: E402
     BLOCK_M,
     TUNED,
@@ -34,6 +37,7 @@ from jetspec_chat.kernels.matmul import (  # noqa: E402
     WideTile,
     block_m_for,
     choose_config,
+    head_columns,
     linear_partials,
     rule_config,
     stages_for,
@@ -69,11 +73,14 @@ REAL_SHAPES = ({f"1.5B-{k}": v for k, v in QWEN25_1_5B.items()} | {f"8B-{k}": v 
 GPU_MS = (1, 7, 64, 65, 128, 200, 256)
 LAUNCHES = [(split, bm) for split in (False, True) for bm in (BLOCK_M, WIDE_BLOCK_M)]
 # Wide tiles of one-group weights for the GPU invariance tests (the candidates of
-# `benchmarks/kernels_vs_vendor.py --wide` that differ most from the 64-row launch), grid and TMA.
+# `benchmarks/kernels_vs_vendor.py --wide` that differ most from the 64-row launch), grid and TMA,
+# and two with tails (at 200 and 256 rows every one-group real shape leaves a part-filled wave).
 GPU_WIDE_TILES = [WideTile(128, 256, 64, 3), WideTile(256, 128, 64, 3), WideTile(128, 256, 128, 2),
                   WideTile(128, 256, 64, 3, tma=True), WideTile(256, 128, 64, 3, tma=True),
                   WideTile(128, 128, 64, 3, tma=True, programs_per_sm=2),
-                  WideTile(64, 256, 64, 4), WideTile(64, 64, 128, 3, tma=True, programs_per_sm=2)]
+                  WideTile(64, 256, 64, 4), WideTile(64, 64, 128, 3, tma=True, programs_per_sm=2),
+                  WideTile(128, 256, 64, 4, tma=True, tail=WideTile(64, 64, 64, 4)),
+                  WideTile(128, 128, 64, 4, tma=True, tail=WideTile(128, 64, 64, 3))]
 
 
 def randn(*shape, seed, dtype=torch.bfloat16, scale=1.0, device=DEVICE):
@@ -223,6 +230,45 @@ def test_wide_tiles_give_the_64_row_launch_bits(tile, ordered_dot, poisoned_allo
         assert torch.equal(got, expect[:m]), f"M={m}: {tile} differs from the 64-row launch"
 
 
+# Wide tiles with tails (`head_columns`), with the SM count of the wave rule made small (3 or 5) so
+# that these small outputs end on part-filled waves: at N = 200 and M = 65 / 200 / 260 some
+# launches keep one wave, some leave columns to a tail, some to a tail's tail.
+TAIL_CPU_TILES = [WideTile(128, 64, 64, 2, tail=WideTile(64, 32, 64, 2)),
+                  WideTile(128, 128, 128, 2, tma=True, tail=WideTile(128, 64, 64, 2, tail=WideTile(64, 64, 64, 2)))]
+
+
+@pytest.mark.parametrize("sms", [3, 5])
+def test_wide_tile_tails_give_the_same_bits(sms, monkeypatch, ordered_dot, poisoned_alloc):
+    """A wide tile whose last wave goes to its tail (two launches over column ranges, a tail of a
+    tail) gives every row the 64-row launch's bits, bias and ragged columns included; every
+    element written (NaN-poisoned outputs)."""
+    monkeypatch.setattr(matmul, "SMS", sms)
+    x, w, b = problem(260, 200, 192, True, seed=22)
+    expect = linear_triton(x, w, b, config=ONE_GROUP, split=False, block_m=BLOCK_M)
+    depths = set()
+    for tile in TAIL_CPU_TILES:
+        for m in (65, 200, 260):
+            n, depth, t = 200, 0, tile
+            while t is not None and (cols := head_columns(m, n, t)) < n:
+                n, depth, t = n - cols, depth + 1, t.tail
+            depths.add(depth)
+            got = linear_triton(x[:m], w, b, config=ONE_GROUP, wide=tile)
+            assert torch.equal(got, expect[:m]), f"M={m}: {tile} differs from the 64-row launch"
+    assert depths == {0, 1, 2}, depths  # one launch, a tail, a tail's tail
+
+
+def test_head_columns_rule():
+    """The head tile keeps the columns of its whole waves: the 1.5B gate_up at 256 rows in 128 x
+    256 tiles (140 tiles on 132 SMs) keeps 66 of its 70 column tiles; within one wave, on whole
+    waves, or without a tail, it keeps them all."""
+    tile = WideTile(128, 256, 64, 4, tma=True, tail=WideTile(64, 64, 64, 4))
+    assert head_columns(256, 17920, tile) == 66 * 256
+    assert head_columns(128, 17920, tile) == 17920  # 70 tiles: one wave
+    assert head_columns(256, 17920, WideTile(128, 256, 64, 4, tma=True)) == 17920  # no tail
+    assert head_columns(256, 2 * 132 * 256, tile) == 2 * 132 * 256  # two whole waves
+    assert head_columns(256, 151936, WideTile(128, 256, 64, 3, programs_per_sm=2, tail=tile)) == 528 * 256
+
+
 def test_wide_tile_rule():
     """wide_tile_for: none for weights in K groups and for rows no WIDE_PICKS entry lists (they
     keep the launch `block_m_for` and `use_tma` choose); else the entry's tile. Every WIDE_PICKS
@@ -245,10 +291,21 @@ def test_wide_tile_rule():
             t = p.tile
             assert 0 <= p.after_rows < p.up_to_rows <= BLOCK_M or BLOCK_M <= p.after_rows < p.up_to_rows, (n, k, p)
             assert t.block_m == BLOCK_M if p.up_to_rows <= BLOCK_M else t.block_m in (128, 256), (n, k, p)
-            assert t.block_n in (64, 128, 256) and t.block_k in (64, 128), (n, k, p)
-            assert t.shared_bytes() * t.programs_per_sm <= 227 * 1024, (n, k, p)
+            for part in tile_chain(t):  # the tile, its tail, the tail's tail ...
+                assert part.block_m in (64, 128, 256) and part.block_n in (64, 128, 256), (n, k, p)
+                assert part.block_k in (64, 128), (n, k, p)
+                assert part.shared_bytes() * part.programs_per_sm <= 227 * 1024, (n, k, p)
             for ws in WS_PICKS.get((n, k), ()):
                 assert p.up_to_rows <= ws.after_rows or ws.up_to_rows <= p.after_rows, (n, k, p, ws)
+
+
+def tile_chain(tile: WideTile) -> list[WideTile]:
+    """A wide tile and its tails, each without its own tail (one launch each)."""
+    chain = []
+    while tile is not None:
+        chain.append(dataclasses.replace(tile, tail=None))
+        tile = tile.tail
+    return chain
 
 
 # The wide tiles compiled offline for sm_90 (with WIDE_PICKS's): the cuBLAS-class 128 x 256 and
@@ -266,8 +323,8 @@ def test_sm90_wide_tiles_run_the_same_wgmma():
     accumulator, the same scale and transpose flags); no local-memory spills; shared memory within
     an SM's."""
     pytest.importorskip("triton.backends.nvidia")
-    tiles = sorted(set(SM90_WIDE_TILES) | {p.tile for picks in WIDE_PICKS.values() for p in picks},
-                   key=lambda t: (t.block_m, t.block_n, t.block_k, t.stages))
+    picked = {part for picks in WIDE_PICKS.values() for p in picks for part in tile_chain(p.tile)}
+    tiles = sorted(set(SM90_WIDE_TILES) | picked, key=lambda t: (t.block_m, t.block_n, t.block_k, t.stages))
     args = ["64,64,64,4,4,0,1"] + [f"{t.block_m},{t.block_n},{t.block_k},{t.stages},{t.num_warps},0,1" for t in tiles]
     narrow, *wide = run_compile_script("sm90_linear_compile.py", args)
     tma = run_compile_script("sm90_tma_compile.py",
