@@ -203,9 +203,16 @@ class WidePick:
 # 2026-11-28 (the same sweep with its 64-row candidates, --rows 1,16,32,64): the 8B gate_up's
 # 128-wide tiles (the rule's: 192 programs, two an SM, on 132 SMs) end on a part-filled wave; in
 # 64-wide ones (384 programs, three an SM) it streams at cuBLAS's speed.
+# H200, 2026-12-07 (the same sweep with its head + tail candidates on 487ad91, --rows 128,192,256
+# --linears gate_up,lm_head): the 1.5B gate_up's part-filled last wave in 64 x 64 tiles
+# (`WideTile.tail`). The lm_heads' tiles fill whole waves at these rows (no tail applies), and the
+# same launch measured 206-240 µs across the sweep's columns: nothing there to pick from.
+TAIL_64 = WideTile(64, 64, 64, 4)
 WIDE_PICKS: dict[tuple[int, int], tuple[WidePick, ...]] = {
-    # Qwen2.5-1.5B gate_up at 65-128 rows: 25.0 -> 21.7
-    (17920, 1536): (WidePick(64, 128, WideTile(128, 256, 64, 4, tma=True, programs_per_sm=1)),),
+    # Qwen2.5-1.5B gate_up at 65-128 rows: 25.0 -> 21.7; 129-256 rows, the columns past the
+    # first wave (140 tiles on 132 SMs) in 64 x 64 tiles: 192 / 256 rows 37.6 / 37.5 -> 30.4 / 31.1
+    (17920, 1536): (WidePick(64, 128, WideTile(128, 256, 64, 4, tma=True, programs_per_sm=1)),
+                    WidePick(128, 256, WideTile(128, 256, 64, 4, tma=True, programs_per_sm=1, tail=TAIL_64))),
     # Qwen2.5 lm_head (K 1536) at 129-192 rows: 258.4 -> 207.7
     (151936, 1536): (WidePick(128, 192, WideTile(128, 256, 64, 3, tma=True, programs_per_sm=1)),),
     # Qwen3-8B gate_up: 1 / 16 / 32 / 64 rows 58.4 / 58.7 / 59.2 / 59.9 -> 50.5 / 51.3 / 51.6 / 52.5
