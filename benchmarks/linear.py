@@ -153,10 +153,25 @@ def main_table(ms, reps: int) -> list[dict]:
     return rows
 
 
+def balanced_groups(tiles: int, k_blocks: int, max_per_sm: int = 4) -> set[int]:
+    """K group counts whose (N tile, group) programs at M=1 load the SMs evenly: on average at
+    least 95% of the busiest SM's count (the 8B qkv's 96 tiles in 3 groups put 3 programs on 24
+    SMs and 2 on the rest, 73%; in 4 groups 97%), at most max_per_sm programs an SM."""
+    out = set()
+    for g in range(2, k_blocks // matmul.MIN_GROUP_BLOCKS + 1):
+        if -(-k_blocks // -(-k_blocks // g)) != g:  # rounds to another group count (num_groups)
+            continue
+        per_sm = tiles * g / matmul.SMS
+        if per_sm <= max_per_sm and per_sm / -(-tiles * g // matmul.SMS) >= 0.95:
+            out.add(g)
+    return out
+
+
 def candidates(n: int, k: int) -> list[LinearConfig]:
     """The table's config and its neighbourhood: 64 / 128-wide tiles, 64 / 128-deep K blocks, the
-    rule's K groups, half and twice as many, one group, and 2 or 4 groups for weights whose N tiles
-    alone fill a wave (gate_up, lm_head: at M=1 their one-group launch ends on a partial wave); the
+    rule's K groups, half and twice as many, one group, 2 or 4 groups for weights whose N tiles
+    alone fill a wave (gate_up, lm_head: at M=1 their one-group launch ends on a partial wave), and
+    the group counts that load the SMs evenly at M=1 (`balanced_groups`); the
     table's config at 3 and 6 stages. One group is left out where the N tiles fill under half the
     SMs (a handful of programs at M=1)."""
     base = choose_config(n, k)
@@ -167,15 +182,17 @@ def candidates(n: int, k: int) -> list[LinearConfig]:
             tiles = -(-n // bn)
             rule = groups_for(n, k, bn, bk)
             gs = {1, rule, 2 * rule, max(1, rule // 2)} | ({2, 4} if tiles >= matmul.SMS else set())
+            gs |= balanced_groups(tiles, k_blocks)
             for g in sorted(gs):
                 if (g == 1 and tiles < matmul.SMS // 2) or (g > 1 and g * matmul.MIN_GROUP_BLOCKS > k_blocks):
                     continue
                 out.append(LinearConfig(bn, bk, g, 4, 4 if bk == 64 else 3))
     out += [dataclasses.replace(base, num_stages=s) for s in (3, 6)]
     seen, unique = set(), []
-    for c in out:
-        if c not in seen:
-            seen.add(c)
+    for c in out:  # one of each launch: configs whose groups round to the same count are one
+        key = (c.block_n, c.block_k, c.num_groups(k), c.num_warps, c.num_stages)
+        if key not in seen:
+            seen.add(key)
             unique.append(c)
     return unique
 
