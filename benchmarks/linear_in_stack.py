@@ -7,7 +7,9 @@
   nopick: WIDE_PICKS and WS_PICKS emptied: every launch the rules' (`block_m_for`, `use_split`,
           `use_tma`), none of the tiles and forms picked per row count;
   cublas: F.linear (cuBLAS) for every linear: faster or slower, but a row's bits then depend on
-          how many rows share the GEMM, so bf16 speculation no longer equals bf16 AR.
+          how many rows share the GEMM, so bf16 speculation no longer equals bf16 AR;
+  trial:  (with --trial) TUNED plus the given entries: configs to try before adding them to TUNED
+          (a new group count changes that weight's bits, for AR and verify alike).
 
 One CUDA graph of TargetModel.forward per variant (the lm_head is not in it), replayed --reps times
 (median), the variants alternating for --rounds rounds (median of the rounds). Prints new/`tuned`
@@ -15,6 +17,7 @@ ratios. (An L2-prefetch probe, prefetch_probe.py in c567824, measured a side-str
 the same way; docs/performance.md, "Prefetch".)
 
     python3 benchmarks/linear_in_stack.py [--models 0.5B,1.5B,8B] [--ts 1,64,128] [--reps 40]
+        [--trial "6144,4096,64,64,4;4096,4096,64,64,6;4096,12288,64,64,6"]
 
 Runs from the repository root without installing the package. JSON to $OUT/linear_cost_bench.json.
 """
@@ -40,12 +43,23 @@ from jetspec_chat.kernels import matmul  # noqa: E402
 VARIANTS = ("tuned", "rule", "nopick", "cublas")
 
 
+def parse_trial(text: str) -> dict[tuple[int, int], matmul.LinearConfig]:
+    """--trial entries "N,K,block_n,block_k,groups[,stages]" separated by ";" -> TUNED entries."""
+    trial = {}
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        n, k, bn, bk, groups, *stages = (int(v) for v in entry.split(","))
+        trial[(n, k)] = matmul.LinearConfig(block_n=bn, block_k=bk, groups=groups, num_stages=(stages or [4])[0])
+    return trial
+
+
 @contextlib.contextmanager
-def linears(variant: str):
+def linears(variant: str, trial: dict | None = None):
     """Run the model's linears as `variant` says (module docstring), then restore the engine's."""
     tuned, wide, ws = dict(matmul.TUNED), dict(matmul.WIDE_PICKS), dict(matmul.WS_PICKS)
     batch_invariant = layers._batch_invariant
     try:
+        if variant == "trial":
+            matmul.TUNED.update(trial)
         if variant == "rule":
             matmul.TUNED.clear()
         if variant == "nopick":
@@ -63,20 +77,21 @@ def linears(variant: str):
         layers._batch_invariant = batch_invariant
 
 
-def bench(name: str, ts, reps: int, rounds: int) -> list[dict]:
+def bench(name: str, ts, reps: int, rounds: int, trial: dict | None = None) -> list[dict]:
     cfg, model, kv = build_stack(name)
+    variants = VARIANTS + (("trial",) if trial else ())
     rows = []
     with torch.no_grad():
         for t in ts:
             batch = make_batch(t)
-            us = {v: [] for v in VARIANTS}
+            us = {v: [] for v in variants}
             for _ in range(rounds):
-                for variant in VARIANTS:
-                    with linears(variant):
+                for variant in variants:
+                    with linears(variant, trial):
                         samples = graphed_ms(lambda: model(batch, kv)[0], reps, warmup=2)
                     us[variant].append(statistics.median(samples) * 1e3 / cfg.num_layers)
             ref = statistics.median(us["tuned"])
-            for variant in VARIANTS:
+            for variant in variants:
                 m = statistics.median(us[variant])
                 rows.append(dict(model=name, t=t, variant=variant, us_per_layer=m, ratio=m / ref, runs=us[variant]))
                 print(f"{name:>5} T={t:<4} {variant:<7} {m:8.2f} µs/layer  {m / ref:6.3f}  "
@@ -92,10 +107,13 @@ def main() -> None:
     ap.add_argument("--ts", default="1,64,128")
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trial", default="", help='a fifth variant: TUNED plus these entries, '
+                    '"N,K,block_n,block_k,groups[,stages]" separated by ";"')
     args = ap.parse_args()
+    trial = parse_trial(args.trial)
     rows = []
     for name in args.models.split(","):
-        rows += bench(name, [int(v) for v in args.ts.split(",")], args.reps, args.rounds)
+        rows += bench(name, [int(v) for v in args.ts.split(",")], args.reps, args.rounds, trial)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "linear_cost_bench.json"), "w") as f:
             json.dump(rows, f, indent=1)
