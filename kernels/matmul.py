@@ -174,13 +174,15 @@ class WideTile:
 def head_columns(m: int, n: int, tile: WideTile) -> int:
     """The columns of an [M, N] output that `tile` computes itself when it has a tail: those of
     its whole waves (SMS x programs_per_sm programs a wave), the rest going to tile.tail. All N
-    without a tail, within one wave, or when the tiles end on a whole wave."""
+    without a tail, within one wave, when the tiles end on a whole wave, or when the whole waves
+    hold no whole column of tiles (more M tiles than a wave has programs)."""
     slots = SMS * tile.programs_per_sm
     m_tiles, n_tiles = _cdiv(m, tile.block_m), _cdiv(n, tile.block_n)
     tiles = m_tiles * n_tiles
     if tile.tail is None or tiles <= slots or tiles % slots == 0:
         return n
-    return min(n, (tiles // slots) * slots // m_tiles * tile.block_n)
+    # Fewer than n_tiles columns of tiles (the last wave is part-filled), possibly none.
+    return (tiles // slots) * slots // m_tiles * tile.block_n or n
 
 
 @dataclass(frozen=True)

@@ -267,6 +267,9 @@ def test_head_columns_rule():
     assert head_columns(256, 17920, WideTile(128, 256, 64, 4, tma=True)) == 17920  # no tail
     assert head_columns(256, 2 * 132 * 256, tile) == 2 * 132 * 256  # two whole waves
     assert head_columns(256, 151936, WideTile(128, 256, 64, 3, programs_per_sm=2, tail=tile)) == 528 * 256
+    with pytest.MonkeyPatch.context() as patch:  # whole waves of 3 programs, 5 M tiles: no whole column
+        patch.setattr(matmul, "SMS", 3)
+        assert head_columns(260, 40, WideTile(64, 64, 64, 4, tail=WideTile(64, 32, 64, 4))) == 40
 
 
 def test_wide_tile_rule():
