@@ -153,13 +153,13 @@ def main_table(ms, reps: int) -> list[dict]:
     return rows
 
 
-def balanced_groups(tiles: int, k_blocks: int, max_per_sm: int = 4) -> set[int]:
+def balanced_groups(tiles: int, k: int, block_k: int, max_per_sm: int = 4) -> set[int]:
     """K group counts whose (N tile, group) programs at M=1 load the SMs evenly: on average at
     least 95% of the busiest SM's count (the 8B qkv's 96 tiles in 3 groups put 3 programs on 24
     SMs and 2 on the rest, 73%; in 4 groups 97%), at most max_per_sm programs an SM."""
     out = set()
-    for g in range(2, k_blocks // matmul.MIN_GROUP_BLOCKS + 1):
-        if -(-k_blocks // -(-k_blocks // g)) != g:  # rounds to another group count (num_groups)
+    for g in range(2, -(-k // block_k) // matmul.MIN_GROUP_BLOCKS + 1):
+        if LinearConfig(64, block_k, g).num_groups(k) != g:  # rounds to another group count
             continue
         per_sm = tiles * g / matmul.SMS
         if per_sm <= max_per_sm and per_sm / -(-tiles * g // matmul.SMS) >= 0.95:
@@ -182,7 +182,7 @@ def candidates(n: int, k: int) -> list[LinearConfig]:
             tiles = -(-n // bn)
             rule = groups_for(n, k, bn, bk)
             gs = {1, rule, 2 * rule, max(1, rule // 2)} | ({2, 4} if tiles >= matmul.SMS else set())
-            gs |= balanced_groups(tiles, k_blocks)
+            gs |= balanced_groups(tiles, k, bk)
             for g in sorted(gs):
                 if (g == 1 and tiles < matmul.SMS // 2) or (g > 1 and g * matmul.MIN_GROUP_BLOCKS > k_blocks):
                     continue
