@@ -371,22 +371,31 @@ if triton is not None:
         SEES_ALL: the caller's word that every row it keeps sees every key of the tile (a whole
         prefix tile without a window): `visible` is not applied, which changes no kept row's bits
         (where(True, s, -inf) is s) and saves a compare and a select a score."""
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+        s = tl.dot(q, kt, input_precision=PRECISION)
         if not SEES_ALL:
             s = tl.where(visible, s, float("-inf"))
-        m = tl.max(s, 1)
-        p = tl.exp2(s - tl.where(m == float("-inf"), 0.0, m)[:, None])  # avoid -inf - -inf = nan
+        # The max of the scaled scores, scaled once a row: rounding is monotonic and qk_scale > 0.
+        m = tl.max(s, 1) * qk_scale
+        # One FMA a score (scale, subtract the max, one rounding); -inf scores give 0.
+        p = tl.exp2(tl.fma(s, qk_scale, -tl.where(m == float("-inf"), 0.0, m)[:, None]))
         return m, tl.sum(p, 1), tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
 
     @triton.jit
     def _fold_weights(m1, m2):
-        """The fold of two partials (m1, l1, a1) and (m2, l2, a2): m = max(m1, m2), l = l1*c1 + l2*c2,
-        a = a1*c1 + a2*c2 (mul, mul, add: no FMA, the kernels run without fp fusion), in this
-        order in the attention programs and in the merge alike. Folding onto (-inf, 0, 0) gives
-        the other partial back exactly (c = 0 and 1), so a fold may start from either."""
+        """The fold of two partials (m1, l1, a1) and (m2, l2, a2), the first the earlier keys':
+        m = max(m1, m2), l = `_fold_sums`(l1, c1, l2, c2), a likewise, in the attention programs
+        and in the merge alike. Folding onto (-inf, 0, 0) gives the other partial back exactly
+        (c = 0 and 1), so a fold may start from either."""
         m = tl.maximum(m1, m2)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
         return m, tl.exp2(m1 - m_safe), tl.exp2(m2 - m_safe)
+
+    @triton.jit
+    def _fold_sums(x1, c1, x2, c2):
+        """x1 * c1 + x2 * c2 as a multiply and an FMA (the kernels run without fp fusion, so this
+        is written out): x1 is the earlier keys' sum, in every fold, so that the rounding is the
+        same wherever a fold runs."""
+        return tl.fma(x2, c2, x1 * c1)
 
     @triton.jit
     def _fold_tile(m_i, l_i, acc, q, kt, v, visible, qk_scale, PRECISION: tl.constexpr,
@@ -394,7 +403,7 @@ if triton is not None:
         """Fold one tile's partial into a program's running state (rows x head_dim)."""
         m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION, SEES_ALL)
         m, c1, c2 = _fold_weights(m_i, m_t)
-        return m, l_i * c1 + l_t * c2, acc * c1[:, None] + a_t * c2[:, None]
+        return m, _fold_sums(l_i, c1, l_t, c2), _fold_sums(acc, c1[:, None], a_t, c2[:, None])
 
     @triton.jit
     def _row_sees(pos, length, WINDOW: tl.constexpr):
@@ -469,8 +478,8 @@ if triton is not None:
         """(m, l, a) with a loaded state (xm, xl, xa) folded in where `use`, unchanged elsewhere:
         the merge's one fold of a stored state."""
         fm, c1, c2 = _fold_weights(m, xm)
-        l = tl.where(use, l * c1 + xl * c2, l)
-        a = tl.where(use, a * c1 + xa * c2, a)
+        l = tl.where(use, _fold_sums(l, c1, xl, c2), l)
+        a = tl.where(use, _fold_sums(a, c1, xa, c2), a)
         m = tl.where(use, fm, m)
         return m, l, a
 
@@ -498,8 +507,8 @@ if triton is not None:
                 xl = tl.load(TL_L + tile_at, mask=use, other=0.0)
                 xa = tl.load(TL_A + tile_at[:, None] * HEAD_DIM + d[None, :], mask=use[:, None], other=0.0)
                 fm, c1, c2 = _fold_weights(sm, xm)
-                sl = tl.where(use, sl * c1 + xl * c2, sl)
-                sa = tl.where(use[:, None], sa * c1[:, None] + xa * c2[:, None], sa)
+                sl = tl.where(use, _fold_sums(sl, c1, xl, c2), sl)
+                sa = tl.where(use[:, None], _fold_sums(sa, c1[:, None], xa, c2[:, None]), sa)
                 sm = tl.where(use, fm, sm)
             live = split < n_splits
             at = (split * T + t) * N_HEADS + h  # [NUM_SPLITS, T, N_HEADS]
@@ -542,8 +551,8 @@ if triton is not None:
                         xm, xl, xa, use = block[i]
                         sm, sl, sa = _fold_loaded(sm, sl, sa, xm, xl, xa, use)
             fm, c1, c2 = _fold_weights(m, sm)
-            den = den * c1 + sl * c2
-            a = a * c1 + sa * c2
+            den = _fold_sums(den, c1, sl, c2)
+            a = _fold_sums(a, c1, sa, c2)
             m = fm
         return m, den, a
 

@@ -13,20 +13,53 @@ import tempfile
 from pathlib import Path
 
 
-def resource_usage(kernel) -> dict:
-    """Registers and local memory (spills) of a compiled kernel's cubin, by cuobjdump, and its
-    shared memory: {"regs", "local", "shared"} (None where cuobjdump reports nothing)."""
+def _cuobjdump(kernel, flag: str) -> str:
+    """cuobjdump FLAG on the compiled kernel's cubin."""
     import triton
 
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
         tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True).stdout
+
+
+def resource_usage(kernel) -> dict:
+    """Registers and local memory (spills) of a compiled kernel's cubin, by cuobjdump, and its
+    shared memory: {"regs", "local", "shared"} (None where cuobjdump reports nothing)."""
+    usage = _cuobjdump(kernel, "-res-usage")
     regs = re.search(r"REG:(\d+)", usage)
     local = re.search(r"LOCAL:(\d+)", usage)
     return dict(regs=int(regs.group(1)) if regs else None, local=int(local.group(1)) if local else None,
                 shared=kernel.metadata.shared)
+
+
+def sass(kernel) -> str:
+    """The compiled kernel's SASS, by cuobjdump."""
+    return _cuobjdump(kernel, "-sass")
+
+
+_SASS_LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)\S*(.*)")
+
+
+def innermost_mma_loop(sass_text: str) -> dict:
+    """The opcode counts of the shortest loop (a backward branch's span) that issues a wgmma
+    (HGMMA): in an attention binary, the work one key tile costs a thread, instruction by
+    instruction. {"instructions": n, opcode: count, ...}; {} where no loop has one."""
+    code = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in map(_SASS_LINE.match, sass_text.splitlines()) if m]
+    best: list[str] | None = None
+    for addr, op, rest in code:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) < addr:
+            body = [o for a, o, _ in code if int(target.group(1), 16) <= a <= addr]
+            if "HGMMA" in body and (best is None or len(body) < len(best)):
+                best = body
+    if best is None:
+        return {}
+    counts: dict = {"instructions": len(best)}
+    for op in best:
+        counts[op] = counts.get(op, 0) + 1
+    return counts
 
 
 def wgmma_forms(ptx: str) -> list[str]:

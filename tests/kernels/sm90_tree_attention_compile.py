@@ -1,6 +1,8 @@
 """Compile kernels/tree_attention.py's attention binaries for sm_90 without a GPU and print, per
 head width and MODE, the launch configuration it gets (`tree_attention.tile_config`) and its
-resources: registers, local memory (spills) and shared memory, bf16 as the engine runs it.
+resources: registers, local memory (spills) and shared memory, bf16 as the engine runs it, and
+the opcode counts of its tile loop (the shortest loop that issues a wgmma: what one key tile
+costs a thread).
 Run as a script (test_kernels.py does, in a subprocess: the compiler needs the real triton.jit,
 not the interpreter's).
 
@@ -21,11 +23,14 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sm90 import resource_usage  # noqa: E402  (tests/kernels/sm90.py: the script's folder is on sys.path)
+from sm90 import innermost_mma_loop, resource_usage, sass  # noqa: E402  (tests/kernels/sm90.py: the script's folder is on sys.path)
 from jetspec_chat.kernels import tree_attention as ta  # noqa: E402
 
 POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BT="*i32", PREFIX="*i32", ORDER="*i32", COUNT="*i32", OUT="*bf16",
                 CH_A="*fp32", CH_M="*fp32", CH_L="*fp32", TL_A="*fp32", TL_M="*fp32", TL_L="*fp32", SINKS="*bf16")
+# The tile loop's instructions printed per binary: all of them, and the arithmetic of a tile's
+# softmax and fold (fp32 multiplies, adds, FMAs, exp2 and max) beside its wgmmas.
+TILE_LOOP_OPS = ("instructions", "HGMMA", "FMUL", "FADD", "FFMA", "MUFU", "FMNMX")
 INTS = ("T", "N_HEADS", "SPLIT_LEN", "SPLIT_PROGRAMS", "TILE_STRIDE", "stride_qt", "stride_qh", "stride_kb", "stride_ks",
         "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_ot", "stride_oh")
 
@@ -49,8 +54,10 @@ def compile_attention(head_dim: int, mode: int, window: int = 0, group: int = 8)
     stages = {0: cfg.ar_stages, 3: ta.TAIL_STAGES}.get(mode, cfg.stages)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(
         num_warps=cfg.num_warps, num_stages=stages, enable_fp_fusion=False, launch_pdl=True))
+    loop = innermost_mma_loop(sass(kernel))
     return dict(head_dim=head_dim, mode=("AR", "TREE", "CHUNK", "TAIL")[mode], window=window, block_n=cfg.block_n,
-                warps=cfg.num_warps, tma=tma, stages=stages, v_split=cfg.v_split, **resource_usage(kernel))
+                warps=cfg.num_warps, tma=tma, stages=stages, v_split=cfg.v_split, **resource_usage(kernel),
+                tile_loop={op: loop.get(op, 0) for op in TILE_LOOP_OPS})
 
 
 def compile_merge(head_dim: int, mode: int, capacity: int = 32768) -> dict:

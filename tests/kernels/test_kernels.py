@@ -440,13 +440,24 @@ def test_heads_wider_than_the_tiles_fit_are_refused_in_one_sentence():
 
 def test_sm90_128_binaries_take_tma_loads_without_spills():
     """Offline sm_90 compile (no GPU): at the Qwen heads' width every attention binary takes the
-    whole prefix tiles through TMA descriptors and fits an SM without spills."""
+    whole prefix tiles through TMA descriptors and fits an SM without spills. And a tile's
+    arithmetic is what `_tile_partial` and `_fold_sums` write: one FMA a score (scale and max
+    subtracted together), and a fold of a split program's running state that costs a multiply
+    and an FMA an accumulator element (not two multiplies and an add)."""
     from sm90 import run_compile_script
 
     lines = run_compile_script("sm90_tree_attention_compile.py", ["128"])
     assert [line["mode"] for line in lines if line.get("tma")] == ["TREE", "CHUNK", "TAIL"]
     for line in lines:
         assert line["shared"] <= 227 * 1024 and line["local"] == 0, line
+    threads = 4 * 32
+    scores, acc = 64 * 64 // threads, 64 * 128 // threads  # a thread's share of a 64 x 64 tile, of a 64 x 128 state
+    for line in lines[:4]:  # AR, TREE, CHUNK, TAIL
+        loop = line["tile_loop"]
+        assert loop["HGMMA"] > 0 and loop["FFMA"] >= scores, line
+        folds = line["mode"] in ("TREE", "CHUNK")  # split programs fold their tiles in registers
+        assert loop["FMUL"] <= (acc if folds else 0) + 4, line
+        assert loop["FADD"] <= scores + 8, line  # the row sums' adds only
 
 
 def test_sm90_512_binaries_fit_shared_memory_and_registers():
