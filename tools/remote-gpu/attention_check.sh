@@ -5,7 +5,8 @@
 #      variant against the serial merge / the uncapped grid);
 #   2. benchmarks/tree_attention.py --SWEEP-sweep (cold µs, "same" per point) against the previous
 #      kernel file, where a sweep is named (merge: the AR merge; verify-merge; grid; split; tile;
-#      v-split; tail; tma; merge-blocks; flat);
+#      v-split; tail; tma; merge-blocks; flat), or its default table (every call of the 1.5B and
+#      8B shapes, the previous kernel beside this one, SDPA and the bound) where SWEEP is "table";
 #   3. the engine (8B shape, random weights, ctx 512 and 8192), this tree against the previous one
 #      in alternating runs (tools/remote-gpu/engine_ab.py), medians and new/old per measure.
 #
@@ -30,8 +31,9 @@ old=${OLD_KERNEL:-}
 if [ -z "$old" ] && [ -n "${OLD_SITE:-}" ]; then old=$OLD_SITE/jetspec_chat/kernels/tree_attention.py; fi
 old=${old:-main}
 if [ -n "$sweep" ]; then
-  echo "== --$sweep-sweep (previous kernel: $old), at $((SECONDS - start)) s" | tee "$dir/sweep.txt"
-  timeout 90 $PY benchmarks/tree_attention.py --old "$old" "--$sweep-sweep" --json-out "$dir/sweep.json" 2>&1 \
+  flag=(); [ "$sweep" != table ] && flag=("--$sweep-sweep")
+  echo "== $sweep (previous kernel: $old), at $((SECONDS - start)) s" | tee "$dir/sweep.txt"
+  timeout 90 $PY benchmarks/tree_attention.py --old "$old" "${flag[@]}" --json-out "$dir/sweep.json" 2>&1 \
     | tail -40 | tee -a "$dir/sweep.txt"
 fi
 
