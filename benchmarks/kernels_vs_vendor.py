@@ -27,7 +27,10 @@ WIDE_CANDIDATES (two warpgroups): cuBLAS, the engine's launch and every candidat
 `_linear_kernel`'s grid, t: the persistent TMA-fed form; BLOCK_M x BLOCK_N [x BLOCK_K] s stages
 [p programs an SM] [+ the tail's tile: the columns past the last whole wave]) in µs, the fastest candidate against both, and `bits`: 'ok' when every
 candidate's output equals the engine's launch bitwise at that M and the engine's first, middle and
-last rows equal their M = 1 calls (else the candidates that differ). It ends with the WIDE_PICKS
+last rows equal their M = 1 calls (else the candidates that differ). Each launch is timed once a
+round for --rounds rounds in turn (default 3; the table shows the median, `spread` the widest
+max / min over one launch's rounds at that shape: the long lm_head GEMMs varied by up to 15%
+between single timings). It ends with the WIDE_PICKS
 entries the timings suggest (the fastest candidate with equal bits, where it beats the engine's
 launch by >= 5%), as Python, and writes the table and its JSON to --out (default $OUT/wide_tiles
 when $OUT is set).
@@ -39,7 +42,7 @@ the engine's launch against GROUPED_CANDIDATES, the same K blocks and groups (th
 
   python3 benchmarks/kernels_vs_vendor.py [--models 1.5b,8b,30b] [--rows 1,16,64,128,256] [--tma] [--no-ws]
   python3 benchmarks/kernels_vs_vendor.py --wide [--models 1.5b,8b,30b] [--rows 1,16,32,64,128,192,256]
-      [--linears gate_up,lm_head] [--out DIR]
+      [--linears gate_up,lm_head] [--rounds 3] [--out DIR]
   python3 benchmarks/kernels_vs_vendor.py --grouped [--models 1.5b,8b,30b] [--rows 1,16,64]
 """
 from __future__ import annotations
@@ -183,7 +186,7 @@ def ceilings() -> tuple[float, float]:
     return bw, 2 * 8192**3 / (t * 1e-6)
 
 
-def wide_sweep(models: list[str], rows: list[int], out_dir: Path | None, linears: list[str]) -> None:
+def wide_sweep(models: list[str], rows: list[int], out_dir: Path | None, linears: list[str], rounds: int) -> None:
     """The --wide table (module docstring): every candidate tile beside cuBLAS and the engine's
     launch at the one-group shapes, with the bits column and the suggested picks; the
     ROW64_CANDIDATES at up to 64 rows, the WIDE_CANDIDATES past them."""
@@ -191,17 +194,18 @@ def wide_sweep(models: list[str], rows: list[int], out_dir: Path | None, linears
     for group, candidates in (([m for m in rows if m <= 64], ROW64_CANDIDATES),
                               ([m for m in rows if m > 64], WIDE_CANDIDATES)):
         if group:
-            sweep_tiles(models, group, candidates, lines, records, out_dir, rows, linears)
+            sweep_tiles(models, group, candidates, lines, records, out_dir, rows, linears, rounds)
     print("\n".join(write_wide(out_dir, lines, records, rows)[len(lines):]))
 
 
 def sweep_tiles(models: list[str], rows: list[int], candidates: dict[str, WideTile], lines: list[str],
-                records: list[dict], out_dir: Path | None, all_rows: list[int], linears: list[str]) -> None:
+                records: list[dict], out_dir: Path | None, all_rows: list[int], linears: list[str],
+                rounds: int) -> None:
     """One table of `wide_sweep`: these candidates at these rows, appended to lines and records."""
     names = list(candidates)
     w = max(map(len, names))
     head = f"{'model':5} {'linear':8} {'N':>6} {'K':>5} {'M':>4} {'cublas':>7} {'engine':>7}"
-    head += "".join(f" {v:>{w}}" for v in names) + f" {'best':>{w}} {'best/cub':>8} {'best/eng':>8}  bits"
+    head += "".join(f" {v:>{w}}" for v in names) + f" {'best':>{w}} {'best/cub':>8} {'best/eng':>8} {'spread':>6}  bits"
     print(head, flush=True)
     lines.append(head)
     for model in models:
@@ -219,18 +223,26 @@ def sweep_tiles(models: list[str], rows: list[int], candidates: dict[str, WideTi
                 engine_y = linear_triton(x, weights[0])
                 engine_ok = all(torch.equal(linear_triton(x[r:r + 1], weights[0])[0], engine_y[r])
                                 for r in sorted({0, m // 2, m - 1}))
-                engine = lambda i: linear_triton(x, weights[i], out=outs[i])  # noqa: E731
-                graph_time_us(engine, copies)  # a warm-up: the first timing at a row count read up to 6% slow
-                t_engine = graph_time_us(engine, copies)
-                t_cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T, out=outs[i]), copies)
-                times, same = {}, {}
+                calls = {"engine": lambda i: linear_triton(x, weights[i], out=outs[i]),
+                         "cublas": lambda i: torch.matmul(x, weights[i].T, out=outs[i])}
+                same = {}
                 for v, tile in candidates.items():
                     try:
                         same[v] = torch.equal(linear_triton(x, weights[0], wide=tile), engine_y)
-                        times[v] = graph_time_us(lambda i, t=tile: linear_triton(x, weights[i], out=outs[i], wide=t), copies)
+                        calls[v] = lambda i, t=tile: linear_triton(x, weights[i], out=outs[i], wide=t)
                     except Exception as e:  # a candidate that does not compile or run here: reported, not fatal
                         print(f"  {v} failed at {name} M={m}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-                        same[v], times[v] = None, float("nan")
+                        same[v] = None
+                graph_time_us(calls["engine"], copies)  # a warm-up: the first timing at a row count read up to 6% slow
+                # Every launch timed once a round, rounds in turn: a slow spell of the GPU falls on
+                # all of them alike, and the median over rounds is what the table shows.
+                runs = {v: [] for v in calls}
+                for _ in range(rounds):
+                    for v, call in calls.items():
+                        runs[v].append(graph_time_us(call, copies))
+                times = {v: statistics.median(runs[v]) if v in runs else float("nan") for v in names}
+                t_engine, t_cublas = statistics.median(runs["engine"]), statistics.median(runs["cublas"])
+                spread = max(max(r) / min(r) for r in runs.values())
                 ok = [v for v in names if same[v] and times[v] == times[v]]
                 best = min(ok, key=times.get) if ok else None
                 t_best = times[best] if best else float("nan")
@@ -238,11 +250,13 @@ def sweep_tiles(models: list[str], rows: list[int], candidates: dict[str, WideTi
                 bits = "ok" if engine_ok and not differ else ("ROWS " if not engine_ok else "") + " ".join(differ)
                 line = f"{model:5} {name:8} {n:6} {k:5} {m:4} {t_cublas:7.1f} {t_engine:7.1f}"
                 line += "".join(f" {times[v]:{w}.1f}" for v in names)
-                line += f" {best or '-':>{w}} {t_best / t_cublas:8.2f} {t_best / t_engine:8.2f}  {bits}"
+                line += f" {best or '-':>{w}} {t_best / t_cublas:8.2f} {t_best / t_engine:8.2f} {spread:6.2f}  {bits}"
                 print(line, flush=True)
                 lines.append(line)
                 records.append(dict(model=model, linear=name, n=n, k=k, m=m, cublas_us=t_cublas, engine_us=t_engine,
-                                    candidates={v: dict(us=times[v], same_bits=same[v]) for v in names},
+                                    candidates={v: dict(us=times[v], same_bits=same[v], rounds_us=runs.get(v))
+                                                for v in names},
+                                    engine_rounds_us=runs["engine"], cublas_rounds_us=runs["cublas"], spread=spread,
                                     engine_rows_equal_m1=engine_ok, best=best))
             del weights
             torch.cuda.empty_cache()
@@ -344,12 +358,14 @@ def main() -> None:
     ap.add_argument("--grouped", action="store_true", help="sweep the K-grouped weights' launches at up to 64 rows")
     ap.add_argument("--linears", default=None, help="with --wide: only these linears (gate_up, lm_head)")
     ap.add_argument("--out", default=None, help="folder for the --wide table and JSON (default $OUT/wide_tiles)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="with --wide: rounds of timing every launch once, in turn (the table: their median)")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.wide:
         out = args.out or (os.path.join(os.environ["OUT"], "wide_tiles") if os.environ.get("OUT") else None)
         wide_sweep(args.models.split(","), [int(r) for r in (args.rows or "1,16,32,64,128,192,256").split(",")],
-                   Path(out) if out else None, args.linears.split(",") if args.linears else [])
+                   Path(out) if out else None, args.linears.split(",") if args.linears else [], args.rounds)
         return
     if args.grouped:
         grouped_sweep(args.models.split(","), [int(r) for r in (args.rows or "1,16,64").split(",")])
