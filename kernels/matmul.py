@@ -146,7 +146,7 @@ class WideTile:
     config's), 128 (two warpgroups of 64 rows) or 256 (two of 128 rows, two m64 slabs each);
     block_n up to 256; tma: the persistent TMA-fed form (matmul_tma.py: the same tl.dot on the
     same tiles) with programs_per_sm programs an SM, else `_linear_kernel`'s grid (also where the
-    TMA form cannot run: the interpreter, pre-sm_90).
+    TMA form cannot run: pre-sm_90).
     tail: the tile of the columns past this one's last whole wave (`head_columns`), launched
     after it. Where the output tiles fill one wave and a sliver of the next (the 1.5B gate_up at
     256 rows in 128 x 256 tiles: 140 on 132 SMs), the sliver's few big tiles would take as long
@@ -615,7 +615,7 @@ def linear_tma(
     (matmul_tma.py), bitwise `linear_triton(x, weight, bias, config=config)`: its fused launch's
     arithmetic. block_m: rows per tile (default `block_m_for`'s fused choice); programs_per_sm,
     num_stages, flatten: speed only."""
-    assert tma_available(x.device), "linear_tma needs a CUDA device of sm_90+ and compiled Triton"
+    assert tma_available(x.device), "linear_tma needs a CUDA device of sm_90+ (or the interpreter) and Triton's TMA"
     assert x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1]
     assert x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
     x = x if x.stride(1) == 1 else x.contiguous()

@@ -40,9 +40,10 @@ SMS = 132  # H100 / H200
 
 
 def available(device: torch.device) -> bool:
-    """Whether the TMA form runs on `device`: a CUDA device of sm_90 or newer, compiled Triton
-    with host tensor descriptors."""
-    return TensorDescriptor is not None and not interpreting() and hopper_or_newer(device)
+    """Whether the TMA form runs on `device`: Triton with host tensor descriptors, and a CUDA
+    device of sm_90 or newer, or the interpreter (the CPU tests: the descriptors' loads there
+    are masked loads with the copy engine's zero fill)."""
+    return TensorDescriptor is not None and (interpreting() or hopper_or_newer(device))
 
 
 if triton is not None and TensorDescriptor is not None:
@@ -50,7 +51,7 @@ if triton is not None and TensorDescriptor is not None:
     @triton.jit(do_not_specialize=["M"])
     def _linear_tma_kernel(
         x_desc, w_desc, B, Y, M, N, stride_ym, group_blocks, k_blocks, programs,
-        ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+        UPCAST: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         FLATTEN: tl.constexpr, PDL: tl.constexpr,
     ):
@@ -68,7 +69,10 @@ if triton is not None and TensorDescriptor is not None:
             for kb in range(0, k_blocks):
                 x = x_desc.load([off_m, kb * BLOCK_K])
                 w = w_desc.load([off_n, kb * BLOCK_K])
-                acc = tl.dot(x, w.T, acc)
+                if UPCAST:  # the interpreter's bf16 dot is wrong: fp32 products, as `_linear_kernel` there
+                    acc = tl.dot(x.to(tl.float32), w.T.to(tl.float32), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(x, w.T, acc)
                 if not ONE_GROUP:
                     # End of a group that is not the last: fold it into the total, start the next.
                     if ((kb + 1) % group_blocks == 0) & (kb + 1 < k_blocks):
@@ -99,7 +103,7 @@ def launch_tma(
     b = bias if bias is not None else out
     _linear_tma_kernel[(programs,)](
         x_desc, w_desc, b, out, m, n, out.stride(0), group_blocks, -(-k // block_k), programs,
-        ONE_GROUP=one_group, HAS_BIAS=bias is not None,
+        UPCAST=interpreting(), ONE_GROUP=one_group, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FLATTEN=flatten,
         num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=False, **launch_args(x.device, m),
     )

@@ -24,15 +24,15 @@ from sm90 import resource_usage, wgmma_forms  # noqa: E402
 from jetspec_chat.kernels import matmul_tma  # noqa: E402
 
 INTS = ("M", "N", "stride_ym", "group_blocks", "k_blocks", "programs")
-FLAGS = ("ONE_GROUP", "HAS_BIAS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "FLATTEN", "PDL")
+FLAGS = ("UPCAST", "ONE_GROUP", "HAS_BIAS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "FLATTEN", "PDL")
 
 
 def compile_variant(block_m: int, block_n: int, block_k: int, stages: int, warps: int, one_group: bool) -> dict:
     sig = {"x_desc": f"tensordesc<bf16[{block_m},{block_k}]>", "w_desc": f"tensordesc<bf16[{block_n},{block_k}]>",
            "B": "*bf16", "Y": "*bf16"}
     sig |= {name: "i32" for name in INTS} | {name: "constexpr" for name in FLAGS}
-    consts = dict(ONE_GROUP=one_group, HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FLATTEN=False,
-                  PDL=False)  # as launched past 64 rows, where matmul.use_tma picks it
+    consts = dict(UPCAST=False, ONE_GROUP=one_group, HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n,
+                  BLOCK_K=block_k, FLATTEN=False, PDL=False)  # as launched past 64 rows, where matmul.use_tma picks it
     src = ASTSource(fn=matmul_tma._linear_tma_kernel, signature=sig, constexprs=consts)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=False))

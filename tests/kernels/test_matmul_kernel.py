@@ -222,7 +222,8 @@ def test_wide_tiles_give_the_64_row_launch_bits(tile, ordered_dot, poisoned_allo
     the 64-row launch's, bitwise, with a bias and a ragged N (80: one 256-wide tile wraps its
     columns) and K; every element written (NaN-poisoned outputs). The dot adds its products in K
     order (ordered_dot), as one fp32 chain over K, so a 128-deep K block must equal two 64-deep
-    ones here, as the k16 wgmma chain does on the GPU. (The TMA form runs the grid kernel here.)"""
+    ones here, as the k16 wgmma chain does on the GPU. (The TMA form runs here too: its
+    descriptors' loads are the interpreter's masked loads with zero fill.)"""
     x, w, b = problem(260, 80, 192, True, seed=21)
     expect = linear_triton(x, w, b, config=ONE_GROUP, split=False, block_m=BLOCK_M)
     for m in (1, 65, 200, 260):

@@ -1,10 +1,11 @@
 """The persistent TMA-fed linear (kernels/matmul_tma.py): it must give bitwise the rows of the
 engine's linear (kernels/matmul.py) for the same config, at every M.
 
-The copy engine's tensor descriptors do not run under the CPU interpreter, so on the CPU the
-kernel is compiled offline for sm_90 and its MMA instructions are compared with
-`_linear_kernel`'s (the instruction per output element is what fixes the bits); the bitwise
-comparisons at the real shapes run on a GPU.
+On the CPU the kernel runs under the interpreter (its descriptors' loads are masked loads with
+zero fill there), against `_linear_kernel`'s fused launch: the same K blocks, groups, fold order,
+bias and masking, tile by tile as each persistent program walks them. It is also compiled
+offline for sm_90 and its MMA instructions compared with `_linear_kernel`'s (the instruction per
+output element is what fixes the bits); the bitwise comparisons at the real shapes run on a GPU.
 """
 from __future__ import annotations
 
@@ -26,6 +27,42 @@ REAL_SHAPES = {
     "1.5b_qkv": (2048, 1536), "1.5b_down": (1536, 8960), "1.5b_gate_up": (17920, 1536),
     "8b_qkv": (6144, 4096), "8b_o": (4096, 4096), "8b_down": (4096, 12288), "30b_qkv": (5120, 2048),
 }
+
+
+# Small configs for the interpreter: one K group, and three (K = 200: blocks of 32, the last
+# ragged, so the copy engine's zero fill is what pads it).
+CPU_CONFIGS = [LinearConfig(block_n=32, block_k=32, groups=1), LinearConfig(block_n=32, block_k=32, groups=3)]
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter's run (the GPU's is the real-shape test below)")
+@pytest.mark.parametrize("config", CPU_CONFIGS, ids=lambda c: f"groups{c.groups}")
+def test_tma_kernel_gives_the_fused_launch_bits(config, monkeypatch, ordered_dot, poisoned_alloc):
+    """Under the interpreter, linear_tma equals linear_triton's fused launch bitwise at M = 1, 65
+    and 200 (ragged tiles of 64 and 128 rows), N = 80 (a ragged last column tile), K = 200, with
+    and without a bias, flattened loop or not, and with the grid cut to 2 programs an SM over 3
+    SMs, so that each program walks several output tiles in turn; every element written. Rows 0
+    and 130 sum 2^24, five 0.75s (K blocks 1-5) and -2^24 (block 6), whose fp32 result depends
+    on where the groups end (test_matmul_kernel's test_groups_change_the_sum_order): the
+    three-group launch gives 2 there, one group 0, groups cut one block early 3."""
+    monkeypatch.setattr(matmul_tma, "SMS", 3)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(200, 200, generator=gen)
+    w = torch.randn(80, 200, generator=gen) * 200 ** -0.5
+    b = torch.randn(80, generator=gen).to(torch.bfloat16)
+    for r in (0, 130):
+        x[r] = 0.0
+        x[r, 0] = x[r, 192] = 4096.0
+        x[r, 32:161:32] = 1.0
+    w[:, 0], w[:, 192], w[:, 32:161:32] = 4096.0, -4096.0, 0.75
+    x, w = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    crafted = linear_triton(x[:1], w, config=config, split=False, block_m=BLOCK_M)
+    assert (crafted == (2.0 if config.groups == 3 else 0.0)).all(), crafted[0, :4]
+    for bias in (None, b):
+        for m in (1, 65, 200):
+            expect = linear_triton(x[:m], w, bias, config=config, split=False, block_m=BLOCK_M)
+            for block_m, pps, flatten in ((BLOCK_M, 2, False), (WIDE_BLOCK_M, 1, True)):
+                got = linear_tma(x[:m], w, bias, config=config, block_m=block_m, programs_per_sm=pps, flatten=flatten)
+                assert torch.equal(got, expect), f"M={m} block_m={block_m} bias={bias is not None}"
 
 
 def test_sm90_tma_kernel_runs_the_linears_wgmma():
