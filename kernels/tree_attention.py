@@ -46,7 +46,8 @@ its bits, so the work can be cut as suits each call:
 On sm_90 and newer the tiles wholly inside the prefix (split and flat programs) come through TMA
 descriptors of the pools (`tma_loads`, `tma_descriptors`; speed only: the same values).
 fp32 scores, softmax and accumulation (exp2 with the scale folded in); output in q's dtype.
-fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless.
+fp32 inputs use IEEE fp32 dots (no TF32) so fp32 runs stay lossless; under the interpreter every
+input does, upcast (exact products; its bf16 dot multiplies raw bit patterns).
 """
 from __future__ import annotations
 
@@ -371,14 +372,21 @@ if triton is not None:
         SEES_ALL: the caller's word that every row it keeps sees every key of the tile (a whole
         prefix tile without a window): `visible` is not applied, which changes no kept row's bits
         (where(True, s, -inf) is s) and saves a compare and a select a score."""
-        s = tl.dot(q, kt, input_precision=PRECISION)
+        if PRECISION == "ieee":  # fp32 dots: fp32 inputs, and any input under the interpreter
+            s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, kt, input_precision=PRECISION)
         if not SEES_ALL:
             s = tl.where(visible, s, float("-inf"))
         # The max of the scaled scores, scaled once a row: rounding is monotonic and qk_scale > 0.
         m = tl.max(s, 1) * qk_scale
         # One FMA a score (scale, subtract the max, one rounding); -inf scores give 0.
         p = tl.exp2(tl.fma(s, qk_scale, -tl.where(m == float("-inf"), 0.0, m)[:, None]))
-        return m, tl.sum(p, 1), tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        l = tl.sum(p, 1)
+        p_v = p.to(v.dtype)  # the P@V operand: p rounded to the cache's dtype
+        if PRECISION == "ieee":
+            return m, l, tl.dot(p_v.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        return m, l, tl.dot(p_v, v, input_precision=PRECISION)
 
     @triton.jit
     def _fold_weights(m1, m2):
@@ -978,7 +986,9 @@ def paged_tree_attention_triton(
             out.stride(0), out.stride(1),
             GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
             BLOCK_M=BLOCK_M, BLOCK_N=block_n, MODE=kernel_mode, FLAT_TILES=flat_tiles, PAGED=block_table is not None,
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # tf32 is ignored for bf16/fp16
+            # tf32 is ignored for bf16/fp16. Under the interpreter every dot is fp32 on upcast
+            # operands (exact products): its bf16 dot multiplies the raw bit patterns.
+            PRECISION="ieee" if q.dtype == torch.float32 or interpreting() else "tf32",
             WINDOW=int(window), HAS_SINKS=sinks is not None, V_SPLIT=cfg.v_split, TMA=tma,
             num_warps=cfg.num_warps, num_stages=stages, enable_fp_fusion=False,
             **launch_args(q.device, t),
