@@ -167,6 +167,15 @@ def test_no_block_table_is_the_identity_table(t, prefix_len, poisoned_alloc):
     assert torch.equal(plain, paged)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check (the GPU's bf16 tests are below)")
+@pytest.mark.parametrize("t,prefix_len", [(1, 130), (12, 130)])
+def test_bf16_under_the_interpreter_matches_the_reference(t, prefix_len):
+    """bf16 under the interpreter, AR and a tree: its tl.dot multiplies bf16 tiles' raw bit
+    patterns, so there the kernel runs every dot in fp32 on upcast operands (PRECISION "ieee");
+    without that the scores are garbage (4e9 for tiles of ones) and the outputs far off or NaN."""
+    check(t, prefix_len, 8, 2, 64, mask="tree", dtype=torch.bfloat16, rtol=2e-2, atol=2e-2, split_len=64)
+
+
 @pytest.mark.parametrize("t,prefix_len,mask,window", [
     (6, 130, "tree", 0),     # flat programs: each whole prefix tile in a program of its own
     (6, 1100, "tree", 0),    # past FLAT_TILES: split programs fold the whole tiles in chains
