@@ -380,8 +380,9 @@ if triton is not None:
             s = tl.where(visible, s, float("-inf"))
         # The max of the scaled scores, scaled once a row: rounding is monotonic and qk_scale > 0.
         m = tl.max(s, 1) * qk_scale
-        # One FMA a score (scale, subtract the max, one rounding); -inf scores give 0. The max
-        # score's p is 2^(its scaled value's rounding error): 1 within 1e-4 at any real logit.
+        # One FMA a score (scale, subtract the max, one rounding); -inf scores give 0, and a row
+        # that sees nothing subtracts 0 (not -inf: no NaN). The max score's p is 2^(its scaled
+        # value's rounding error): 1 within 1e-4 at any real logit.
         p = tl.exp2(tl.fma(s, qk_scale, -tl.where(m == float("-inf"), 0.0, m)[:, None]))
         l = tl.sum(p, 1)
         p_v = p.to(v.dtype)  # the P@V operand: p rounded to the cache's dtype
