@@ -372,10 +372,7 @@ if triton is not None:
         SEES_ALL: the caller's word that every row it keeps sees every key of the tile (a whole
         prefix tile without a window): `visible` is not applied, which changes no kept row's bits
         (where(True, s, -inf) is s) and saves a compare and a select a score."""
-        if PRECISION == "ieee":  # fp32 dots: fp32 inputs, and any input under the interpreter
-            s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
-        else:
-            s = tl.dot(q, kt, input_precision=PRECISION)
+        s = _dot(q, kt, PRECISION)
         if not SEES_ALL:
             s = tl.where(visible, s, float("-inf"))
         # The max of the scaled scores, scaled once a row: rounding is monotonic and qk_scale > 0.
@@ -385,10 +382,15 @@ if triton is not None:
         # value's rounding error): 1 within 1e-4 at any real logit.
         p = tl.exp2(tl.fma(s, qk_scale, -tl.where(m == float("-inf"), 0.0, m)[:, None]))
         l = tl.sum(p, 1)
-        p_v = p.to(v.dtype)  # the P@V operand: p rounded to the cache's dtype
+        return m, l, _dot(p.to(v.dtype), v, PRECISION)  # p rounded to the cache's dtype
+
+    @triton.jit
+    def _dot(a, b, PRECISION: tl.constexpr):
+        """a @ b in fp32. "ieee": fp32 dots on upcast operands (exact products), for fp32 inputs
+        and for any input under the interpreter, whose bf16 dot multiplies raw bit patterns."""
         if PRECISION == "ieee":
-            return m, l, tl.dot(p_v.to(tl.float32), v.to(tl.float32), input_precision="ieee")
-        return m, l, tl.dot(p_v, v, input_precision=PRECISION)
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a, b, input_precision=PRECISION)
 
     @triton.jit
     def _fold_weights(m1, m2):

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 
@@ -54,12 +55,7 @@ def innermost_mma_loop(sass_text: str) -> dict:
             body = [o for a, o, _ in code if int(target.group(1), 16) <= a <= addr]
             if "HGMMA" in body and (best is None or len(body) < len(best)):
                 best = body
-    if best is None:
-        return {}
-    counts: dict = {"instructions": len(best)}
-    for op in best:
-        counts[op] = counts.get(op, 0) + 1
-    return counts
+    return {} if best is None else {"instructions": len(best), **Counter(best)}
 
 
 def wgmma_forms(ptx: str) -> list[str]:

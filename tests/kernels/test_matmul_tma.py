@@ -39,8 +39,8 @@ CPU_CONFIGS = [LinearConfig(block_n=32, block_k=32, groups=1), LinearConfig(bloc
 def test_tma_kernel_gives_the_fused_launch_bits(config, monkeypatch, ordered_dot, poisoned_alloc):
     """Under the interpreter, linear_tma equals linear_triton's fused launch bitwise at M = 1, 65
     and 200 (ragged tiles of 64 and 128 rows), N = 80 (a ragged last column tile), K = 200, with
-    and without a bias, flattened loop or not, and with the grid cut to 2 programs an SM over 3
-    SMs, so that each program walks several output tiles in turn; every element written. Rows 0
+    and without a bias, flattened loop or not, and with the grid cut to 1 or 2 programs an SM
+    over 3 SMs, so that each program walks several output tiles in turn; every element written. Rows 0
     and 130 sum 2^24, five 0.75s (K blocks 1-5) and -2^24 (block 6), whose fp32 result depends
     on where the groups end (test_matmul_kernel's test_groups_change_the_sum_order): the
     three-group launch gives 2 there, one group 0, groups cut one block early 3."""
