@@ -37,6 +37,9 @@ its bits, so the work can be cut as suits each call:
     mode), a binary without the split programs' registers: the same code, more programs an SM.
   * Flat programs (TREE, small trees with a short prefix: FLAT_TILES, FLAT_MAX_CHAINS) store each
     prefix tile's partial for a query tile's rows, in place of the split programs' chain.
+  * The grid holds split programs for the longest row the cache can hold. In a TREE call the
+    programs with work run first (the split or flat programs the prefix gives work, then the
+    tile programs); those without return at once, last.
   * `_merge_kernel` folds, per row, each split's state then its tiles' partials, split by split.
     A CHUNK row of one split is written by its split program directly. An AR row of more than
     AR_SERIAL_SPLITS splits has its splits' tiles folded side by side, the split states stored,
@@ -680,22 +683,36 @@ if triton is not None:
             # TREE with a short prefix: its tiles' partials are stored one by one (flat programs, in
             # parallel) rather than folded in a chain by the split programs (`_tile_slots_start`).
             flat = prefix_tiles_end // BLOCK_N <= FLAT_TILES
+            # r: the program's place in the order split, flat, tile programs. A TREE call's rows
+            # all see the whole prefix, so which split or flat programs have work follows from the
+            # prefix alone: those run first (pid < busy), then the tile programs, then the rest,
+            # which return at once. In pid order the rest came before the tile programs (at 512
+            # keys 15 of the 16 split programs of each query tile). Speed only: each split, flat
+            # tile and token runs the same code whichever program takes it.
+            r = pid
+            if MODE == TREE_MODE:
+                n_tile_programs = tl.num_programs(1) - n_split_programs - n_flat_programs  # 0: a TAIL launch
+                busy = tl.where(flat, prefix_tiles_end // BLOCK_N,
+                                tl.minimum(tl.cdiv(prefix_tiles_end, SPLIT_LEN), SPLIT_PROGRAMS)) * n_query_tiles
+                r = tl.where(pid < busy, pid + tl.where(flat, n_split_programs, 0),
+                             tl.where(pid < busy + n_tile_programs, pid - busy + n_split_programs + n_flat_programs,
+                                      tl.num_programs(1)))
 
-            if pid < n_split_programs:
-                # A split program: query tile pid % n, and of that tile's splits with work those from
-                # pid // n on, every SPLIT_PROGRAMS-th (split 0's programs first; a short row's
+            if r < n_split_programs:
+                # A split program: query tile r % n, and of that tile's splits with work those from
+                # r // n on, every SPLIT_PROGRAMS-th (split 0's programs first; a short row's
                 # programs past its last split return at once). Per split it folds the split's tiles
                 # that all its rows share (TREE: those wholly inside the prefix, unless `flat`;
                 # CHUNK: all) in order and stores the state, or, for a CHUNK row of one split, the
                 # output: the same code per split whichever program runs it, so the same bits.
-                query_tile = pid % n_query_tiles
+                query_tile = r % n_query_tiles
                 row_valid, tok, head, length = _query_rows(COUNT, prefix, query_tile, kv, T, GROUP, BLOCK_M)
                 row_end = tl.max(length, 0)
                 if MODE == CHUNK_MODE:
                     work_end = row_end
                 else:
                     work_end = tl.where(flat, 0, tl.minimum(row_end, prefix_tiles_end))
-                first_split = pid // n_query_tiles
+                first_split = r // n_query_tiles
                 n_work_splits = tl.cdiv(work_end, SPLIT_LEN)  # each has lo < end below
                 if first_split < n_work_splits:
                     q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
@@ -760,12 +777,12 @@ if triton is not None:
                         state = mine_here & ~direct
                         at = (split * T + tok) * N_HEADS + head  # [NUM_SPLITS, T, N_HEADS]
                         _store_partial(CH_M, CH_L, CH_A, at, m_i, l_i, acc, state, dv, HEAD_DIM, V_SPLIT)
-            elif pid < n_split_programs + n_flat_programs:
-                # A flat program (TREE, `flat`): prefix tile j of query tile pid % n, its partial
+            elif r < n_split_programs + n_flat_programs:
+                # A flat program (TREE, `flat`): prefix tile j of query tile r % n, its partial
                 # stored for the merge (tile slot j: with `flat` the slots start at tile 0).
-                j = (pid - n_split_programs) // n_query_tiles
+                j = (r - n_split_programs) // n_query_tiles
                 if flat & (j < prefix_tiles_end // BLOCK_N):
-                    row_valid, tok, head, length = _query_rows(COUNT, prefix, pid % n_query_tiles, kv, T, GROUP,
+                    row_valid, tok, head, length = _query_rows(COUNT, prefix, r % n_query_tiles, kv, T, GROUP,
                                                                BLOCK_M)
                     q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                                 mask=row_valid[:, None], other=0.0)
@@ -777,9 +794,9 @@ if triton is not None:
                     m_t, l_t, a_t = _tile_partial(q, kt, v, visible, qk_scale, PRECISION, WINDOW == 0)
                     _store_partial(TL_M, TL_L, TL_A, (j * T + tok) * N_HEADS + head, m_t, l_t, a_t, row_valid, dv,
                                    HEAD_DIM, V_SPLIT)
-            else:
+            elif r < tl.num_programs(1):
                 _tile_program(
-                    pid - n_split_programs - n_flat_programs, Q, K, V, BT, prefix, prefix_tiles_end, ORDER, COUNT,
+                    r - n_split_programs - n_flat_programs, Q, K, V, BT, prefix, prefix_tiles_end, ORDER, COUNT,
                     TL_A, TL_M, TL_L, T, N_HEADS, TILE_STRIDE, qk_scale, stride_qt, stride_qh,
                     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, kv, d, dv, cols,
                     GROUP, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N, MODE, FLAT_TILES, PAGED, PRECISION, WINDOW, V_SPLIT)
