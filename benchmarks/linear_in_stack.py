@@ -17,7 +17,7 @@ ratios. (An L2-prefetch probe, prefetch_probe.py in c567824, measured a side-str
 the same way; docs/performance.md, "Prefetch".)
 
     python3 benchmarks/linear_in_stack.py [--models 0.5B,1.5B,8B] [--ts 1,64,128] [--reps 40]
-        [--trial "6144,4096,64,64,4;4096,4096,64,64,6;4096,12288,64,64,6"]
+        [--trial "6144,4096,64,64,4;4096,4096,64,64,6;4096,12288,64,64,6"] [--variants trial]
 
 Runs from the repository root without installing the package. JSON to $OUT/linear_cost_bench.json.
 """
@@ -77,9 +77,9 @@ def linears(variant: str, trial: dict | None = None):
         layers._batch_invariant = batch_invariant
 
 
-def bench(name: str, ts, reps: int, rounds: int, trial: dict | None = None) -> list[dict]:
+def bench(name: str, ts, reps: int, rounds: int, trial: dict | None = None, only: tuple = ()) -> list[dict]:
     cfg, model, kv = build_stack(name)
-    variants = VARIANTS + (("trial",) if trial else ())
+    variants = tuple(v for v in VARIANTS + (("trial",) if trial else ()) if not only or v in only or v == "tuned")
     rows = []
     with torch.no_grad():
         for t in ts:
@@ -109,11 +109,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trial", default="", help='a fifth variant: TUNED plus these entries, '
                     '"N,K,block_n,block_k,groups[,stages]" separated by ";"')
+    ap.add_argument("--variants", default="", help="only these variants beside `tuned` (comma-separated; default all)")
     args = ap.parse_args()
     trial = parse_trial(args.trial)
+    only = tuple(v for v in args.variants.split(",") if v)
     rows = []
     for name in args.models.split(","):
-        rows += bench(name, [int(v) for v in args.ts.split(",")], args.reps, args.rounds, trial)
+        rows += bench(name, [int(v) for v in args.ts.split(",")], args.reps, args.rounds, trial, only)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "linear_cost_bench.json"), "w") as f:
             json.dump(rows, f, indent=1)
